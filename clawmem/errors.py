@@ -1,0 +1,92 @@
+"""The exception tree: every failure a user can see is one of these.
+
+    ClawmemError
+    ├── ConfigError            a bad setting (names the key)            exit 1, rpc -32010
+    ├── PathError              a path `get` refuses or cannot find      exit 1, rpc -32011
+    ├── QueryError             a query that cannot be answered          exit 1, rpc -32012
+    ├── ProviderError          the embedding provider failed            exit 1, rpc -32020
+    │   ├── RateLimited        429 after all retries
+    │   ├── ProviderTimeout    timeouts / 5xx after all retries
+    │   └── AuthError          the provider refused our credentials
+    ├── IndexUnavailable       the index cannot be opened or is locked  exit 3, rpc -32030
+    │   └── IndexBusy          another process holds the sync lock
+    └── ProtocolError          a malformed socket request               exit 2, rpc -32600
+
+Each class carries its CLI exit code and JSON-RPC error code so the outer layers map errors
+without a lookup table of their own.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthError",
+    "ClawmemError",
+    "ConfigError",
+    "IndexBusy",
+    "IndexUnavailable",
+    "PathError",
+    "ProtocolError",
+    "ProviderError",
+    "ProviderTimeout",
+    "QueryError",
+    "RateLimited",
+]
+
+
+class ClawmemError(Exception):
+    exit_code = 1
+    rpc_code = -32000
+
+
+class ConfigError(ClawmemError):
+    """A setting has a bad name, type or value; the message names the key."""
+
+    rpc_code = -32010
+
+
+class PathError(ClawmemError):
+    """`get` refused a path (outside the workspace, a symlink, not a memory file) or it is missing."""
+
+    rpc_code = -32011
+
+
+class QueryError(ClawmemError):
+    """A search request that cannot be answered as asked (bad mode, empty query...)."""
+
+    rpc_code = -32012
+
+
+class ProviderError(ClawmemError):
+    """The embedding provider failed for good (after its retries)."""
+
+    rpc_code = -32020
+
+
+class RateLimited(ProviderError):
+    """The provider kept answering 429."""
+
+
+class ProviderTimeout(ProviderError):
+    """The provider kept timing out or answering 5xx."""
+
+
+class AuthError(ProviderError):
+    """The provider refused the credentials; retrying will not help."""
+
+
+class IndexUnavailable(ClawmemError):
+    """The index file cannot be opened, or the daemon cannot be reached."""
+
+    exit_code = 3
+    rpc_code = -32030
+
+
+class IndexBusy(IndexUnavailable):
+    """Another process holds the workspace's sync lock."""
+
+
+class ProtocolError(ClawmemError):
+    """A socket request that is not valid JSON-RPC."""
+
+    exit_code = 2
+    rpc_code = -32600
