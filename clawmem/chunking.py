@@ -1,0 +1,185 @@
+"""Markdown text -> chunks with exact 1-based line ranges. Pure: no I/O, no state.
+
+How a file is cut:
+- A heading of level 1 or 2 always starts a new chunk, so an edit in one section never moves the
+  chunks of another (their text and hash stay the same; only their line numbers may shift).
+- Inside a section, lines are packed greedily up to `max_tokens`; when a chunk must end early it
+  ends at the best boundary in the second half of its window: a smaller heading, then any block
+  start (paragraph, list item, fence, quote), then any line.
+- The next chunk of the same section repeats the last whole lines of the previous one, up to
+  `overlap` tokens.
+- A single line over `max_tokens` is cut into pieces by token windows on character boundaries;
+  each piece keeps that line's number, and the pieces joined give the line back.
+Every chunk's token count is checked on its final text, so the bound holds for any input.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+__all__ = ["Chunk", "chunk_markdown", "split_lines"]
+
+HARD = 4
+HEADING = 3
+BLOCK = 2
+LINE = 1
+
+Counter = Callable[[str], int]
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    start_line: int
+    end_line: int
+    text: str
+    hash: str
+    tokens: int
+
+
+def split_lines(text: str) -> list[str]:
+    """The file's lines as editors number them: split on '\\n' only, no phantom line after a final newline."""
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def chunk_markdown(text: str, *, max_tokens: int = 400, overlap: int = 80, tokenizer: str = "cl100k_base") -> list[Chunk]:
+    from clawmem.tokens import get_encoding
+
+    encoding = get_encoding(tokenizer)
+    return chunk_lines(split_lines(text), max_tokens=max_tokens, overlap=overlap,
+                       count=encoding.encode_ordinary, priorities=_priorities)
+
+
+def chunk_lines(
+    lines: Sequence[str],
+    *,
+    max_tokens: int,
+    overlap: int,
+    count: Callable[[str], Sequence[int]],
+    priorities: Callable[[Sequence[str]], list[int]],
+) -> list[Chunk]:
+    if not lines:
+        return []
+    costs = [len(count(line + "\n")) for line in lines]
+    prio = priorities(lines)
+    chunks: list[Chunk] = []
+    section_start = 0
+    for i in range(1, len(lines) + 1):
+        if i == len(lines) or prio[i] == HARD:
+            _pack_section(lines, costs, prio, section_start, i, max_tokens, overlap, count, chunks)
+            section_start = i
+    return chunks
+
+
+def _pack_section(
+    lines: Sequence[str], costs: list[int], prio: list[int], start: int, end: int,
+    max_tokens: int, overlap: int, count: Callable[[str], Sequence[int]], out: list[Chunk],
+) -> None:
+    i = start
+    while i < end:
+        total = 0
+        j = i
+        while j < end and total + costs[j] <= max_tokens:
+            total += costs[j]
+            j += 1
+        if j == i:
+            out.extend(_split_long_line(lines[i], i + 1, max_tokens, count))
+            i += 1
+            continue
+        k = _best_break(prio, i, j) if j < end else j
+        k = _emit(lines, i, k, max_tokens, count, out)
+        if k >= end:
+            return
+        back = k
+        carried = 0
+        while back - 1 > i and carried + costs[back - 1] <= overlap and prio[back - 1] != HARD:
+            back -= 1
+            carried += costs[back]
+        i = back
+
+
+def _best_break(prio: list[int], i: int, j: int) -> int:
+    """Where a full window [i, j) should end: the strongest boundary in its second half, latest wins."""
+    lo = i + max(1, (j - i) // 2)
+    best, best_prio = j, LINE
+    for k in range(j, lo - 1, -1):
+        if k < len(prio) and prio[k] > best_prio:
+            best, best_prio = k, prio[k]
+            if best_prio >= HEADING:
+                break
+    return best
+
+
+def _emit(lines: Sequence[str], i: int, k: int, max_tokens: int, count: Callable[[str], Sequence[int]],
+          out: list[Chunk]) -> int:
+    """Append the chunk of lines [i, k), shrinking it if its real token count is over the bound."""
+    while True:
+        text = "\n".join(lines[i:k])
+        n = len(count(text))
+        if n <= max_tokens or k - i == 1:
+            break
+        k -= 1
+    if n > max_tokens:
+        out.extend(_split_long_line(lines[i], i + 1, max_tokens, count))
+        return i + 1
+    out.append(Chunk(i + 1, k, text, _hash(text), n))
+    return k
+
+
+def _split_long_line(line: str, lineno: int, max_tokens: int, count: Callable[[str], Sequence[int]]) -> list[Chunk]:
+    pieces: list[Chunk] = []
+    rest = line
+    while rest:
+        n = len(count(rest))
+        if n <= max_tokens:
+            pieces.append(Chunk(lineno, lineno, rest, _hash(rest), n))
+            break
+        cut = max(1, int(len(rest) * max_tokens / n))
+        while True:
+            piece = rest[:cut]
+            m = len(count(piece))
+            if m <= max_tokens:
+                break
+            cut = max(1, int(cut * max_tokens / m * 0.95) if m > max_tokens else cut - 1)
+        pieces.append(Chunk(lineno, lineno, piece, _hash(piece), m))
+        rest = rest[cut:]
+    return pieces
+
+
+def _hash(text: str) -> str:
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
+
+
+@functools.cache
+def _parser():  # type: ignore[no-untyped-def]
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("zero").enable(["heading", "lheading", "fence", "code", "list", "blockquote", "hr", "paragraph"])
+    md.disable(["inline", "text_join"], ignoreInvalid=True)
+    return md
+
+
+def _priorities(lines: Sequence[str]) -> list[int]:
+    """Break priority of each line start, from markdown-it's block tokens and their line maps."""
+    prio = [LINE] * len(lines)
+    # markdown-it also breaks lines on a lone '\r'; blank it so its line numbers stay ours.
+    source = "\n".join(lines).replace("\r", " ")
+    for token in _parser().parse(source):
+        if token.map is None or token.nesting == -1:
+            continue
+        begin = token.map[0]
+        if begin >= len(prio):
+            continue
+        if token.type == "heading_open":
+            prio[begin] = HARD if token.tag in ("h1", "h2") else max(prio[begin], HEADING)
+        elif prio[begin] < BLOCK:
+            prio[begin] = BLOCK
+    return prio

@@ -1,0 +1,157 @@
+"""Request planning for remote embedders: batches by count and token budget, over-limit texts split.
+
+A provider rejects (or silently truncates) an input over its per-input token limit and a request
+over its per-request limits. We never send either: a long text is cut into pieces on token
+boundaries that are also character boundaries, each piece is embedded on its own, and the text's
+vector is the token-weighted mean of its pieces' unit vectors, normalised again. The planning
+functions are pure; `embed_planned` runs a plan through a callable that makes one request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from clawmem.embeddings.base import normalize
+from clawmem.errors import ProviderError
+
+if TYPE_CHECKING:
+    import tiktoken
+
+__all__ = ["Piece", "Plan", "combine", "embed_planned", "plan_batches", "split_text"]
+
+MIN_PIECE_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One input as sent: a whole text, or a slice of one (`source` is the text's index)."""
+
+    text: str
+    tokens: int
+    source: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    pieces: tuple[Piece, ...]
+    batches: tuple[tuple[int, ...], ...]
+    texts: int
+
+
+def split_text(text: str, max_tokens: int, encoding: tiktoken.Encoding) -> list[tuple[str, int]]:
+    """Cut `text` into (piece, token count) pairs of at most `max_tokens` tokens each.
+
+    Cuts fall between tokens and never inside a UTF-8 character, so the pieces join back to the
+    text. A piece is re-counted after decoding (BPE can tokenise a slice differently from the same
+    span inside the whole text) and shortened until it fits.
+    """
+    if max_tokens < MIN_PIECE_TOKENS:
+        raise ValueError(f"max_tokens must be at least {MIN_PIECE_TOKENS} (one UTF-8 character can take 4 tokens)")
+    tokens = encoding.encode_ordinary(text)
+    if len(tokens) <= max_tokens:
+        return [(text, len(tokens))]
+    parts = encoding.decode_tokens_bytes(tokens)
+    offsets = [0]
+    for part in parts:
+        offsets.append(offsets[-1] + len(part))
+    data = b"".join(parts)
+
+    pieces: list[tuple[str, int]] = []
+    start = 0
+    while start < len(tokens):
+        end = min(start + max_tokens, len(tokens))
+        while True:
+            while end > start and not _char_boundary(data, offsets[end]):
+                end -= 1
+            if end == start:
+                raise ValueError("cannot cut text on a character boundary within the token limit")
+            piece = data[offsets[start]:offsets[end]].decode("utf-8")
+            count = len(encoding.encode_ordinary(piece))
+            if count <= max_tokens:
+                break
+            end -= 1
+        pieces.append((piece, count))
+        start = end
+    return pieces
+
+
+def plan_batches(
+    texts: Sequence[str],
+    *,
+    batch_size: int,
+    batch_tokens: int,
+    max_input_tokens: int,
+    encoding: tiktoken.Encoding,
+) -> Plan:
+    """Split over-limit texts and group pieces, in order, into requests within both bounds.
+
+    A piece is also capped at `batch_tokens`, so every request is within the token budget. An
+    empty text is sent as one space, since OpenAI rejects empty inputs; it counts as one token.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    limit = min(max_input_tokens, batch_tokens)
+    pieces: list[Piece] = []
+    for index, text in enumerate(texts):
+        for piece, count in split_text(text, limit, encoding):
+            pieces.append(Piece(piece or " ", max(count, 1), index))
+
+    batches: list[tuple[int, ...]] = []
+    current: list[int] = []
+    used = 0
+    for number, piece in enumerate(pieces):
+        if current and (len(current) >= batch_size or used + piece.tokens > batch_tokens):
+            batches.append(tuple(current))
+            current, used = [], 0
+        current.append(number)
+        used += piece.tokens
+    if current:
+        batches.append(tuple(current))
+    return Plan(tuple(pieces), tuple(batches), len(texts))
+
+
+def combine(plan: Plan, vectors: Sequence[Sequence[float]]) -> list[list[float]]:
+    """One unit vector per text: its pieces' unit vectors averaged by token count, normalised.
+
+    Raises ProviderError for a zero, NaN or infinite vector, which must never be stored.
+    """
+    if len(vectors) != len(plan.pieces):
+        raise ProviderError(f"expected {len(plan.pieces)} vectors, got {len(vectors)}")
+    sums: list[list[float] | None] = [None] * plan.texts
+    for piece, raw in zip(plan.pieces, vectors, strict=True):
+        unit = normalize(raw)
+        if unit is None:
+            raise ProviderError("the provider returned a zero or non-finite vector")
+        total = sums[piece.source]
+        if total is None:
+            sums[piece.source] = [x * piece.tokens for x in unit]
+        elif len(total) != len(unit):
+            raise ProviderError("the provider returned vectors of different lengths for one text")
+        else:
+            for i, x in enumerate(unit):
+                total[i] += x * piece.tokens
+    result: list[list[float]] = []
+    for total in sums:
+        unit = normalize(total) if total is not None else None
+        if unit is None:
+            raise ProviderError("the provider's vectors for one text cancel out to zero")
+        result.append(unit)
+    return result
+
+
+def embed_planned(plan: Plan, request: Callable[[list[str]], list[list[float]]]) -> list[list[float]]:
+    """Send each batch through `request` (one provider call), check the counts, and combine."""
+    vectors: list[list[float]] = []
+    for batch in plan.batches:
+        inputs = [plan.pieces[i].text for i in batch]
+        answer = request(inputs)
+        if len(answer) != len(inputs):
+            raise ProviderError(f"the provider returned {len(answer)} vectors for {len(inputs)} inputs")
+        vectors.extend(answer)
+    return combine(plan, vectors)
+
+
+def _char_boundary(data: bytes, offset: int) -> bool:
+    return offset >= len(data) or (data[offset] & 0xC0) != 0x80

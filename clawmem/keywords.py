@@ -1,0 +1,72 @@
+"""Text as the FTS5 index sees it, and FTS5 queries built from anything a user types.
+
+FTS5's `unicode61` tokenizer keeps a run of Chinese or Japanese characters as one token, so a word
+inside a sentence could never match. Before indexing and querying, every CJK character is set
+apart by spaces; a CJK query becomes phrases of adjacent character pairs, which match the same
+pairs in the text. English keeps the `porter` word tokenizer (better BM25 than trigrams).
+
+The query builder only ever emits double-quoted terms joined by OR, so no input can raise an FTS5
+syntax error, and a question matching only some of its words still finds (and ranks) documents.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["build_match", "index_text", "query_terms"]
+
+_CJK = (
+    "\u3040-\u30ff"  # hiragana, katakana
+    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # han
+    "\uac00-\ud7af"  # hangul syllables
+    "\U00020000-\U0002ebef"  # han extensions
+)
+_CJK_RUN = re.compile(f"[{_CJK}]+")
+_WORD = re.compile(rf"[^\W_{_CJK}]+", re.UNICODE)
+
+MAX_TERMS = 64
+
+STOPWORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before being below between both
+    but by can could did do does doing down during each few for from further had has have having he her here hers
+    herself him himself his how i if in into is it its itself just me more most my myself no nor not now of off on
+    once only or other our ours ourselves out over own same she should so some such than that the their theirs them
+    themselves then there these they this those through to too under until up very was we were what when where which
+    while who whom why will with would you your yours yourself yourselves""".split()
+)
+
+
+def index_text(text: str) -> str:
+    """The text handed to FTS5: CJK characters spaced apart, everything else untouched."""
+    if not _CJK_RUN.search(text):
+        return text
+    return _CJK_RUN.sub(lambda m: " " + " ".join(m.group()) + " ", text)
+
+
+def query_terms(query: str) -> list[str]:
+    """The FTS5 terms for a user query: quoted words (stop-words dropped when others remain) and CJK pairs."""
+    words: list[str] = []
+    cjk: list[str] = []
+    for match in re.finditer(f"{_CJK_RUN.pattern}|{_WORD.pattern}", query):
+        piece = match.group()
+        if _CJK_RUN.fullmatch(piece):
+            if len(piece) == 1:
+                cjk.append(piece)
+            else:
+                cjk.extend(f"{a} {b}" for a, b in zip(piece, piece[1:], strict=False))
+        else:
+            words.append(piece.lower())
+    content = [w for w in words if w not in STOPWORDS]
+    chosen = (content or words) + cjk
+    seen: dict[str, None] = {}
+    for term in chosen:
+        seen.setdefault(term, None)
+    return list(seen)[:MAX_TERMS]
+
+
+def build_match(query: str) -> str | None:
+    """An FTS5 MATCH expression that can not fail to parse, or None when the query has no searchable term."""
+    terms = query_terms(query)
+    if not terms:
+        return None
+    return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)

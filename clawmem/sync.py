@@ -1,0 +1,236 @@
+"""Scan, diff, apply: bring one index in step with the workspace.
+
+A file whose (mtime, size) match the index is not opened. A changed file is read, hashed, and if
+its hash moved, re-chunked; chunks whose text is unchanged keep their rows and vectors (only their
+line numbers move). Each file is applied in one transaction, so a crash at any point leaves an
+index that is consistent and converges on the next run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+
+import xxhash
+
+from clawmem.chunking import Chunk, chunk_markdown
+from clawmem.config import Settings
+from clawmem.embeddings.base import EmbeddingProvider, normalize, pack
+from clawmem.errors import ProviderError
+from clawmem.keywords import index_text
+from clawmem.store import FileRow, Store
+from clawmem.workspace import MemoryFile, scan
+
+__all__ = ["SyncReport", "embed_pending", "sync_workspace"]
+
+Progress = Callable[[int, int], None]
+
+PARALLEL_MIN_BYTES = 4 << 20
+
+
+@dataclass
+class SyncReport:
+    files_seen: int = 0
+    added: int = 0
+    updated: int = 0
+    removed: int = 0
+    unchanged: int = 0
+    touched: int = 0
+    chunks_added: int = 0
+    chunks_removed: int = 0
+    chunks_kept: int = 0
+    bytes_read: int = 0
+    embedded: int = 0
+    embed_error: str | None = None
+    errors: list[str] = field(default_factory=list)
+    duration: float = 0.0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.updated or self.removed)
+
+    def as_dict(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class ParsedFile:
+    file: MemoryFile
+    hash: str
+    chunks: list[Chunk]
+    size: int
+    error: str | None = None
+
+
+def sync_workspace(store: Store, settings: Settings, *, progress: Progress | None = None,
+                   bulk: bool = False) -> SyncReport:
+    """One pass over the workspace; `bulk` groups many files per transaction (for a private rebuild file)."""
+    started = time.perf_counter()
+    report = SyncReport()
+    on_disk = {f.path: f for f in scan(settings.workspace, settings.extra_paths)}
+    indexed = store.files()
+    report.files_seen = len(on_disk)
+
+    for path in sorted(indexed.keys() - on_disk.keys()):
+        with store.transaction():
+            report.chunks_removed += store.delete_file(path)
+        report.removed += 1
+
+    stale = [f for path, f in sorted(on_disk.items())
+             if (row := indexed.get(path)) is None or (row.mtime, row.size) != (f.mtime_ns, f.size)]
+    report.unchanged = len(on_disk) - len(stale)
+    if progress:
+        progress(0, len(stale))
+
+    parsed = _parse_all(stale, settings, indexed)
+    done = 0
+    batch: list[ParsedFile] = []
+    for item in parsed:
+        batch.append(item)
+        if not bulk or len(batch) >= 500:
+            _apply_batch(store, batch, indexed, report)
+            done += len(batch)
+            batch = []
+            if progress:
+                progress(done, len(stale))
+    if batch:
+        _apply_batch(store, batch, indexed, report)
+        if progress:
+            progress(done + len(batch), len(stale))
+    report.duration = time.perf_counter() - started
+    return report
+
+
+def _apply_batch(store: Store, batch: Sequence[ParsedFile], indexed: dict[str, FileRow], report: SyncReport) -> None:
+    with store.transaction():
+        for item in batch:
+            _apply_file(store, item, indexed.get(item.file.path), report)
+
+
+def _apply_file(store: Store, item: ParsedFile, previous: FileRow | None, report: SyncReport) -> None:
+    f = item.file
+    if item.error is not None:
+        report.errors.append(f"{f.path}: {item.error}")
+        return
+    report.bytes_read += item.size
+    row = FileRow(f.path, f.source, item.hash, f.mtime_ns, f.size)
+    if previous is not None and previous.hash == item.hash:
+        store.upsert_file(row)
+        report.touched += 1
+        return
+    old = store.chunks_of(f.path)
+    reusable: dict[str, list[int]] = {}
+    used_ids = set()
+    by_seq = {c.seq: c for c in old}
+    for c in old:
+        reusable.setdefault(c.hash, []).append(c.seq)
+    kept: set[int] = set()
+    for chunk in item.chunks:
+        seqs = reusable.get(chunk.hash)
+        if seqs:
+            seq = seqs.pop(0)
+            kept.add(seq)
+            prev = by_seq[seq]
+            used_ids.add(prev.id)
+            if (prev.start_line, prev.end_line) != (chunk.start_line, chunk.end_line):
+                store.move_chunk(seq, chunk.start_line, chunk.end_line)
+            report.chunks_kept += 1
+            continue
+        chunk_id = _chunk_id(f.path, chunk.hash, used_ids)
+        used_ids.add(chunk_id)
+        store.insert_chunk(id=chunk_id, path=f.path, source=f.source, start_line=chunk.start_line,
+                           end_line=chunk.end_line, hash=chunk.hash, text=chunk.text, fts_text=index_text(chunk.text))
+        report.chunks_added += 1
+    dropped = [seq for seq in by_seq if seq not in kept]
+    store.delete_chunks(dropped)
+    report.chunks_removed += len(dropped)
+    store.upsert_file(row)
+    if previous is None:
+        report.added += 1
+    else:
+        report.updated += 1
+
+
+def _chunk_id(path: str, chunk_hash: str, taken: set[str]) -> str:
+    base = xxhash.xxh3_64_hexdigest(path.encode("utf-8", "surrogatepass"))
+    n = 0
+    while f"{base}:{chunk_hash}:{n}" in taken:
+        n += 1
+    return f"{base}:{chunk_hash}:{n}"
+
+
+def _parse_all(files: Sequence[MemoryFile], settings: Settings, indexed: dict[str, FileRow]) -> list[ParsedFile]:
+    args = (settings.chunking.tokens, settings.chunking.overlap, settings.chunking.tokenizer)
+    total = sum(f.size for f in files)
+    workers = min(os.cpu_count() or 1, 8)
+    if workers > 1 and total >= PARALLEL_MIN_BYTES and len(files) >= 64:
+        # Chunking is CPU-bound pure Python: a cold index of thousands of files is worth other cores.
+        # "spawn" because the daemon has threads, which do not survive a fork safely.
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            return list(pool.map(_parse_one, files, [args] * len(files),
+                                 [indexed.get(f.path) for f in files], chunksize=32))
+    return [_parse_one(f, args, indexed.get(f.path)) for f in files]
+
+
+def _parse_one(f: MemoryFile, args: tuple[int, int, str], previous: FileRow | None) -> ParsedFile:
+    max_tokens, overlap, tokenizer = args
+    try:
+        with open(f.abs_path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        return ParsedFile(f, "", [], 0, error=f"cannot read: {exc.strerror or exc}")
+    digest = xxhash.xxh3_128_hexdigest(data)
+    if previous is not None and previous.hash == digest:
+        return ParsedFile(f, digest, [], len(data))
+    text = data.decode("utf-8", errors="replace")
+    chunks = chunk_markdown(text, max_tokens=max_tokens, overlap=overlap, tokenizer=tokenizer)
+    return ParsedFile(f, digest, chunks, len(data))
+
+
+def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entries: int, batch: int = 256,
+                  progress: Progress | None = None, should_stop: Callable[[], bool] | None = None) -> tuple[int, str | None]:
+    """Give every chunk without a vector one, cache first. Returns (embedded, error or None).
+
+    A provider failure stops the pass and leaves the rest pending (kept in the index, retried on the
+    next pass): nothing is lost, and keyword search is unaffected.
+    """
+    info = provider.info
+    key = info.provider_key
+    done = 0
+    total = store.pending_embeddings()
+    while not (should_stop and should_stop()):
+        pending = store.pending_chunks(batch)
+        if not pending:
+            break
+        cached = store.cached_embeddings(info.provider, info.model, key, (h for _, h, _ in pending))
+        missing: dict[str, str] = {}
+        for _, h, text in pending:
+            if h not in cached:
+                missing.setdefault(h, text)
+        fresh: dict[str, bytes | None] = {}
+        if missing:
+            try:
+                vectors = provider.embed_documents(list(missing.values()))
+            except ProviderError as exc:
+                return done, str(exc)
+            for h, vec in zip(missing, vectors, strict=True):
+                unit = normalize(vec)
+                fresh[h] = pack(unit) if unit is not None else None
+        with store.transaction():
+            store.ensure_vector_table(info.dims)
+            for h, blob in fresh.items():
+                if blob is not None:
+                    store.cache_embedding(info.provider, info.model, key, h, blob, info.dims)
+            for seq, h, _ in pending:
+                store.store_vector(seq, cached.get(h, fresh.get(h)), info.model)
+        done += len(pending)
+        if progress:
+            progress(done, total)
+    if cache_max_entries:
+        with store.transaction():
+            store.prune_cache(cache_max_entries)
+    return done, None
