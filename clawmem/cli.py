@@ -38,6 +38,10 @@ class Context:
 
         return MemoryIndex(self.settings(**overrides))
 
+    def backend(self) -> Any:
+        """Where queries go: an object with MemoryIndex's search/get/status methods and answers."""
+        return self.index()
+
 
 def _global_options(func: Callable[..., Any]) -> Callable[..., Any]:
     options = [
@@ -171,7 +175,7 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
         from clawmem.search import SearchRequest
 
         request = SearchRequest(" ".join(query), max_results, min_score, mode, path_prefix)
-        answer = ctx.index().search(request)
+        answer = ctx.backend().search(request)
         if as_json:
             click.echo(json.dumps(answer, ensure_ascii=False))
             return
@@ -200,9 +204,7 @@ def get(path: str, start: int | None, lines: int | None, **kwargs: Any) -> None:
     ctx = _ctx(kwargs)
 
     def action() -> None:
-        from clawmem.engine import MemoryIndex
-
-        answer = MemoryIndex(ctx.settings()).get(path, start, lines)
+        answer = ctx.backend().get(path, start, lines)
         text = str(answer["text"])
         click.echo(text)
 
@@ -217,7 +219,7 @@ def status(as_json: bool, **kwargs: Any) -> None:
     ctx = _ctx(kwargs)
 
     def action() -> None:
-        data = ctx.index().status()
+        data = ctx.backend().status()
         if as_json:
             click.echo(json.dumps(data, ensure_ascii=False))
             return
