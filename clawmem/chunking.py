@@ -1,8 +1,10 @@
 """Markdown text -> chunks with exact 1-based line ranges. Pure: no I/O, no state.
 
 How a file is cut:
-- A heading of level 1 or 2 always starts a new chunk, so an edit in one section never moves the
-  chunks of another (their text and hash stay the same; only their line numbers may shift).
+- A heading of level 1 or 2 starts a new chunk once the current one holds a quarter of
+  `max_tokens`, so an edit in one section does not move the chunks of the next (their text and
+  hash stay the same; only their line numbers may shift), while tiny sections are kept together
+  rather than cut into fragments too small to carry meaning.
 - Inside a section, lines are packed greedily up to `max_tokens`; when a chunk must end early it
   ends at the best boundary in the second half of its window: a smaller heading, then any block
   start (paragraph, list item, fence, quote), then any line.
@@ -70,12 +72,17 @@ def chunk_lines(
         return []
     costs = [len(count(line + "\n")) for line in lines]
     prio = priorities(lines)
+    min_section = max_tokens // 4
     chunks: list[Chunk] = []
     section_start = 0
+    section_cost = 0
     for i in range(1, len(lines) + 1):
-        if i == len(lines) or prio[i] == HARD:
+        section_cost += costs[i - 1]
+        if i == len(lines) or (prio[i] == HARD and section_cost >= min_section):
             _pack_section(lines, costs, prio, section_start, i, max_tokens, overlap, count, chunks)
-            section_start = i
+            section_start, section_cost = i, 0
+        elif prio[i] == HARD:
+            prio[i] = HEADING
     return chunks
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -86,21 +86,17 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
     if progress:
         progress(0, len(stale))
 
-    parsed = _parse_all(stale, settings, indexed)
-    done = 0
+    per_transaction = 500 if bulk else 1
     batch: list[ParsedFile] = []
-    for item in parsed:
+    for done, item in enumerate(_parse_all(stale, settings, indexed), start=1):
         batch.append(item)
-        if not bulk or len(batch) >= 500:
+        if len(batch) >= per_transaction:
             _apply_batch(store, batch, indexed, report)
-            done += len(batch)
             batch = []
-            if progress:
-                progress(done, len(stale))
+        if progress:
+            progress(done, len(stale))
     if batch:
         _apply_batch(store, batch, indexed, report)
-        if progress:
-            progress(done + len(batch), len(stale))
     report.duration = time.perf_counter() - started
     return report
 
@@ -163,7 +159,7 @@ def _chunk_id(path: str, chunk_hash: str, taken: set[str]) -> str:
     return f"{base}:{chunk_hash}:{n}"
 
 
-def _parse_all(files: Sequence[MemoryFile], settings: Settings, indexed: dict[str, FileRow]) -> list[ParsedFile]:
+def _parse_all(files: Sequence[MemoryFile], settings: Settings, indexed: dict[str, FileRow]) -> Iterator[ParsedFile]:
     args = (settings.chunking.tokens, settings.chunking.overlap, settings.chunking.tokenizer)
     total = sum(f.size for f in files)
     workers = min(os.cpu_count() or 1, 8)
@@ -171,9 +167,11 @@ def _parse_all(files: Sequence[MemoryFile], settings: Settings, indexed: dict[st
         # Chunking is CPU-bound pure Python: a cold index of thousands of files is worth other cores.
         # "spawn" because the daemon has threads, which do not survive a fork safely.
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-            return list(pool.map(_parse_one, files, [args] * len(files),
-                                 [indexed.get(f.path) for f in files], chunksize=32))
-    return [_parse_one(f, args, indexed.get(f.path)) for f in files]
+            yield from pool.map(_parse_one, files, [args] * len(files), [indexed.get(f.path) for f in files],
+                                chunksize=32)
+        return
+    for f in files:
+        yield _parse_one(f, args, indexed.get(f.path))
 
 
 def _parse_one(f: MemoryFile, args: tuple[int, int, str], previous: FileRow | None) -> ParsedFile:

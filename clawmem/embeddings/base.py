@@ -32,7 +32,7 @@ class ProviderInfo:
     def provider_key(self) -> str:
         import xxhash
 
-        return xxhash.xxh3_64_hexdigest(f"{self.endpoint}\0{self.dims}")
+        return xxhash.xxh3_64_hexdigest(f"{self.endpoint}\0{self.dims}".encode())
 
 
 @runtime_checkable

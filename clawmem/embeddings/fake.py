@@ -60,7 +60,7 @@ class FakeProvider:
         for word in _WORD.findall(text.lower()):
             word = self.synonyms.get(word, word)
             stem = word[:5]
-            h = xxhash.xxh3_64_intdigest(stem)
+            h = xxhash.xxh3_64_intdigest(stem.encode("utf-8", "surrogatepass"))
             vec[h % dims] += 1.0 if (h >> 32) & 1 else -1.0
         if not any(vec):
             vec[0] = 1e-3

@@ -1,0 +1,68 @@
+"""Shared fixtures: a clean environment, temporary workspaces and settings that point into tmp dirs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from clawmem.config import Settings, load_settings
+
+_MACHINE_VARS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "GEMINI_API_KEY", "GOOGLE_API_KEY", "VOYAGE_API_KEY",
+                 "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test may depend on the machine's settings, keys or home directory."""
+    for name in list(os.environ):
+        if name.startswith("CLAWMEM_") or name in _MACHINE_VARS:
+            monkeypatch.delenv(name, raising=False)
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(home / "run"))
+    yield
+
+
+Writer = Callable[[str, str | bytes], Path]
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    return ws
+
+
+@pytest.fixture
+def write(workspace: Path) -> Writer:
+    """Write a file relative to the workspace (text or bytes), creating folders as needed."""
+
+    def _write(rel: str, content: str | bytes) -> Path:
+        path = workspace / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+        return path
+
+    return _write
+
+
+@pytest.fixture
+def settings(workspace: Path, tmp_path: Path) -> Settings:
+    return load_settings(workspace=workspace, overrides={"index": str(tmp_path / "index" / "index.sqlite"),
+                                                         "embedding.provider": "none"})
+
+
+@pytest.fixture
+def template_workspace(tmp_path: Path) -> Path:
+    from clawmem.template import copy_template
+
+    ws = tmp_path / "starter"
+    list(copy_template(ws))
+    return ws

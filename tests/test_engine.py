@@ -1,0 +1,210 @@
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clawmem.config import Settings, load_settings
+from clawmem.engine import MemoryIndex
+from clawmem.errors import IndexBusy, IndexUnavailable, PathError, QueryError
+from clawmem.search import SearchRequest
+from clawmem.store import Store
+
+CHILD = """
+import sys
+from clawmem.config import load_settings
+from clawmem.engine import MemoryIndex
+settings = load_settings(workspace=sys.argv[1], overrides={"index": sys.argv[2], "embedding.provider": "none",
+                                                           "chunking.tokens": int(sys.argv[3])})
+def progress(done, total):
+    print(done, flush=True)
+index = MemoryIndex(settings)
+(index.reindex if sys.argv[4] == "reindex" else index.sync)(progress=progress)
+print("done", flush=True)
+"""
+
+
+def make_notes(write, n: int, tag: str = "") -> None:
+    for i in range(n):
+        write(f"memory/day{i:04}.md", f"# Day {i}\n" + "".join(f"- item {j} of day {i} {tag}\n" for j in range(30)))
+
+
+def run_and_kill(workspace: Path, index_path: Path, tokens: int, mode: str, kill_after: int) -> bool:
+    """Run a sync in a child process and SIGKILL it after `kill_after` progress lines; True if it was killed."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(workspace), str(index_path), str(tokens), mode],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    seen = 0
+    for line in proc.stdout:
+        if line.strip() == "done":
+            break
+        seen += 1
+        if seen >= kill_after:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.stdout.close()
+    proc.wait(timeout=60)
+    return proc.returncode == -signal.SIGKILL
+
+
+def integrity_ok(path: Path) -> bool:
+    store = Store(path, create=False)
+    try:
+        return store.integrity_ok()
+    finally:
+        store.close()
+
+
+def no_strays(index_path: Path) -> bool:
+    return not list(index_path.parent.glob(f"{index_path.name}.rebuild-*"))
+
+
+@pytest.mark.slow
+def test_a_sync_killed_at_random_points_always_leaves_a_consistent_index(settings: Settings, write, workspace: Path) -> None:
+    make_notes(write, 150)
+    index = MemoryIndex(settings)
+    index.sync()
+    index.close()
+    rng = random.Random(1234)
+    killed = 0
+    for round_no in range(12):
+        make_notes(write, 150, tag=f"round{round_no}")
+        killed += run_and_kill(workspace, settings.index_path, 400, "sync", rng.randint(1, 150))
+        assert integrity_ok(settings.index_path)
+        store = Store(settings.index_path, create=False)
+        assert store.counts()[0] == 150
+        store.close()
+    assert killed >= 6, "the child must really have been killed mid-sync most of the time"
+    index = MemoryIndex(settings)
+    index.sync()
+    assert index.status()["pending_files"] == 0
+    # converged: every file's chunks reflect the last round
+    assert index.reader().execute("SELECT count(DISTINCT path) FROM chunks WHERE text LIKE '%round11%'") == [(150,)]
+    ranked = index.search(SearchRequest("round11", max_results=200, min_score=0.0, mode="bm25"))["results"]
+    assert len({r["path"] for r in ranked}) == 150  # type: ignore[union-attr, index]
+
+
+@pytest.mark.slow
+def test_a_killed_rebuild_leaves_the_old_index_serving_and_no_stray_files(settings: Settings, write,
+                                                                         workspace: Path) -> None:
+    make_notes(write, 300)
+    index = MemoryIndex(settings)
+    index.sync()
+    old_fingerprint = index.reader().get_meta("fingerprint")
+    old_rows = index.reader().execute("SELECT count(*) FROM chunks")
+    index.close()
+    rng = random.Random(99)
+    for _ in range(5):
+        # chunk size 100 differs from the index's 400: the child rebuilds into a private file
+        assert run_and_kill(workspace, settings.index_path, 100, "sync", rng.randint(1, 250))
+        assert integrity_ok(settings.index_path)
+        store = Store(settings.index_path, create=False)
+        assert store.get_meta("fingerprint") == old_fingerprint
+        assert store.execute("SELECT count(*) FROM chunks") == old_rows
+        store.close()
+        answer = MemoryIndex(settings).search(SearchRequest("day 17 item", mode="bm25"))
+        assert answer["results"]
+    assert not no_strays(settings.index_path), "a killed rebuild leaves its private file until the next writer"
+    MemoryIndex(settings).sync()
+    assert no_strays(settings.index_path)
+
+
+def test_changing_chunk_size_or_tokenizer_rebuilds_the_index(settings: Settings, write, workspace: Path,
+                                                            tmp_path: Path) -> None:
+    write("memory/a.md", "# A\n" + "- a fact about the garden\n" * 200)
+    index = MemoryIndex(settings)
+    index.sync()
+    before = index.reader().counts()[1]
+    fp_before = json.loads(index.reader().get_meta("fingerprint") or "{}")
+
+    smaller = load_settings(workspace=workspace, overrides={"index": str(settings.index_path), "embedding.provider": "none",
+                                                            "chunking.tokens": 100})
+    report = MemoryIndex(smaller).sync()
+    assert report.added == 1
+    store = Store(settings.index_path, create=False)
+    request_close = store.close
+    assert store.counts()[1] > before
+    assert json.loads(store.get_meta("fingerprint") or "{}")["chunk_tokens"] == 100
+
+    other_tok = load_settings(workspace=workspace, overrides={"index": str(settings.index_path),
+                                                             "embedding.provider": "none", "chunking.tokens": 100,
+                                                             "chunking.tokenizer": "o200k_base"})
+    MemoryIndex(other_tok).sync()
+    assert json.loads(store.get_meta("fingerprint") or "{}")["tokenizer"] == "o200k_base"
+    assert fp_before["tokenizer"] == "cl100k_base"
+    request_close()
+
+
+def test_same_fingerprint_does_not_rebuild(settings: Settings, write) -> None:
+    write("memory/a.md", "# A\nalpha")
+    index = MemoryIndex(settings)
+    index.sync()
+    seqs = index.reader().execute("SELECT seq FROM chunks")
+    index.sync()
+    assert index.reader().execute("SELECT seq FROM chunks") == seqs
+
+
+def test_a_reader_open_during_a_rebuild_sees_the_new_index_afterwards(settings: Settings, write) -> None:
+    write("memory/a.md", "# A\nalpha")
+    index = MemoryIndex(settings)
+    index.sync()
+    reader = index.reader()
+    write("memory/b.md", "# B\nbravo")
+    index.reindex()
+    assert sorted(p for (p,) in reader.execute("SELECT path FROM files")) == ["memory/a.md", "memory/b.md"]
+
+
+def test_a_corrupt_index_file_is_rebuilt(settings: Settings, write) -> None:
+    write("memory/a.md", "# A\nalpha")
+    settings.index_path.parent.mkdir(parents=True, exist_ok=True)
+    settings.index_path.write_bytes(b"this is not a database" * 100)
+    index = MemoryIndex(settings)
+    index.sync()
+    assert index.search(SearchRequest("alpha", mode="bm25"))["results"]
+
+
+def test_searching_before_any_index_is_a_clear_error(settings: Settings) -> None:
+    with pytest.raises(IndexUnavailable, match="clawmem index"):
+        MemoryIndex(settings).search(SearchRequest("x"))
+
+
+def test_only_one_writer_at_a_time(settings: Settings, write) -> None:
+    write("memory/a.md", "# A\nalpha")
+    first = MemoryIndex(settings)
+    second = MemoryIndex(settings, lock_timeout=0.2)
+    with first.write_lock(), pytest.raises(IndexBusy):
+        second.sync()
+
+
+def test_get_returns_line_ranges_and_refuses_bad_values(settings: Settings, write) -> None:
+    write("memory/a.md", "l1\nl2\nl3\nl4\n")
+    index = MemoryIndex(settings)
+    assert index.get("memory/a.md") == {"path": "memory/a.md", "text": "l1\nl2\nl3\nl4", "from": 1, "lines": 4}
+    assert index.get("memory/a.md", 2, 2)["text"] == "l2\nl3"
+    assert index.get("memory/a.md", 9)["text"] == ""
+    with pytest.raises(QueryError):
+        index.get("memory/a.md", 0)
+    with pytest.raises(PathError):
+        index.get("../a.md")
+
+
+def test_status_reports_counts_and_freshness(settings: Settings, write) -> None:
+    write("memory/a.md", "# A\nalpha")
+    index = MemoryIndex(settings)
+    assert index.status()["index_exists"] is False
+    index.sync()
+    status = index.status()
+    assert status["files_on_disk"] == status["files_indexed"] == 1
+    assert status["fresh"] is True and status["sqlite_vec_loaded"] is True
+    write("memory/b.md", "# B\nbravo")
+    status = index.status()
+    assert status["pending_files"] == 1 and status["fresh"] is False
+    os.remove(settings.workspace / "memory" / "a.md")
+    assert index.status()["pending_files"] == 2

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import apsw
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clawmem.keywords import build_match, index_text, query_terms
+
+
+@pytest.fixture(scope="module")
+def fts() -> apsw.Connection:
+    conn = apsw.Connection(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(text, tokenize='porter unicode61 remove_diacritics 2')")
+    for text in ("the deploy went out on friday", "我们决定使用 SQLite 作为索引", "日本語のメモを検索する", "commit a828e60 fixed it"):
+        conn.execute("INSERT INTO t(text) VALUES(?)", (index_text(text),))
+    return conn
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(st.characters(exclude_categories=("Cs",)), max_size=200))
+def test_no_user_text_can_break_the_fts5_query(fts: apsw.Connection, query: str) -> None:
+    match = build_match(query)
+    if match is not None:
+        fts.execute("SELECT rowid FROM t WHERE t MATCH ? ORDER BY rank", (match,)).fetchall()
+
+
+@pytest.mark.parametrize("query", ['"', "AND OR NOT", "NEAR(a b)", "col:value", "a*", "^start", "(((", "-x", "a + b",
+                                   "'; DROP TABLE t; --", "\\", "{}", "text:foo", "*"])
+def test_fts5_syntax_in_queries_is_taken_literally(fts: apsw.Connection, query: str) -> None:
+    match = build_match(query)
+    if match is not None:
+        fts.execute("SELECT rowid FROM t WHERE t MATCH ?", (match,)).fetchall()
+
+
+def search(fts: apsw.Connection, query: str) -> list[int]:
+    match = build_match(query)
+    assert match is not None
+    return [r[0] for r in fts.execute("SELECT rowid FROM t WHERE t MATCH ? ORDER BY rank", (match,))]
+
+
+def test_a_question_matching_only_some_words_still_finds_the_note(fts: apsw.Connection) -> None:
+    assert search(fts, "What happened with the deploy last Friday?")[:1] == [1]
+
+
+def test_stop_words_are_dropped_when_other_words_remain() -> None:
+    assert query_terms("what is the deploy") == ["deploy"]
+    assert query_terms("what is it") == ["what", "is", "it"]
+
+
+def test_chinese_words_inside_sentences_are_found(fts: apsw.Connection) -> None:
+    assert search(fts, "索引") == [2]
+    assert search(fts, "使用什么") == [2]
+
+
+def test_japanese_is_found(fts: apsw.Connection) -> None:
+    assert search(fts, "メモ") == [3]
+
+
+def test_exact_ids_are_found(fts: apsw.Connection) -> None:
+    assert search(fts, "a828e60") == [4]
+
+
+def test_index_text_leaves_latin_text_alone() -> None:
+    assert index_text("plain text") == "plain text"
+    assert index_text("记忆abc") == " 记 忆 abc"

@@ -1,0 +1,165 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings as hsettings
+from hypothesis import strategies as st
+
+from clawmem.config import SearchSettings, Settings, load_settings
+from clawmem.embeddings.fake import FakeProvider
+from clawmem.engine import MemoryIndex
+from clawmem.errors import QueryError
+from clawmem.search import Candidate, SearchRequest, fuse_rrf, fuse_weighted, snippet, text_scores
+from clawmem.store import TextHit
+
+
+def answer(index: MemoryIndex, query: str, **kw) -> list[dict]:
+    return index.search(SearchRequest(query, **kw))["results"]  # type: ignore[return-value]
+
+
+@pytest.fixture
+def starter(template_workspace: Path, tmp_path: Path) -> MemoryIndex:
+    settings = load_settings(workspace=template_workspace, overrides={"index": str(tmp_path / "i.sqlite"),
+                                                                     "embedding.provider": "none"})
+    index = MemoryIndex(settings)
+    index.sync()
+    return index
+
+
+@pytest.mark.parametrize("query, path, line", [
+    ("which staging server do deploys use", "MEMORY.md", "staging-7"),
+    ("who reviews infrastructure changes?", "MEMORY.md", "Dana Whitfield"),
+    ("why did we pick SQLite", "MEMORY.md", "SQLite was chosen"),
+    ("what goes in the daily log before context is compacted", "AGENTS.md", None),
+    ("research notes open questions sources", "memory/templates/research-notes.md", "Sources"),
+    ("project risks and next steps", "memory/templates/project-tracking.md", "Next steps"),
+])
+def test_known_answers_on_the_starter_workspace(starter: MemoryIndex, query: str, path: str, line: str | None) -> None:
+    results = answer(starter, query, mode="bm25")
+    if path == "AGENTS.md":  # not a memory file: never indexed
+        assert all(r["path"] != "AGENTS.md" for r in results)
+        return
+    assert results and results[0]["path"] == path
+    assert line in results[0]["snippet"]
+
+
+def test_results_carry_exact_line_ranges(starter: MemoryIndex, template_workspace: Path) -> None:
+    top = answer(starter, "staging server release branch", mode="bm25")[0]
+    lines = (template_workspace / top["path"]).read_text().split("\n")
+    assert "\n".join(lines[top["start_line"] - 1:top["end_line"]]) == top["snippet"]
+
+
+def test_cjk_queries_find_cjk_notes(settings: Settings, write) -> None:
+    write("memory/zh.md", "# 会议\n我们决定使用向量数据库来存储长期记忆。\n")
+    write("memory/ja.md", "# 日記\n今日は東京で寿司を食べました。\n")
+    write("memory/en.md", "# Notes\nnothing in Chinese here\n")
+    index = MemoryIndex(settings)
+    index.sync()
+    assert answer(index, "数据库", mode="bm25")[0]["path"] == "memory/zh.md"
+    assert answer(index, "长期记忆是怎么存的", mode="bm25")[0]["path"] == "memory/zh.md"
+    assert answer(index, "東京", mode="bm25")[0]["path"] == "memory/ja.md"
+    assert [r["path"] for r in answer(index, "寿司", mode="bm25")] == ["memory/ja.md"]
+
+
+def test_snippets_are_at_most_700_characters(settings: Settings, write) -> None:
+    write("memory/long.md", "# L\n" + ("tomato " * 30 + "\n") * 40)
+    index = MemoryIndex(settings)
+    index.sync()
+    results = answer(index, "tomato", mode="bm25")
+    assert results and all(len(r["snippet"]) <= 700 for r in results)
+
+
+def test_path_prefix_and_max_results_filter(settings: Settings, write) -> None:
+    for i in range(10):
+        write(f"memory/a/{i}.md", f"# {i}\nshared keyword")
+        write(f"memory/b/{i}.md", f"# {i}\nshared keyword")
+    index = MemoryIndex(settings)
+    index.sync()
+    results = answer(index, "keyword", mode="bm25", path_prefix="memory/b/", max_results=4, min_score=0.0)
+    assert len(results) == 4 and all(r["path"].startswith("memory/b/") for r in results)
+
+
+def test_empty_query_and_bad_mode_are_query_errors(settings: Settings, write) -> None:
+    write("memory/a.md", "x")
+    index = MemoryIndex(settings)
+    index.sync()
+    with pytest.raises(QueryError):
+        answer(index, "   ")
+    with pytest.raises(QueryError):
+        answer(index, "x", mode="telepathy")
+
+
+def test_punctuation_only_query_finds_nothing_without_error(settings: Settings, write) -> None:
+    write("memory/a.md", "x")
+    index = MemoryIndex(settings)
+    index.sync()
+    assert answer(index, '"*()^:', mode="bm25") == []
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=120))
+def test_any_query_text_is_answered(fuzz_index: MemoryIndex, query: str) -> None:
+    try:
+        fuzz_index.search(SearchRequest(query, mode="bm25"))
+    except QueryError:
+        assert not query.strip()
+
+
+@pytest.fixture(scope="module")
+def fuzz_index(tmp_path_factory: pytest.TempPathFactory) -> MemoryIndex:
+    ws = tmp_path_factory.mktemp("fuzzws")
+    (ws / "memory").mkdir()
+    (ws / "memory" / "a.md").write_text("# Notes\nsome words, 中文, ünïcödé, and ids like a828e60\n")
+    index = MemoryIndex(load_settings(workspace=ws, overrides={"index": str(ws.parent / "fuzz.sqlite"),
+                                                               "embedding.provider": "none"}))
+    index.sync()
+    return index
+
+
+def hit(seq: int, bm25: float) -> TextHit:
+    return TextHit(seq, f"p{seq}", "memory", 1, 1, "t", bm25)
+
+
+def test_bm25_normalisation_is_monotone_and_not_flat() -> None:
+    scores = text_scores([hit(1, -9.0), hit(2, -3.0), hit(3, -1.5)])
+    assert scores[0] == 1.0 and scores[0] > scores[1] > scores[2] > 0
+
+
+def test_weighted_fusion_uses_normalised_weights() -> None:
+    a = Candidate(1, "a", "memory", 1, 1, "", text_score=1.0, vector_score=0.2)
+    b = Candidate(2, "b", "memory", 1, 1, "", text_score=0.1, vector_score=0.9)
+    ranked = fuse_weighted([a, b], 7, 3)
+    assert [c.seq for c in ranked] == [2, 1]
+    assert ranked[0].score == pytest.approx(0.7 * 0.9 + 0.3 * 0.1)
+
+
+def test_rrf_rewards_agreement_and_scales_to_one() -> None:
+    both = Candidate(1, "a", "memory", 1, 1, "", text_score=1.0, vector_score=0.9)
+    text_only = Candidate(2, "b", "memory", 1, 1, "", text_score=0.8)
+    ranked = fuse_rrf([text_only, both], 60)
+    assert ranked[0].seq == 1 and ranked[0].score == pytest.approx(1.0)
+
+
+def test_snippet_cuts_on_character_boundaries() -> None:
+    text = "記憶" * 600
+    cut = snippet(text, 700)
+    assert len(cut) <= 700 and cut.encode("utf-8")
+
+
+def test_hybrid_finds_paraphrases_and_exact_ids(settings: Settings, write) -> None:
+    """BM25 alone misses the paraphrase; hybrid ranks both the paraphrase and the exact id first."""
+    write("memory/car.md", "# Garage\nThe automobile needs new tyres before winter.\n")
+    write("memory/commit.md", "# Release\nThe fix landed in commit a828e60 yesterday.\n")
+    for i in range(6):
+        write(f"memory/filler{i}.md", f"# Filler {i}\nunrelated gardening note number {i}\n")
+    provider = FakeProvider(synonyms={"car": "automobile", "tires": "tyres"})
+    index = MemoryIndex(settings, provider=provider)
+    index.sync()
+
+    assert not [r for r in answer(index, "car tires", mode="bm25") if r["path"] == "memory/car.md"]
+    assert answer(index, "car tires", mode="hybrid", min_score=0.1)[0]["path"] == "memory/car.md"
+    assert answer(index, "a828e60", mode="hybrid", min_score=0.1)[0]["path"] == "memory/commit.md"
+    top = index.search(SearchRequest("car tires", min_score=0.1))
+    assert top["provider"] == "fake" and top["mode"] == "hybrid"
+    assert top["results"][0]["vector_score"] > 0  # type: ignore[index]
