@@ -1,0 +1,163 @@
+"""What the OpenAI, Gemini and Voyage providers share: planning, retries, checks, identity.
+
+A subclass builds its SDK client (imported lazily, in its constructor) and implements two
+methods: `_request` makes exactly one HTTP call for a list of inputs, and `_classify` maps the
+SDK's exceptions to a `retry.Failure`. Everything else, from splitting over-limit inputs to
+refusing zero vectors, lives here once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from clawmem.config import EmbeddingSettings
+from clawmem.embeddings.base import ProviderInfo
+from clawmem.embeddings.batching import embed_planned, plan_batches
+from clawmem.embeddings.retry import Failure, Kind, RetryPolicy, call_with_retries, failure_from_status, redact
+from clawmem.errors import ProviderError
+from clawmem.tokens import get_encoding
+
+__all__ = ["InputKind", "Limits", "RemoteProvider", "describe_endpoint", "first_set", "is_secret_header",
+           "secret_values"]
+
+InputKind = Literal["document", "query"]
+
+_SECRET_WORDS = ("auth", "key", "token", "secret", "password", "passwd", "cookie", "session", "signature",
+                 "credential")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A model's request limits, in cl100k tokens (already discounted where the model counts differently)."""
+
+    max_input_tokens: int
+    max_batch_inputs: int
+    max_batch_tokens: int
+
+
+def is_secret_header(name: str) -> bool:
+    """Headers that carry credentials: never part of the endpoint identity, never in a message."""
+    lowered = name.lower()
+    return any(word in lowered for word in _SECRET_WORDS)
+
+
+def describe_endpoint(base_url: str, headers: Mapping[str, str]) -> str:
+    """Base URL plus sorted non-secret headers: what decides which server answers, without any key."""
+    public = sorted((k.lower(), v) for k, v in headers.items() if not is_secret_header(k))
+    return "; ".join([base_url.rstrip("/"), *(f"{k}={v}" for k, v in public)])
+
+
+def secret_values(headers: Mapping[str, str]) -> list[str]:
+    """Values of the credential headers, to scrub from error messages."""
+    return [value for name, value in headers.items() if is_secret_header(name)]
+
+
+def first_set(environ: Mapping[str, str], *names: str) -> str:
+    """The first non-empty environment variable among `names`, stripped, or ''."""
+    for name in names:
+        value = environ.get(name, "").strip()
+        if value:
+            return value
+    return ""
+
+
+class RemoteProvider:
+    """Base for SDK-backed providers; see the module docstring for the subclass contract."""
+
+    name: ClassVar[str]
+    known_dims: ClassVar[Mapping[str, int]] = {}
+
+    def __init__(
+        self,
+        settings: EmbeddingSettings,
+        *,
+        model: str,
+        endpoint: str,
+        limits: Limits,
+        secrets: Sequence[str],
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._settings = settings
+        self._model = model
+        self._endpoint = endpoint
+        self._secrets = tuple(s for s in secrets if s)
+        self._policy = RetryPolicy(max_retries=settings.max_retries, sleep=sleep)
+        self._batch_size = min(settings.batch_size, limits.max_batch_inputs)
+        self._batch_tokens = min(settings.batch_tokens, limits.max_batch_tokens)
+        self._max_input_tokens = limits.max_input_tokens
+        self._dims = settings.dimensions or self.known_dims.get(model, 0)
+        self._lock = threading.Lock()
+
+    @property
+    def info(self) -> ProviderInfo:
+        """The provider's identity; for a model of unknown size, one short probe request finds `dims`."""
+        if not self._dims:
+            self.embed_query("dimension probe")
+        return ProviderInfo(provider=self.name, model=self._model, dims=self._dims, endpoint=self._endpoint)
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        return self._embed(texts, "document")
+
+    def embed_query(self, text: str) -> list[float]:
+        return self._embed([text], "query")[0]
+
+    def _embed(self, texts: Sequence[str], kind: InputKind) -> list[list[float]]:
+        if not texts:
+            return []
+        plan = plan_batches(texts, batch_size=self._batch_size, batch_tokens=self._batch_tokens,
+                            max_input_tokens=self._max_input_tokens, encoding=get_encoding("cl100k_base"))
+        return embed_planned(plan, lambda inputs: self._send(inputs, kind))
+
+    def _send(self, inputs: list[str], kind: InputKind) -> list[list[float]]:
+        vectors = call_with_retries(lambda: self._request(inputs, kind), self._classify_any, self._policy,
+                                    what=f"{self.name} embeddings request ({self._model})", secrets=self._secrets)
+        self._check_dims(vectors)
+        return vectors
+
+    def _check_dims(self, vectors: Sequence[Sequence[float]]) -> None:
+        with self._lock:
+            for vector in vectors:
+                if not self._dims:
+                    self._dims = len(vector)
+                if len(vector) != self._dims or not vector:
+                    raise ProviderError(f"{self.name} returned a {len(vector)}-d vector for model {self._model!r}, "
+                                        f"expected {self._dims}-d")
+
+    def _classify_any(self, exc: Exception) -> Failure | None:
+        failure = self._classify(exc)
+        if failure is None:
+            failure = _transport_failure(exc)
+        if failure is None and isinstance(exc, (ValueError, KeyError, TypeError, AttributeError)):
+            failure = Failure(Kind.BAD_RESPONSE, f"{type(exc).__name__}: {exc}")
+        if failure is not None:
+            failure = Failure(failure.kind, redact(failure.detail, self._secrets), failure.status,
+                              failure.retry_after)
+        return failure
+
+    def _status_failure(self, status: int, headers: Mapping[str, str] | None, detail: str) -> Failure:
+        return failure_from_status(status, headers, detail, clock=self._policy.clock)
+
+    def _request(self, inputs: list[str], kind: InputKind) -> list[list[float]]:
+        """One HTTP request for `inputs`; raw vectors in input order."""
+        raise NotImplementedError
+
+    def _classify(self, exc: Exception) -> Failure | None:
+        """Map an SDK exception to a Failure, or None to let the shared rules decide."""
+        raise NotImplementedError
+
+
+def _transport_failure(exc: Exception) -> Failure | None:
+    """Timeouts and connection errors of httpx/httpx2 (used raw by google-genai), without importing either."""
+    names = {(cls.__module__.split(".")[0], cls.__name__) for cls in type(exc).__mro__}
+    http_libs = {module for module, _ in names if module in ("httpx", "httpx2", "requests", "urllib3")}
+    if not http_libs:
+        return None
+    if any(name in ("TimeoutException", "Timeout", "TimeoutError") for _, name in names):
+        return Failure(Kind.TIMEOUT, str(exc))
+    if any(name in ("TransportError", "ConnectionError", "RequestException") for _, name in names):
+        return Failure(Kind.CONNECTION, str(exc))
+    return None
