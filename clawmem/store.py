@@ -368,7 +368,7 @@ class Store:
         if excess <= 0:
             return 0
         self.conn.execute(
-            "DELETE FROM embedding_cache WHERE rowid IN (SELECT rowid FROM embedding_cache ORDER BY updated_at LIMIT ?)",
+            "DELETE FROM embedding_cache WHERE rowid IN (SELECT rowid FROM embedding_cache ORDER BY updated_at, rowid LIMIT ?)",
             (excess,))
         return excess
 

@@ -1,0 +1,3 @@
+from clawmem.cli import main
+
+main()

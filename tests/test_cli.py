@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def clawmem(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "CLAWMEM_PROVIDER": "none", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "clawmem", *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    target = tmp_path / "demo"
+    out = clawmem("init", str(target))
+    assert out.returncode == 0, out.stderr
+    return target
+
+
+def test_init_index_search_get_status_round_trip(ws: Path) -> None:
+    out = clawmem("index", cwd=ws)
+    assert out.returncode == 0, out.stderr
+    assert "4 added" in out.stderr
+    assert "\r" not in out.stderr, "no progress bar when stderr is not a terminal"
+
+    out = clawmem("search", "--json", "-n", "2", "which staging server", cwd=ws)
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    assert answer["results"][0]["path"] == "MEMORY.md"
+    assert {"results", "provider", "model", "mode", "index"} <= answer.keys()
+    assert len(answer["results"]) <= 2
+
+    out = clawmem("search", "staging", "server", cwd=ws)
+    assert out.returncode == 0 and "MEMORY.md:" in out.stdout
+
+    out = clawmem("get", "MEMORY.md", "--from", "1", "--lines", "1", cwd=ws)
+    assert out.returncode == 0 and out.stdout == "# MEMORY\n"
+
+    out = clawmem("status", "--json", cwd=ws)
+    status = json.loads(out.stdout)
+    assert status["files_indexed"] == 4 and status["fresh"] is True
+
+    out = clawmem("reindex", cwd=ws)
+    assert out.returncode == 0, out.stderr
+
+
+def test_global_options_work_on_every_command(ws: Path, tmp_path: Path) -> None:
+    index = tmp_path / "elsewhere" / "idx.sqlite"
+    assert clawmem("index", "--workspace", str(ws), "--index", str(index)).returncode == 0
+    assert index.is_file()
+    out = clawmem("search", "--workspace", str(ws), "--index", str(index), "--json", "Dana")
+    assert json.loads(out.stdout)["results"]
+    out = clawmem("status", "--json", env={"CLAWMEM_WORKSPACE": str(ws), "CLAWMEM_INDEX": str(index)})
+    assert json.loads(out.stdout)["index_path"] == str(index)
+
+
+def test_exit_codes(ws: Path, tmp_path: Path) -> None:
+    assert clawmem("search", "anything", "--index", str(tmp_path / "none.sqlite"), cwd=ws).returncode == 3
+    assert clawmem("index", cwd=ws).returncode == 0
+    out = clawmem("get", "../secret.md", cwd=ws)
+    assert out.returncode == 1 and "'..' is refused" in out.stderr
+    out = clawmem("get", "memory/nope.md", cwd=ws)
+    assert out.returncode == 1 and "no such memory file" in out.stderr
+    assert clawmem("search", "--mode", "psychic", "x", cwd=ws).returncode == 2
+    assert clawmem("frobnicate", cwd=ws).returncode == 2
+    out = clawmem("search", "x", cwd=ws, env={"CLAWMEM_PROVIDER": "skynet"})
+    assert out.returncode == 1 and "embedding.provider" in out.stderr
+    out = clawmem("search", "   ", cwd=ws)
+    assert out.returncode == 1 and "empty" in out.stderr
+
+
+def test_init_dry_run_and_no_overwrite(tmp_path: Path) -> None:
+    target = tmp_path / "t"
+    out = clawmem("init", "--dry-run", str(target))
+    assert out.returncode == 0 and "would create" in out.stdout and not target.exists()
+    target.mkdir()
+    (target / "MEMORY.md").write_text("mine")
+    out = clawmem("init", str(target))
+    assert "kept existing" in out.stdout and (target / "MEMORY.md").read_text() == "mine"
+
+
+def test_every_command_has_help() -> None:
+    for command in ("init", "index", "search", "get", "status", "reindex"):
+        out = clawmem(command, "--help")
+        assert out.returncode == 0 and "Usage:" in out.stdout

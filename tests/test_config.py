@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clawmem.config import as_dict, load_settings
+from clawmem.errors import ConfigError
+
+
+def test_defaults_match_the_spec(tmp_path: Path) -> None:
+    s = load_settings(workspace=tmp_path, environ={})
+    assert (s.chunking.tokens, s.chunking.overlap, s.chunking.tokenizer) == (400, 80, "cl100k_base")
+    assert (s.search.max_results, s.search.min_score, s.search.candidate_multiplier) == (6, 0.35, 4)
+    assert (s.search.vector_weight, s.search.text_weight, s.search.rrf_k) == (0.7, 0.3, 60)
+    assert s.embedding.provider == "auto" and s.embedding.cache_max_entries == 50_000
+    assert s.daemon.debounce == 1.5
+    assert s.index_path.name == "index.sqlite" and tmp_path not in s.index_path.parents
+
+
+def test_toml_then_env_then_flags(tmp_path: Path) -> None:
+    (tmp_path / "clawmem.toml").write_text('[search]\nmax_results = 9\nmode = "bm25"\n[embedding]\nprovider = "openai"\n')
+    s = load_settings(workspace=tmp_path, environ={})
+    assert (s.search.max_results, s.search.mode, s.embedding.provider) == (9, "bm25", "openai")
+    s = load_settings(workspace=tmp_path, environ={"CLAWMEM_PROVIDER": "none"})
+    assert s.embedding.provider == "none" and s.search.max_results == 9
+    s = load_settings(workspace=tmp_path, environ={"CLAWMEM_PROVIDER": "none"},
+                      overrides={"embedding.provider": "voyage", "search.max_results": 3})
+    assert (s.embedding.provider, s.search.max_results) == ("voyage", 3)
+
+
+def test_fixed_environment_names(tmp_path: Path) -> None:
+    env = {"CLAWMEM_WORKSPACE": str(tmp_path), "CLAWMEM_INDEX": str(tmp_path / "i.db"),
+           "CLAWMEM_SOCKET": str(tmp_path / "s.sock"), "CLAWMEM_MODEL": "m", "CLAWMEM_LOCAL_MODEL": "/x.gguf",
+           "CLAWMEM_FALLBACK": "none", "CLAWMEM_LOG_LEVEL": "debug", "CLAWMEM_PROVIDER": "local"}
+    s = load_settings(environ=env)
+    assert s.workspace == tmp_path.resolve()
+    assert s.index_path == tmp_path / "i.db" and s.socket_path == tmp_path / "s.sock"
+    assert (s.embedding.model, s.embedding.local_model, s.log_level, s.embedding.provider) == ("m", "/x.gguf", "debug",
+                                                                                                "local")
+
+
+@pytest.mark.parametrize("toml, key", [
+    ("bogus = 1\n", "bogus"),
+    ("[search]\nmax_result = 5\n", "search.max_result"),
+    ("[search]\nmax_results = 'many'\n", "search.max_results"),
+    ("[search]\nmin_score = 3.0\n", "search.min_score"),
+    ("[chunking]\noverlap = 500\n", "chunking.overlap"),
+    ("[embedding]\nprovider = 'skynet'\n", "embedding.provider"),
+    ("[nosuch]\nx = 1\n", "nosuch"),
+    ("search = 5\n", "search"),
+])
+def test_a_bad_key_or_value_is_an_error_naming_the_key(tmp_path: Path, toml: str, key: str) -> None:
+    (tmp_path / "clawmem.toml").write_text(toml)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_settings(workspace=tmp_path, environ={})
+
+
+def test_bad_environment_value_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="embedding.provider"):
+        load_settings(workspace=tmp_path, environ={"CLAWMEM_PROVIDER": "telepathy"})
+
+
+def test_broken_toml_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "clawmem.toml").write_text("[search\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings(workspace=tmp_path, environ={})
+
+
+def test_missing_explicit_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(workspace=tmp_path, config_file=tmp_path / "nope.toml", environ={})
+
+
+def test_user_config_file_is_used_when_the_workspace_has_none(tmp_path: Path) -> None:
+    cfg = tmp_path / "cfg" / "clawmem"
+    cfg.mkdir(parents=True)
+    (cfg / "config.toml").write_text("[search]\nmax_results = 11\n")
+    s = load_settings(workspace=tmp_path, environ={"XDG_CONFIG_HOME": str(tmp_path / "cfg")})
+    assert s.search.max_results == 11
+
+
+def test_secrets_are_not_in_the_public_view(tmp_path: Path) -> None:
+    (tmp_path / "clawmem.toml").write_text('[embedding]\napi_key = "sk-secret"\nheaders = {"X-Key" = "v"}\n')
+    view = as_dict(load_settings(workspace=tmp_path, environ={}))
+    assert "sk-secret" not in repr(view)
+
+
+def test_the_starter_config_is_valid(template_workspace: Path) -> None:
+    load_settings(workspace=template_workspace, environ={})
