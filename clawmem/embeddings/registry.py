@@ -1,0 +1,168 @@
+"""Which embedding provider serves this workspace (SPEC §5), and why.
+
+`none` means keyword search only. `auto` takes the local model when its file is available, else
+the first remote provider whose API key is set (OpenAI, Gemini, Voyage), else none; having tried
+them all, it needs no fallback. An explicitly requested provider that cannot be created (no key, no
+model, an SDK that will not import) gives way to the `fallback` provider when one is named, and
+the result says so.
+
+The connection settings (`api_key`, `base_url`, `headers`) belong to the requested provider; under
+`auto` they describe an OpenAI-compatible server. They are never handed to another vendor: a
+fallback, or a non-OpenAI pick of `auto`, gets only its defaults and its own environment keys, so
+an OpenAI key is never sent to Google. Reasons name providers and variables, never key values.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from clawmem.config import EmbeddingSettings
+from clawmem.embeddings.base import EmbeddingProvider
+from clawmem.embeddings.remote import secret_values
+from clawmem.embeddings.retry import redact
+from clawmem.errors import ClawmemError
+
+__all__ = ["KEY_VARIABLES", "REMOTE_PROVIDERS", "ResolvedProvider", "create_provider", "resolve_provider"]
+
+REMOTE_PROVIDERS = ("openai", "gemini", "voyage")
+KEY_VARIABLES: Mapping[str, tuple[str, ...]] = {
+    "openai": ("OPENAI_API_KEY",),
+    "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
+    "voyage": ("VOYAGE_API_KEY",),
+}
+NO_PROVIDER = "no embedding provider available: keyword search only"
+
+
+@dataclass(frozen=True)
+class ResolvedProvider:
+    provider: EmbeddingProvider | None
+    requested: str
+    fallback_used: bool
+    reason: str
+
+
+class Unavailable(ClawmemError):
+    """A provider that cannot be created here; the message says why (and never holds a key)."""
+
+
+def resolve_provider(settings: EmbeddingSettings, *, cache_dir: Path,
+                     environ: Mapping[str, str] = os.environ) -> ResolvedProvider:
+    requested = settings.provider
+    hide = _secrets(settings, environ)
+    if requested == "none":
+        return ResolvedProvider(None, requested, False, "embedding provider is 'none': keyword search only")
+    if requested == "auto":
+        chosen, why = _auto(settings, cache_dir, environ, skip=())
+        return ResolvedProvider(chosen, requested, False, redact(why if chosen is not None else NO_PROVIDER, hide))
+    try:
+        chosen = create_provider(requested, settings, cache_dir=cache_dir, environ=environ)
+        return ResolvedProvider(chosen, requested, False, f"{requested} requested")
+    except Unavailable as exc:
+        failure = str(exc)
+
+    fallback = settings.fallback
+    if fallback not in ("none", requested):
+        spare = _without_connection(settings)
+        if fallback == "auto":
+            chosen, why = _auto(spare, cache_dir, environ, skip=(requested,))
+            if chosen is not None:
+                return ResolvedProvider(chosen, requested, True, redact(f"{failure}; fallback {why}", hide))
+            failure = f"{failure}; fallback auto found no other provider"
+        else:
+            try:
+                chosen = create_provider(fallback, spare, cache_dir=cache_dir, environ=environ)
+                return ResolvedProvider(chosen, requested, True, redact(f"{failure}; using fallback {fallback}", hide))
+            except Unavailable as exc:
+                failure = f"{failure}; fallback {fallback} unavailable too: {exc}"
+    return ResolvedProvider(None, requested, False, redact(f"{failure}: keyword search only", hide))
+
+
+def create_provider(name: str, settings: EmbeddingSettings, *, cache_dir: Path,
+                    environ: Mapping[str, str] = os.environ) -> EmbeddingProvider:
+    """Build provider `name` from `settings`; raises Unavailable when it cannot be had here."""
+    if name == "local":
+        return _create_local(settings, cache_dir)
+    if name not in REMOTE_PROVIDERS:
+        raise Unavailable(f"{name}: not an embedding provider")
+    try:
+        return _remote_factory(name)(settings, environ=environ)
+    except ImportError as exc:
+        raise Unavailable(f"{name}: its SDK cannot be imported ({exc.name or exc})") from None
+    except ClawmemError as exc:
+        raise Unavailable(str(exc)) from None
+
+
+def _auto(settings: EmbeddingSettings, cache_dir: Path, environ: Mapping[str, str],
+          skip: Iterable[str]) -> tuple[EmbeddingProvider | None, str]:
+    """The first provider `auto` can create, with a reason; (None, '') when there is none."""
+    skipped = set(skip)
+    if "local" not in skipped:
+        try:
+            return _create_local(settings, cache_dir), "auto: local model available"
+        except Unavailable:
+            pass
+    for name in REMOTE_PROVIDERS:
+        if name in skipped:
+            continue
+        variable = next((v for v in KEY_VARIABLES[name] if environ.get(v, "").strip()), None)
+        own_server = name == "openai" and bool(settings.api_key or settings.base_url)
+        if variable is None and not own_server:
+            continue
+        candidate = settings if name == "openai" else _without_connection(settings, keep_model=True)
+        try:
+            provider = create_provider(name, candidate, cache_dir=cache_dir, environ=environ)
+        except Unavailable:
+            continue
+        because = f"{variable} is set" if variable else "embedding.api_key/base_url is set"
+        return provider, f"auto: {name} ({because})"
+    return None, ""
+
+
+def _create_local(settings: EmbeddingSettings, cache_dir: Path) -> EmbeddingProvider:
+    """The local GGUF provider; its modules are written separately, so their absence means unavailable."""
+    try:
+        from clawmem.embeddings.local import LocalProvider
+        from clawmem.embeddings.models import local_model_available
+    except ImportError as exc:
+        raise Unavailable(f"local: not available in this installation ({exc.name or exc})") from None
+    try:
+        path = local_model_available(settings, cache_dir)
+        if path is None:
+            raise Unavailable("local: no model file available (set embedding.local_model to a GGUF path or hf: URI)")
+        provider: EmbeddingProvider = LocalProvider(settings, path)
+    except Unavailable:
+        raise
+    except ImportError as exc:
+        raise Unavailable(f"local: llama-cpp-python cannot be imported ({exc.name or exc})") from None
+    except (ClawmemError, OSError, ValueError, RuntimeError) as exc:
+        raise Unavailable(f"local: cannot load the model ({type(exc).__name__}: {exc})") from None
+    return provider
+
+
+def _remote_factory(name: str) -> Callable[..., EmbeddingProvider]:
+    if name == "openai":
+        from clawmem.embeddings.openai import OpenAIProvider
+
+        return OpenAIProvider
+    if name == "gemini":
+        from clawmem.embeddings.gemini import GeminiProvider
+
+        return GeminiProvider
+    from clawmem.embeddings.voyage import VoyageProvider
+
+    return VoyageProvider
+
+
+def _without_connection(settings: EmbeddingSettings, *, keep_model: bool = False) -> EmbeddingSettings:
+    """`settings` minus what belongs to the requested provider's account and server."""
+    cleared = replace(settings, api_key="", base_url="", headers={})
+    return cleared if keep_model else replace(cleared, model="", dimensions=0)
+
+
+def _secrets(settings: EmbeddingSettings, environ: Mapping[str, str]) -> list[str]:
+    values = [settings.api_key, *secret_values(settings.headers)]
+    values += [environ.get(v, "") for names in KEY_VARIABLES.values() for v in names]
+    return [v for v in values if v]
