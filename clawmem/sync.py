@@ -11,9 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 
 import xxhash
 
@@ -29,7 +27,7 @@ __all__ = ["SyncReport", "embed_pending", "sync_workspace"]
 
 Progress = Callable[[int, int], None]
 
-PARALLEL_MIN_BYTES = 4 << 20
+PARALLEL_MIN_BYTES = 1 << 20
 
 
 @dataclass
@@ -166,6 +164,9 @@ def _parse_all(files: Sequence[MemoryFile], settings: Settings, indexed: dict[st
     if workers > 1 and total >= PARALLEL_MIN_BYTES and len(files) >= 64:
         # Chunking is CPU-bound pure Python: a cold index of thousands of files is worth other cores.
         # "spawn" because the daemon has threads, which do not survive a fork safely.
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
             yield from pool.map(_parse_one, files, [args] * len(files), [indexed.get(f.path) for f in files],
                                 chunksize=32)

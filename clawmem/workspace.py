@@ -152,5 +152,11 @@ def _inside(path: str, parent: str) -> bool:
 
 
 def _key(root: str, path: str) -> str:
-    rel = os.path.relpath(path, root)
-    return path if rel.startswith("..") else rel.replace(os.sep, "/")
+    prefix = root.rstrip(os.sep) + os.sep
+    if path.startswith(prefix):
+        rel = path[len(prefix):]
+    else:
+        rel = os.path.relpath(path, root)
+        if rel.startswith(".."):
+            return path
+    return rel.replace(os.sep, "/")

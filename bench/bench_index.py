@@ -1,0 +1,131 @@
+"""Index benchmarks (keyword-only): cold index, no-change resync, one-file edit, CLI search, size, RSS.
+
+    python bench/bench_index.py [--sizes 200,2000,20000] [--out bench/out/index.json]
+
+Workspaces come from bench/generate.py (~2 KB realistic Markdown files) under a temp dir. Each
+measurement runs in a fresh subprocess, so figures include nothing cached by an earlier step
+except the operating system's page cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from generate import generate  # noqa: E402
+
+CHILD = """
+import json, resource, statistics, sys, time
+from pathlib import Path
+t0 = time.perf_counter()
+from clawmem.config import load_settings
+from clawmem.engine import MemoryIndex
+settings = load_settings(workspace=sys.argv[1], overrides={"index": sys.argv[2], "embedding.provider": "none"})
+index = MemoryIndex(settings)
+t1 = time.perf_counter()
+report = index.sync()
+t2 = time.perf_counter()
+files, chunks = index.reader().counts()
+result = {"sync_s": t2 - t1, "import_s": t1 - t0, "files": files, "chunks": chunks, "bytes_read": report.bytes_read,
+          "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+          "workers_maxrss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+if sys.argv[3] == "warm":
+    def timed():
+        start = time.perf_counter()
+        index.sync()
+        return time.perf_counter() - start
+    result["nochange_s"] = statistics.median(timed() for _ in range(5))
+    target = sorted((Path(sys.argv[1]) / "memory").rglob("*.md"))[0]
+    original = target.read_text()
+    edits = []
+    for i in range(7):
+        target.write_text(original + f"\\n- edit number {i} for the benchmark\\n")
+        edits.append(timed())
+    target.write_text(original)
+    index.sync()
+    result["edit_s"] = statistics.median(edits)
+    result["maxrss_after_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(result))
+"""
+
+
+def child_sync(ws: Path, idx: Path, mode: str = "cold") -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    out = subprocess.run([sys.executable, "-c", CHILD, str(ws), str(idx), mode], capture_output=True, text=True,
+                         check=True, env=env)
+    return json.loads(out.stdout)
+
+
+def cli_search(ws: Path, idx: Path, query: str) -> float:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "clawmem", "search", "--provider", "none", "--mode", "bm25", "--json",
+                    "--workspace", str(ws), "--index", str(idx), query], capture_output=True, check=True, env=env)
+    return time.perf_counter() - start
+
+
+def bench(size: int, root: Path) -> dict[str, object]:
+    ws = root / f"ws-{size}"
+    if not ws.exists():
+        generate(ws, size)
+    idx = root / f"idx-{size}" / "index.sqlite"
+    shutil.rmtree(idx.parent, ignore_errors=True)
+    total_bytes = sum(p.stat().st_size for p in ws.rglob("*.md"))
+
+    cold = child_sync(ws, idx)
+    warm = child_sync(ws, idx, "warm")
+    target = sorted((ws / "memory").rglob("*.md"))[0]
+    original = target.read_text()
+    target.write_text(original + "\n- an edit seen by a fresh process\n")
+    fresh_edit = child_sync(ws, idx)["sync_s"]
+    target.write_text(original)
+    child_sync(ws, idx)
+    searches = [cli_search(ws, idx, "staging deploy rollback incident") for _ in range(7)]
+    size_bytes = sum(p.stat().st_size for p in idx.parent.iterdir() if p.name.startswith("index.sqlite"))
+    return {
+        "files": size,
+        "mb": round(total_bytes / 1e6, 2),
+        "chunks": cold["chunks"],
+        "cold_index_s": round(cold["sync_s"], 3),
+        "cold_mb_per_s": round(total_bytes / 1e6 / cold["sync_s"], 2),
+        "cold_chunks_per_s": round(cold["chunks"] / cold["sync_s"]),
+        "cold_peak_rss_mb": round(cold["maxrss_mb"], 1),
+        "cold_worker_peak_rss_mb": round(cold["workers_maxrss_mb"], 1),
+        "nochange_resync_s": round(warm["nochange_s"], 4),
+        "one_edit_resync_s": round(warm["edit_s"], 4),
+        "one_edit_fresh_process_s": round(fresh_edit, 3),
+        "cli_search_s_median": round(statistics.median(searches), 3),
+        "index_bytes_per_chunk": round(size_bytes / max(1, cold["chunks"])),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="200,2000,20000")
+    parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "clawmem-bench")
+    parser.add_argument("--out", type=Path, default=HERE / "out" / "index.json")
+    args = parser.parse_args()
+    args.root.mkdir(parents=True, exist_ok=True)
+    rows = [bench(int(s), args.root) for s in args.sizes.split(",")]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=2))
+    keys = list(rows[0])
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for row in rows:
+        print("| " + " | ".join(str(row[k]) for k in keys) + " |")
+
+
+if __name__ == "__main__":
+    main()
