@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 import pytest
 import xxhash
@@ -114,15 +114,14 @@ class FakeServer:
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self._httpd.server_port}"
 
     def script(self, *replies: Reply | Responder) -> None:
         """Serve these replies to the next requests, in order, before falling back to `default`."""
         with self._lock:
             self._queue.extend(replies)
 
-    def __enter__(self) -> FakeServer:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

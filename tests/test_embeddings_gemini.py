@@ -188,7 +188,7 @@ def test_timeouts_are_retried_then_give_up(server: FakeServer) -> None:
 
 def test_a_missing_vector_is_an_error(server: FakeServer) -> None:
     server.default = lambda request: Reply(json={"embeddings": [{"values": []}]})
-    with pytest.raises(ProviderError):
+    with pytest.raises(ProviderError, match="empty vector"):
         make(server).embed_query("x")
 
 

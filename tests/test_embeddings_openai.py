@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import email.utils
 import functools
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,14 @@ def test_429_with_retry_after_is_honoured(server: FakeServer) -> None:
     server.script(Reply(status=429, json={"error": {"message": "slow down"}}, headers={"Retry-After": "2"}))
     assert make(server, sleeps).embed_query("x") == pytest.approx(expected("x"))
     assert len(server.requests) == 2 and sleeps == [2.0]
+
+
+def test_retry_after_as_an_http_date_is_honoured(server: FakeServer) -> None:
+    sleeps: list[float] = []
+    when = email.utils.formatdate(time.time() + 30, usegmt=True)
+    server.script(Reply(status=429, json={"error": {"message": "slow down"}}, headers={"Retry-After": when}))
+    make(server, sleeps).embed_query("x")
+    assert len(sleeps) == 1 and 20 <= sleeps[0] <= 31
 
 
 def test_500_is_retried_then_succeeds(server: FakeServer) -> None:

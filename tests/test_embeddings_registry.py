@@ -62,6 +62,12 @@ def no_local(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "clawmem.embeddings.local", None)
 
 
+def block_sdk(monkeypatch: pytest.MonkeyPatch, package: str) -> None:
+    """Make `package` and its submodules fail to import, as when the SDK is not installed."""
+    for name in [n for n in sys.modules if n == package or n.startswith(f"{package}.")] + [package]:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
 def resolve(tmp_path: Path, environ: dict[str, str] | None = None, **values: Any) -> ResolvedProvider:
     result = resolve_provider(EmbeddingSettings(**values), cache_dir=tmp_path, environ=environ or {})
     for key in ALL_KEYS:
@@ -129,7 +135,7 @@ def test_auto_takes_an_openai_compatible_server_from_settings(tmp_path: Path, no
 
 def test_auto_never_hands_connection_settings_to_another_vendor(tmp_path: Path, no_local: None,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "openai", None)
+    block_sdk(monkeypatch, "openai")
     result = resolve(tmp_path, {"GEMINI_API_KEY": GEMINI_KEY}, provider="auto", api_key=OPENAI_KEY,
                      base_url="https://openai-proxy.example/v1", headers={"X-Org": "o"})
     assert isinstance(result.provider, GeminiProvider)
@@ -176,7 +182,7 @@ def test_missing_local_model_falls_back(tmp_path: Path, local_model: Path, monke
 
 
 def test_sdk_import_error_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "voyageai", None)
+    block_sdk(monkeypatch, "voyageai")
     result = resolve(tmp_path, {"VOYAGE_API_KEY": VOYAGE_KEY, "OPENAI_API_KEY": OPENAI_KEY},
                      provider="voyage", fallback="openai")
     assert isinstance(result.provider, OpenAIProvider) and result.fallback_used
@@ -185,7 +191,7 @@ def test_sdk_import_error_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_the_fallback_gets_its_own_defaults_not_the_primarys_settings(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "openai", None)
+    block_sdk(monkeypatch, "openai")
     result = resolve(tmp_path, {"GEMINI_API_KEY": GEMINI_KEY}, provider="openai", fallback="gemini",
                      api_key=OPENAI_KEY, base_url="https://openai-proxy.example/v1", model="text-embedding-3-large",
                      dimensions=256, headers={"X-Org": "o"})

@@ -95,7 +95,7 @@ def test_retries_server_errors_then_succeeds() -> None:
 
 def test_honours_retry_after() -> None:
     sleeps: list[float] = []
-    attempt, calls = script(Failure(Kind.RATE_LIMITED, status=429, retry_after=7.0), "ok")
+    attempt, _ = script(Failure(Kind.RATE_LIMITED, status=429, retry_after=7.0), "ok")
     assert call_with_retries(attempt, classify, policy(sleeps), what="test") == "ok"
     assert sleeps == [7.0]
 

@@ -95,8 +95,8 @@ def plan_batches(
     limit = min(max_input_tokens, batch_tokens)
     pieces: list[Piece] = []
     for index, text in enumerate(texts):
-        for piece, count in split_text(text, limit, encoding):
-            pieces.append(Piece(piece or " ", max(count, 1), index))
+        for part, count in split_text(text, limit, encoding):
+            pieces.append(Piece(part or " ", max(count, 1), index))
 
     batches: list[tuple[int, ...]] = []
     current: list[int] = []

@@ -14,6 +14,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 from clawmem.config import EmbeddingSettings
 from clawmem.embeddings.remote import (
@@ -50,7 +51,7 @@ def split_base_url(url: str) -> tuple[str, str]:
 
 class GeminiProvider(RemoteProvider):
     name = "gemini"
-    known_dims = {"gemini-embedding-001": 3072, "text-embedding-004": 768, "embedding-001": 768}
+    known_dims: ClassVar[Mapping[str, int]] = {"gemini-embedding-001": 3072, "text-embedding-004": 768, "embedding-001": 768}
 
     def __init__(self, settings: EmbeddingSettings, *, environ: Mapping[str, str] = os.environ,
                  sleep: Callable[[float], None] = time.sleep) -> None:
@@ -78,7 +79,8 @@ class GeminiProvider(RemoteProvider):
     def _request(self, inputs: list[str], kind: InputKind) -> list[list[float]]:
         config = self._types.EmbedContentConfig(task_type=_TASK_TYPES[kind],
                                                 output_dimensionality=self._settings.dimensions or None)
-        response = self._client.models.embed_content(model=self._model, contents=list(inputs), config=config)
+        contents: list[Any] = list(inputs)
+        response = self._client.models.embed_content(model=self._model, contents=contents, config=config)
         embeddings = response.embeddings or []
         return [list(item.values or []) for item in embeddings]
 

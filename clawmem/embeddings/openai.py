@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from clawmem.config import EmbeddingSettings
 from clawmem.embeddings.remote import (
@@ -34,7 +34,7 @@ _LIMITS = Limits(max_input_tokens=8191, max_batch_inputs=2048, max_batch_tokens=
 
 class OpenAIProvider(RemoteProvider):
     name = "openai"
-    known_dims = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072, "text-embedding-ada-002": 1536}
+    known_dims: ClassVar[Mapping[str, int]] = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072, "text-embedding-ada-002": 1536}
 
     def __init__(self, settings: EmbeddingSettings, *, environ: Mapping[str, str] = os.environ,
                  sleep: Callable[[float], None] = time.sleep) -> None:

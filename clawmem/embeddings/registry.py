@@ -14,6 +14,7 @@ an OpenAI key is never sent to Google. Reasons name providers and variables, nev
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -124,15 +125,15 @@ def _auto(settings: EmbeddingSettings, cache_dir: Path, environ: Mapping[str, st
 def _create_local(settings: EmbeddingSettings, cache_dir: Path) -> EmbeddingProvider:
     """The local GGUF provider; its modules are written separately, so their absence means unavailable."""
     try:
-        from clawmem.embeddings.local import LocalProvider
-        from clawmem.embeddings.models import local_model_available
+        models = importlib.import_module("clawmem.embeddings.models")
+        local = importlib.import_module("clawmem.embeddings.local")
     except ImportError as exc:
         raise Unavailable(f"local: not available in this installation ({exc.name or exc})") from None
     try:
-        path = local_model_available(settings, cache_dir)
+        path = models.local_model_available(settings, cache_dir)
         if path is None:
             raise Unavailable("local: no model file available (set embedding.local_model to a GGUF path or hf: URI)")
-        provider: EmbeddingProvider = LocalProvider(settings, path)
+        provider: EmbeddingProvider = local.LocalProvider(settings, path)
     except Unavailable:
         raise
     except ImportError as exc:

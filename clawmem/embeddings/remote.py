@@ -8,6 +8,7 @@ refusing zero vectors, lives here once.
 
 from __future__ import annotations
 
+import abc
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -65,7 +66,7 @@ def first_set(environ: Mapping[str, str], *names: str) -> str:
     return ""
 
 
-class RemoteProvider:
+class RemoteProvider(abc.ABC):
     """Base for SDK-backed providers; see the module docstring for the subclass contract."""
 
     name: ClassVar[str]
@@ -119,11 +120,14 @@ class RemoteProvider:
         return vectors
 
     def _check_dims(self, vectors: Sequence[Sequence[float]]) -> None:
+        """Every vector must have the model's size; the first answer fixes it when it was unknown."""
         with self._lock:
             for vector in vectors:
+                if not vector:
+                    raise ProviderError(f"{self.name} returned an empty vector for model {self._model!r}")
                 if not self._dims:
                     self._dims = len(vector)
-                if len(vector) != self._dims or not vector:
+                if len(vector) != self._dims:
                     raise ProviderError(f"{self.name} returned a {len(vector)}-d vector for model {self._model!r}, "
                                         f"expected {self._dims}-d")
 
@@ -141,13 +145,13 @@ class RemoteProvider:
     def _status_failure(self, status: int, headers: Mapping[str, str] | None, detail: str) -> Failure:
         return failure_from_status(status, headers, detail, clock=self._policy.clock)
 
+    @abc.abstractmethod
     def _request(self, inputs: list[str], kind: InputKind) -> list[list[float]]:
         """One HTTP request for `inputs`; raw vectors in input order."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _classify(self, exc: Exception) -> Failure | None:
         """Map an SDK exception to a Failure, or None to let the shared rules decide."""
-        raise NotImplementedError
 
 
 def _transport_failure(exc: Exception) -> Failure | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
+from typing import ClassVar
 
 from clawmem.config import EmbeddingSettings
 from clawmem.embeddings.remote import InputKind, Limits, RemoteProvider, describe_endpoint, first_set
@@ -30,7 +31,7 @@ _LIMITS = Limits(max_input_tokens=28_800, max_batch_inputs=1000, max_batch_token
 
 class VoyageProvider(RemoteProvider):
     name = "voyage"
-    known_dims = {
+    known_dims: ClassVar[Mapping[str, int]] = {
         "voyage-4-large": 1024, "voyage-4": 1024, "voyage-4-lite": 1024,
         "voyage-3-large": 1024, "voyage-3.5": 1024, "voyage-3.5-lite": 1024, "voyage-3": 1024,
         "voyage-3-lite": 512, "voyage-code-3": 1024, "voyage-finance-2": 1024, "voyage-law-2": 1024,
@@ -46,7 +47,7 @@ class VoyageProvider(RemoteProvider):
         if settings.headers:
             raise ConfigError("invalid setting 'embedding.headers': the voyageai SDK sends no extra headers; "
                               "remove them to use voyage")
-        import voyageai
+        from voyageai.client import Client
         from voyageai.local.helpers import is_local_model
         from voyageai.util import get_default_base_url
 
@@ -57,7 +58,7 @@ class VoyageProvider(RemoteProvider):
         base_url = (settings.base_url or get_default_base_url(api_key)).rstrip("/")
         super().__init__(settings, model=model, endpoint=describe_endpoint(base_url, {}), limits=_LIMITS,
                          secrets=[api_key], sleep=sleep)
-        self._client = voyageai.Client(api_key=api_key, max_retries=0, timeout=settings.timeout, base_url=base_url)
+        self._client = Client(api_key=api_key, max_retries=0, timeout=settings.timeout, base_url=base_url)
 
     def _request(self, inputs: list[str], kind: InputKind) -> list[list[float]]:
         result = self._client.embed(list(inputs), model=self._model, input_type=kind, truncation=True,
