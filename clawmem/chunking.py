@@ -36,6 +36,8 @@ Counter = Callable[[str], int]
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
+    """`tokens` bounds the text's token count from above (exact when the chunk is near the bound)."""
+
     start_line: int
     end_line: int
     text: str
@@ -71,7 +73,7 @@ def chunk_lines(
 ) -> list[Chunk]:
     if not lines:
         return []
-    costs = [len(count(line + "\n")) for line in lines]
+    costs = [len(count(line)) + 1 for line in lines]  # +1: the line break
     prio = priorities(lines)
     min_section = max_tokens // 4
     chunks: list[Chunk] = []
@@ -103,7 +105,7 @@ def _pack_section(
             i += 1
             continue
         k = _best_break(prio, i, j) if j < end else j
-        k = _emit(lines, i, k, max_tokens, count, out)
+        k = _emit(lines, i, k, costs, max_tokens, count, out)
         if k >= end:
             return
         back = k
@@ -126,15 +128,25 @@ def _best_break(prio: list[int], i: int, j: int) -> int:
     return best
 
 
-def _emit(lines: Sequence[str], i: int, k: int, max_tokens: int, count: Callable[[str], Sequence[int]],
-          out: list[Chunk]) -> int:
-    """Append the chunk of lines [i, k), shrinking it if its real token count is over the bound."""
+def _emit(lines: Sequence[str], i: int, k: int, costs: list[int], max_tokens: int,
+          count: Callable[[str], Sequence[int]], out: list[Chunk]) -> int:
+    """Append the chunk of lines [i, k), shrinking it if its real token count is over the bound.
+
+    The sum of the lines' own counts bounds the joined text's count except where tokens merge
+    across a line break; allowing one token per break, only chunks within that slack of the bound
+    are encoded again to check.
+    """
+    estimate = sum(costs[i:k])
     while True:
         text = "\n".join(lines[i:k])
+        if estimate + (k - i) <= max_tokens:
+            n = estimate
+            break
         n = len(count(text))
         if n <= max_tokens or k - i == 1:
             break
         k -= 1
+        estimate -= costs[k]
     if n > max_tokens:
         out.extend(_split_long_line(lines[i], i + 1, max_tokens, count))
         return i + 1
