@@ -228,7 +228,7 @@ class MemoryIndex:
     def search(self, request: SearchRequest) -> dict[str, object]:
         store = self.reader()
         mode = request.mode or self.settings.search.mode
-        provider = self.provider if mode != "bm25" else None
+        provider, mismatch = self._query_provider(store) if mode != "bm25" else (None, None)
         outcome = run_search(store, provider, request, self.settings.search)
         info = provider.info if provider is not None else None
         answer: dict[str, object] = {
@@ -241,9 +241,23 @@ class MemoryIndex:
         }
         if self._fallback_used:
             answer["fallback"] = True
-        if outcome.degraded:
-            answer["warning"] = outcome.degraded
+        if mismatch or outcome.degraded:
+            answer["warning"] = mismatch or outcome.degraded
         return answer
+
+    def _query_provider(self, store: Store) -> tuple[EmbeddingProvider | None, str | None]:
+        """The provider for query vectors, only if it made the index's vectors (other models' vectors don't compare)."""
+        built = json.loads(store.get_meta("fingerprint") or "{}")
+        if built.get("provider", "none") == "none":
+            return None, None
+        provider = self.provider
+        if provider is None:
+            return None, "no embedding provider available: keyword results only"
+        info = provider.info
+        if (info.provider, info.model, info.dims) != (built.get("provider"), built.get("model"), built.get("dims")):
+            return None, (f"the index was built with {built.get('provider')}/{built.get('model')}, not "
+                          f"{info.provider}/{info.model}: keyword results only until the next `clawmem index`")
+        return provider, None
 
     @staticmethod
     def _index_has_vectors(store: Store) -> bool:

@@ -89,3 +89,8 @@ def test_every_command_has_help() -> None:
     for command in ("init", "index", "search", "get", "status", "reindex"):
         out = clawmem(command, "--help")
         assert out.returncode == 0 and "Usage:" in out.stdout
+
+
+def test_progress_bar_when_asked_for(ws: Path) -> None:
+    out = clawmem("index", "--progress", cwd=ws)
+    assert out.returncode == 0 and "indexing" in out.stderr

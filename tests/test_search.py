@@ -163,3 +163,20 @@ def test_hybrid_finds_paraphrases_and_exact_ids(settings: Settings, write) -> No
     top = index.search(SearchRequest("car tires", min_score=0.1))
     assert top["provider"] == "fake" and top["mode"] == "hybrid"
     assert top["results"][0]["vector_score"] > 0  # type: ignore[index]
+
+
+def test_query_vectors_from_another_model_are_never_compared(settings: Settings, write) -> None:
+    write("memory/a.md", "# A\nthe automobile needs tyres")
+    MemoryIndex(settings, provider=FakeProvider(model="fake-1")).sync()
+    other = MemoryIndex(settings, provider=FakeProvider(model="fake-2"))
+    answer = other.search(SearchRequest("automobile", min_score=0.0))
+    assert answer["mode"] == "bm25" and "fake-1" in str(answer["warning"])
+    assert answer["results"]
+
+
+def test_a_keyword_only_index_does_not_load_a_provider(settings: Settings, write) -> None:
+    write("memory/a.md", "# A\nalpha")
+    MemoryIndex(settings, provider=None).sync()
+    provider = FakeProvider()
+    answer = MemoryIndex(settings, provider=provider).search(SearchRequest("alpha"))
+    assert provider.query_calls == 0 and answer["results"]
