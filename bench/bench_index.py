@@ -41,20 +41,26 @@ result = {"sync_s": t2 - t1, "import_s": t1 - t0, "files": files, "chunks": chun
           "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
           "workers_maxrss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
 if sys.argv[3] == "warm":
-    def timed():
+    def timed(paths=None):
         start = time.perf_counter()
-        index.sync()
+        index.sync(paths=paths)
         return time.perf_counter() - start
     result["nochange_s"] = statistics.median(timed() for _ in range(5))
-    target = sorted((Path(sys.argv[1]) / "memory").rglob("*.md"))[0]
+    target = sorted((Path(sys.argv[1]).resolve() / "memory").rglob("*.md"))[0]
     original = target.read_text()
     edits = []
     for i in range(7):
         target.write_text(original + f"\\n- edit number {i} for the benchmark\\n")
         edits.append(timed())
+    key = str(target.relative_to(Path(sys.argv[1]).resolve()))
+    targeted = []
+    for i in range(7):
+        target.write_text(original + f"\\n- targeted edit {i}\\n")
+        targeted.append(timed([key]))
     target.write_text(original)
     index.sync()
     result["edit_s"] = statistics.median(edits)
+    result["edit_targeted_s"] = statistics.median(targeted)
     result["maxrss_after_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(result))
 """
@@ -104,6 +110,7 @@ def bench(size: int, root: Path) -> dict[str, object]:
         "cold_worker_peak_rss_mb": round(cold["workers_maxrss_mb"], 1),
         "nochange_resync_s": round(warm["nochange_s"], 4),
         "one_edit_resync_s": round(warm["edit_s"], 4),
+        "one_edit_targeted_s": round(warm["edit_targeted_s"], 4),
         "one_edit_fresh_process_s": round(fresh_edit, 3),
         "cli_search_s_median": round(statistics.median(searches), 3),
         "index_bytes_per_chunk": round(size_bytes / max(1, cold["chunks"])),

@@ -18,7 +18,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,8 +138,12 @@ class MemoryIndex:
     # -- writing ----------------------------------------------------------------------------
 
     def sync(self, *, progress: Progress | None = None, embed: bool = True,
-             embed_progress: Progress | None = None) -> SyncReport:
-        """Bring the index in step with the files, rebuilding first if the fingerprint changed."""
+             embed_progress: Progress | None = None, paths: Iterable[str] | None = None) -> SyncReport:
+        """Bring the index in step with the files, rebuilding first if the fingerprint changed.
+
+        `paths` limits the pass to those index keys (what a watcher saw change), so one edit costs
+        the same in a workspace of any size.
+        """
         with self.write_lock():
             fingerprint = json.dumps(self.fingerprint(), sort_keys=True)
             store = self._open_live()
@@ -154,7 +158,7 @@ class MemoryIndex:
                 report.updated += follow.updated
                 report.removed += follow.removed
             else:
-                report = sync_workspace(store, self.settings, progress=progress)
+                report = sync_workspace(store, self.settings, progress=progress, paths=paths)
             try:
                 if embed and self.provider is not None:
                     report.embedded, report.embed_error = embed_pending(

@@ -206,6 +206,10 @@ class Store:
     def files(self) -> dict[str, FileRow]:
         return {row[0]: FileRow(*row) for row in self.conn.execute("SELECT path, source, hash, mtime, size FROM files")}
 
+    def file_row(self, path: str) -> FileRow | None:
+        row = self.conn.execute("SELECT path, source, hash, mtime, size FROM files WHERE path = ?", (path,)).fetchone()
+        return None if row is None else FileRow(*row)
+
     def upsert_file(self, row: FileRow) -> None:
         self.conn.execute(
             "INSERT OR REPLACE INTO files(path, source, hash, mtime, size, indexed_at) VALUES(?, ?, ?, ?, ?, ?)",

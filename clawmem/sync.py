@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import xxhash
@@ -21,7 +21,7 @@ from clawmem.embeddings.base import EmbeddingProvider, normalize, pack
 from clawmem.errors import ProviderError
 from clawmem.keywords import index_text
 from clawmem.store import FileRow, Store
-from clawmem.workspace import MemoryFile, scan
+from clawmem.workspace import MemoryFile, scan, stat_memory_file
 
 __all__ = ["SyncReport", "embed_pending", "sync_workspace"]
 
@@ -65,12 +65,21 @@ class ParsedFile:
 
 
 def sync_workspace(store: Store, settings: Settings, *, progress: Progress | None = None,
-                   bulk: bool = False) -> SyncReport:
-    """One pass over the workspace; `bulk` groups many files per transaction (for a private rebuild file)."""
+                   bulk: bool = False, paths: Iterable[str] | None = None) -> SyncReport:
+    """One pass over the workspace, or over just `paths` (index keys a watcher saw change).
+
+    `bulk` groups many files per transaction (for a private rebuild file nobody reads yet).
+    """
     started = time.perf_counter()
     report = SyncReport()
-    on_disk = {f.path: f for f in scan(settings.workspace, settings.extra_paths)}
-    indexed = store.files()
+    if paths is None:
+        on_disk = {f.path: f for f in scan(settings.workspace, settings.extra_paths)}
+        indexed = store.files()
+    else:
+        wanted = set(paths)
+        found = (stat_memory_file(settings.workspace, p, settings.extra_paths) for p in wanted)
+        on_disk = {f.path: f for f in found if f is not None}
+        indexed = {p: row for p in wanted if (row := store.file_row(p)) is not None}
     report.files_seen = len(on_disk)
 
     for path in sorted(indexed.keys() - on_disk.keys()):

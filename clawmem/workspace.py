@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath
 
 from clawmem.errors import PathError
 
-__all__ = ["MemoryFile", "is_memory_path", "resolve_memory_path", "scan"]
+__all__ = ["MemoryFile", "is_memory_path", "resolve_memory_path", "scan", "stat_memory_file"]
 
 ROOT_FILES = ("MEMORY.md", "memory.md")
 MEMORY_DIR = "memory"
@@ -57,6 +57,16 @@ def scan(workspace: Path, extra_paths: Sequence[str] = ()) -> Iterator[MemoryFil
             found = _regular_file(str(target))
             if found is not None:
                 yield MemoryFile(_key(root, str(target)), str(target), found.st_mtime_ns, found.st_size)
+
+
+def stat_memory_file(workspace: Path, rel: str, extra_paths: Sequence[str] = ()) -> MemoryFile | None:
+    """One memory file by its index key, or None if it is gone or no longer a memory file (for targeted syncs)."""
+    try:
+        real = resolve_memory_path(workspace, rel, extra_paths)
+        st = os.lstat(real)
+    except (PathError, OSError):
+        return None
+    return MemoryFile(rel, str(real), st.st_mtime_ns, st.st_size)
 
 
 def is_memory_path(rel: str, extra_paths: Sequence[str] = ()) -> bool:

@@ -152,3 +152,33 @@ def test_many_files_take_the_parallel_path_and_give_the_same_index(settings: Set
     index.reindex()
     serial = sorted(index.reader().execute("SELECT path, start_line, end_line, hash FROM chunks"))
     assert parallel == serial and len(parallel) >= 80
+
+
+def test_a_targeted_sync_touches_only_the_named_paths(settings: Settings, write, workspace: Path) -> None:
+    write("memory/a.md", "# A\nalpha")
+    write("memory/b.md", "# B\nbravo")
+    index = MemoryIndex(settings)
+    index.sync()
+    write("memory/a.md", "# A\nalpha amended with zucchini")
+    write("memory/b.md", "# B\nbravo amended with yam")
+    write("memory/new.md", "# N\nnew parsnip")
+    (workspace / "memory" / "gone.md").write_text("# G\n")
+    report = index.sync(paths=["memory/a.md", "memory/new.md", "memory/never-existed.md"])
+    assert (report.added, report.updated, report.removed) == (1, 1, 0)
+    assert paths_found(index, "zucchini") == {"memory/a.md"}
+    assert paths_found(index, "parsnip") == {"memory/new.md"}
+    assert paths_found(index, "yam") == set(), "b.md was not named, so not read"
+    (workspace / "memory" / "a.md").unlink()
+    report = index.sync(paths=["memory/a.md"])
+    assert report.removed == 1 and paths_found(index, "zucchini") == set()
+
+
+def test_a_targeted_sync_ignores_paths_that_are_not_memory(settings: Settings, write, workspace: Path,
+                                                          tmp_path: Path) -> None:
+    write("notes.md", "# not memory\nturnip")
+    outside = tmp_path / "outside.md"
+    outside.write_text("# O\nturnip")
+    os.symlink(outside, workspace / "memory" / "link.md")
+    index = MemoryIndex(settings)
+    index.sync(paths=["notes.md", "memory/link.md", "../outside.md"])
+    assert paths_found(index, "turnip") == set()
