@@ -18,7 +18,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,10 @@ _UNRESOLVED: Any = object()
 
 class MemoryIndex:
     def __init__(self, settings: Settings, *, provider: EmbeddingProvider | None = _UNRESOLVED,
-                 lock_timeout: float = 30.0) -> None:
+                 lock_timeout: float = 30.0, pending_files: Callable[[], int] | None = None) -> None:
+        """`pending_files` counts files changed since the last sync; a watcher knows that without a scan."""
         self.settings = settings
+        self._pending_files = pending_files
         self.path = settings.index_path
         self.lock_timeout = lock_timeout
         self._provider = provider
@@ -280,6 +282,8 @@ class MemoryIndex:
 
     def pending_files(self, store: Store) -> int:
         """Files added, changed or deleted on disk since the last sync (stat only, nothing read)."""
+        if self._pending_files is not None:
+            return self._pending_files()
         indexed = store.files()
         pending = 0
         present = 0
