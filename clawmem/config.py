@@ -126,6 +126,11 @@ class Settings:
     config_file: Path | None = None
 
     @property
+    def cache_dir(self) -> Path:
+        """clawmem's per-user cache: models and, by default, the indexes (never inside a workspace)."""
+        return _cache_dir()
+
+    @property
     def index_path(self) -> Path:
         return self.index if self.index is not None else _cache_dir() / _workspace_key(self.workspace) / "index.sqlite"
 

@@ -70,7 +70,7 @@ class MemoryIndex:
         except ImportError:
             self._provider, self._provider_note = None, "embedding providers are not installed: keyword search only"
             return
-        resolved = resolve_provider(self.settings.embedding, cache_dir=self.path.parent)
+        resolved = resolve_provider(self.settings.embedding, cache_dir=self.settings.cache_dir)
         self._provider = resolved.provider
         self._provider_note = resolved.reason
         self._fallback_used = resolved.fallback_used
