@@ -1,0 +1,134 @@
+"""The engine with real embedding providers: cache, deferred and pending embeddings, model switches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from fake_http import FakeServer, Reply, fake_server, no_proxy, openai_reply
+
+from clawmem.config import EmbeddingSettings, Settings, load_settings
+from clawmem.embeddings.base import ProviderInfo
+from clawmem.embeddings.fake import FakeProvider
+from clawmem.embeddings.openai import OpenAIProvider
+from clawmem.engine import MemoryIndex
+from clawmem.search import SearchRequest
+
+__all__ = ["fake_server", "no_proxy"]
+pytestmark = pytest.mark.usefixtures("no_proxy")
+
+
+@pytest.fixture
+def server(fake_server: FakeServer) -> Iterator[FakeServer]:
+    fake_server.default = openai_reply
+    yield fake_server
+
+
+def openai(server: FakeServer, **overrides: object) -> OpenAIProvider:
+    values: dict[str, object] = {"provider": "openai", "base_url": f"{server.url}/v1", "api_key": "sk-x",
+                                 "dimensions": 8, "max_retries": 1, "timeout": 5.0}
+    values.update(overrides)
+    return OpenAIProvider(EmbeddingSettings(**values), environ={}, sleep=lambda s: None)  # type: ignore[arg-type]
+
+
+def notes(write, n: int = 5) -> None:
+    for i in range(n):
+        write(f"memory/n{i}.md", f"# Note {i}\nfact number {i} about the greenhouse\n")
+
+
+def embedded_texts(server: FakeServer) -> list[str]:
+    return [t for r in server.requests if r.path.endswith("/embeddings") for t in r.body["input"]]
+
+
+def test_a_second_index_of_the_same_text_makes_no_provider_call(settings: Settings, write, server: FakeServer) -> None:
+    notes(write)
+    index = MemoryIndex(settings, provider=openai(server))
+    index.sync()
+    first = len(embedded_texts(server))
+    assert first == 5 and index.reader().pending_embeddings() == 0
+    index.reindex()
+    write("memory/copy.md", "# Note 0\nfact number 0 about the greenhouse\n")
+    index.sync()
+    assert len(embedded_texts(server)) == first
+
+
+def test_keyword_search_serves_through_an_outage_and_embeddings_complete_later(settings: Settings, write,
+                                                                              server: FakeServer) -> None:
+    notes(write)
+    healthy = MemoryIndex(settings, provider=openai(server))
+    server.default = lambda request: Reply(status=500, json={"error": {"message": "down"}})
+    report = healthy.sync()
+    assert report.embed_error is not None and report.embedded == 0
+    store = healthy.reader()
+    assert store.pending_embeddings() == 5
+    answer = healthy.search(SearchRequest("greenhouse", min_score=0.0))
+    assert answer["results"] and answer["index"]["pending_embeddings"] == 5  # type: ignore[index]
+    assert healthy.status()["pending_embeddings"] == 5
+
+    server.default = openai_reply
+    restarted = MemoryIndex(settings, provider=openai(server))  # pending work survives a restart
+    report = restarted.sync()
+    assert report.embedded == 5 and report.embed_error is None
+    assert restarted.reader().pending_embeddings() == 0
+    answer = restarted.search(SearchRequest("greenhouse", min_score=0.0))
+    assert answer["mode"] == "hybrid" and "warning" not in answer
+
+
+def test_switching_models_rebuilds_and_switching_back_embeds_nothing(settings: Settings, write) -> None:
+    notes(write)
+    a, b = FakeProvider(model="fake-a"), FakeProvider(model="fake-b")
+    MemoryIndex(settings, provider=a).sync()
+    assert a.documents_embedded == 5
+    report = MemoryIndex(settings, provider=b).sync()
+    assert b.documents_embedded == 5 and report.added == 5
+    again = FakeProvider(model="fake-a")
+    MemoryIndex(settings, provider=again).sync()
+    assert again.documents_embedded == 0
+    assert '"model": "fake-a"' in (MemoryIndex(settings, provider=again).reader().get_meta("fingerprint") or "")
+
+
+class ZeroProvider:
+    info = ProviderInfo("zero", "zero-1", 4)
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        return [[0.0, 0.0, 0.0, 0.0] if "blank" in t else [1.0, 0.0, 0.0, 0.0] for t in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return [1.0, 0.0, 0.0, 0.0]
+
+
+def test_a_zero_vector_is_never_stored_as_a_match(settings: Settings, write) -> None:
+    write("memory/a.md", "# A\nblank thoughts")
+    write("memory/b.md", "# B\nreal thoughts")
+    index = MemoryIndex(settings, provider=ZeroProvider())
+    index.sync()
+    store = index.reader()
+    assert store.pending_embeddings() == 0
+    assert store.execute("SELECT count(*) FROM chunks_vec") == [(1,)]
+    paths = [r["path"] for r in index.search(SearchRequest("anything", mode="vector", min_score=0.0))["results"]]
+    assert paths == ["memory/b.md"]
+
+
+def test_the_cache_is_pruned_to_max_entries(workspace: Path, write, tmp_path: Path) -> None:
+    notes(write, 8)
+    settings = load_settings(workspace=workspace, overrides={"index": str(tmp_path / "i.sqlite"),
+                                                             "embedding.provider": "none",
+                                                             "embedding.cache_max_entries": 3})
+    index = MemoryIndex(settings, provider=FakeProvider())
+    index.sync()
+    assert index.reader().execute("SELECT count(*) FROM embedding_cache") == [(3,)]
+    assert index.reader().pending_embeddings() == 0
+
+
+def test_vectors_are_stored_normalised_as_float32(settings: Settings, write, server: FakeServer) -> None:
+    import math
+
+    from clawmem.embeddings.base import unpack
+
+    notes(write, 1)
+    index = MemoryIndex(settings, provider=openai(server))
+    index.sync()
+    blob = index.reader().execute("SELECT embedding FROM embedding_cache")[0][0]
+    vector = unpack(blob)
+    assert len(blob) == 8 * 4 and math.isclose(math.fsum(x * x for x in vector), 1.0, rel_tol=1e-5)
