@@ -176,12 +176,18 @@ def _parse_all(files: Sequence[MemoryFile], settings: Settings, indexed: dict[st
         from concurrent.futures import ProcessPoolExecutor
         from multiprocessing import get_context
 
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_warm_up,
+                                 initargs=(settings.chunking.tokenizer,)) as pool:
             yield from pool.map(_parse_one, files, [args] * len(files), [indexed.get(f.path) for f in files],
                                 chunksize=32)
         return
     for f in files:
         yield _parse_one(f, args, indexed.get(f.path))
+
+
+def _warm_up(tokenizer: str) -> None:
+    """Load the tokenizer and parser while the parent is still scanning."""
+    chunk_markdown("# warm\n- up", tokenizer=tokenizer)
 
 
 def _parse_one(f: MemoryFile, args: tuple[int, int, str], previous: FileRow | None) -> ParsedFile:
