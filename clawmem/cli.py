@@ -39,8 +39,26 @@ class Context:
         return MemoryIndex(self.settings(**overrides))
 
     def backend(self) -> Any:
-        """Where queries go: an object with MemoryIndex's search/get/status methods and answers."""
-        return self.index()
+        """Where queries go: the running daemon when its socket answers, else the index in-process.
+
+        Both have the same search/get/status methods and answers.
+        """
+        settings = self.settings()
+        backend = self.daemon(settings)
+        if backend is None:
+            from clawmem.engine import MemoryIndex
+
+            backend = MemoryIndex(settings)
+        click_context = click.get_current_context(silent=True)
+        if click_context is not None:
+            click_context.call_on_close(backend.close)
+        return backend
+
+    def daemon(self, settings: Any = None) -> Any:
+        """A connected DaemonClient when a daemon listens on this workspace's socket, else None."""
+        from clawmem.client import find_daemon
+
+        return find_daemon(settings if settings is not None else self.settings())
 
 
 def _global_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -114,6 +132,10 @@ def reindex(progress: bool | None, **kwargs: Any) -> None:
 
 
 def _index(ctx: Context, progress: bool | None, *, force: bool) -> None:
+    client = ctx.daemon()
+    if client is not None:
+        _index_by_daemon(client, force=force)
+        return
     memory = ctx.index()
     show = sys.stderr.isatty() if progress is None else progress
     with _ProgressBar(show, "indexing") as bar, _ProgressBar(show, "embedding") as ebar:
@@ -236,3 +258,92 @@ def main() -> None:
         cli.main(prog_name="clawmem", standalone_mode=True)
     except ClawmemError as exc:  # pragma: no cover - commands map their own errors
         _fail(exc)
+
+
+# -- the daemon and its service units ---------------------------------------------------------
+
+
+def _index_by_daemon(client: Any, *, force: bool) -> None:
+    """`index`/`reindex` while a daemon runs: it owns the writes, so ask it and wait for the run."""
+    with client:
+        run = client.reindex(wait=True) if force else client.sync(wait=True)
+    report = run.get("report") or {}
+    parts = [f"{report.get(k, 0)} {label}" for k, label in (
+        ("files_seen", "files"), ("added", "added"), ("updated", "updated"), ("removed", "removed"),
+        ("chunks_added", "chunks added"))]
+    click.echo(f"the daemon {'rebuilt' if force else 'synced'} the index in {run.get('duration', 0.0):.2f}s: "
+               + ", ".join(parts), err=True)
+    for error in report.get("errors", []):
+        click.echo(f"clawmem: warning: {error}", err=True)
+
+
+@cli.command()
+@_global_options
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              help="Log level [env CLAWMEM_LOG_LEVEL; default info].")
+def serve(log_level: str | None, **kwargs: Any) -> None:
+    """Run the daemon in the foreground: watch the workspace, keep the index current, answer on the socket.
+
+    Logs are JSON lines when stderr is not a terminal. SIGTERM stops it (exit 0), SIGHUP reloads
+    the configuration. systemd: Type=notify, watchdog and socket activation are supported.
+    """
+    ctx = _ctx(kwargs)
+
+    def action() -> None:
+        from clawmem.daemon import run_daemon
+
+        def load() -> Any:
+            return ctx.settings(log_level=log_level)
+
+        sys.exit(run_daemon(load(), reload_settings=load))
+
+    _run(action)
+
+
+@cli.command("install-service")
+@_global_options
+@click.option("--dry-run", is_flag=True, help="Print the units; write nothing.")
+@click.option("--unit-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where to write [default: $XDG_CONFIG_HOME/systemd/user].")
+@click.option("--no-sandbox", is_flag=True,
+              help="Leave out the namespace sandbox (for systems without unprivileged user namespaces).")
+@click.option("--force", is_flag=True, help="Replace unit files that clawmem did not write.")
+def install_service(dry_run: bool, unit_dir: Path | None, no_sandbox: bool, force: bool, **kwargs: Any) -> None:
+    """Write systemd user units that run `clawmem serve` for this workspace."""
+    ctx = _ctx(kwargs)
+
+    def action() -> None:
+        from clawmem import service
+
+        settings = ctx.settings()
+        spec = service.install_spec(
+            settings.workspace, socket_name=settings.socket_path.name, socket=settings.socket,
+            index=settings.index, config=Path(ctx.flags["config"]).resolve() if ctx.flags["config"] else None,
+            sandbox=not no_sandbox)
+        units = service.render(spec)
+        if dry_run:
+            for name, text in units.items():
+                click.echo(f"# --- {name}")
+                click.echo(text)
+            return
+        target = unit_dir or service.default_unit_dir()
+        for path, state in service.install(units, target, force=force):
+            click.echo(f"{state:>10}  {path}")
+        click.echo("next: systemctl --user daemon-reload && systemctl --user enable --now clawmem.service"
+                   "  (or clawmem.socket to start it on the first query)")
+
+    _run(action)
+
+
+@cli.command("uninstall-service")
+@click.option("--unit-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the units are [default: $XDG_CONFIG_HOME/systemd/user].")
+def uninstall_service(unit_dir: Path | None) -> None:
+    """Remove the units `install-service` wrote (stop them first: systemctl --user disable --now clawmem)."""
+    from clawmem import service
+
+    removed = service.uninstall(unit_dir or service.default_unit_dir())
+    for path in removed:
+        click.echo(f"   removed  {path}")
+    if not removed:
+        click.echo("no clawmem units to remove", err=True)

@@ -1,0 +1,352 @@
+"""File events → debounced "sync requested" signals for the daemon.
+
+A sync is always a full stat pass over the workspace (unchanged files are not opened), so the
+watcher never has to say *what* changed: only *that* a memory file may have changed, once the
+burst of writes is over. Which is why losing events is survivable as long as it is noticed:
+
+- an editor saving by rename shows up as a move whose destination is a memory file: it counts;
+- a directory created or moved inside `memory/` counts, since files may already be inside it;
+- an inotify queue overflow (watchdog >= 7 reports it only through its logger) asks for a sync;
+- running out of inotify watches or instances (at start, or when watchdog cannot rebuild its
+  watches after an overflow), or a dead observer thread, switches to a PollingObserver, logged;
+- a periodic safety sync (`rescan_interval`) catches anything missed by all of the above.
+
+Timing is a trailing debounce: a signal fires `debounce` seconds after the last relevant event,
+but never later than `max_delay` after the first one, so a continuous stream of writes still gets
+indexed. The worker thread sleeps on a Condition until the next deadline: no busy polling.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from clawmem.workspace import MEMORY_DIR, SKIPPED_DIRS, is_memory_path
+
+if TYPE_CHECKING:
+    from watchdog.events import FileSystemEvent
+    from watchdog.observers.api import BaseObserver
+
+__all__ = ["Debounce", "WorkspaceWatcher"]
+
+SyncCallback = Callable[[str], object]
+ObserverFactory = Callable[[], "BaseObserver"]
+
+# Errors that mean "this kernel will not give us (more) inotify watches": fall back to polling.
+WATCH_LIMIT_ERRNOS = frozenset({errno.ENOSPC, errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+HEALTH_INTERVAL = 30.0
+# Event types that are not changes: watchdog >= 5 reports opens and read-only closes, and our own
+# sync reads every changed file, so counting them would make each sync trigger the next.
+_IGNORED_EVENTS = frozenset({"opened", "closed_no_write"})
+_WATCHDOG_LOGGER = "watchdog.observers"
+
+
+@dataclass
+class Debounce:
+    """Trailing debounce with a ceiling: the pure timing rule, separate from threads and clocks."""
+
+    delay: float
+    max_delay: float
+    first: float | None = None
+    last: float | None = None
+
+    def poke(self, now: float) -> None:
+        if self.first is None:
+            self.first = now
+        self.last = now
+
+    def due(self) -> float | None:
+        """When the pending burst should fire (monotonic seconds), or None when nothing is pending."""
+        if self.first is None or self.last is None:
+            return None
+        return min(self.last + self.delay, self.first + self.max_delay)
+
+    def reset(self) -> None:
+        self.first = self.last = None
+
+
+class WorkspaceWatcher:
+    """Watches one workspace and calls `on_sync(reason)` when the index should be brought up to date.
+
+    `on_sync` runs on the watcher's own thread and should only hand the request over (the daemon
+    queues it for its writer thread). Reasons: "change", "overflow", "fallback", "rescan", joined
+    with "+" when several are pending at once.
+    """
+
+    def __init__(self, workspace: Path, on_sync: SyncCallback, *, extra_paths: Sequence[str] = (),
+                 debounce: float = 1.5, max_delay: float = 10.0, rescan_interval: float = 300.0,
+                 polling_interval: float = 2.0, observer_factory: ObserverFactory | None = None,
+                 polling_factory: ObserverFactory | None = None, health_interval: float = HEALTH_INTERVAL,
+                 log: Any = None) -> None:
+        self.workspace = Path(os.path.abspath(workspace))
+        self.on_sync = on_sync
+        self.rescan_interval = rescan_interval
+        self.polling_interval = polling_interval
+        self.health_interval = health_interval
+        self._observer_factory = observer_factory or _default_observer
+        self._polling_factory = polling_factory or (lambda: _polling_observer(polling_interval))
+        self._log = log or _NullLog()
+        self._rel_extras, self._abs_extras = _split_extras(self.workspace, extra_paths)
+        self._debounce = Debounce(debounce, max_delay)
+        self._cond = threading.Condition()
+        self._reasons: set[str] = set()
+        self._stopping = False
+        self._fallback_reason: str | None = None
+        self._last_fire = time.monotonic()
+        self._observer: BaseObserver | None = None
+        self._thread: threading.Thread | None = None
+        self._tap = _OverflowTap(self._on_overflow, self._on_watch_failure)
+        self.mode = "stopped"
+        self.signals = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start observing; never raises for watch limits (it falls back to polling instead)."""
+        logging.getLogger(_WATCHDOG_LOGGER).addHandler(self._tap)
+        _ensure_warnings_reach(logging.getLogger(_WATCHDOG_LOGGER))
+        try:
+            self._observer = self._start_observer(self._observer_factory)
+            self.mode = "inotify" if "Inotify" in type(self._observer).__name__ else "native"
+        except OSError as exc:
+            if exc.errno not in WATCH_LIMIT_ERRNOS:
+                logging.getLogger(_WATCHDOG_LOGGER).removeHandler(self._tap)
+                raise
+            self._log.warning("watch_limit", error=str(exc), action="polling fallback and full rescan",
+                              hint="raise fs.inotify.max_user_watches / max_user_instances")
+            self._observer = self._start_observer(self._polling_factory)
+            self.mode = "polling"
+            self.request("fallback")
+        self._thread = threading.Thread(target=self._run, name="clawmem-watcher", daemon=True)
+        self._thread.start()
+        self._log.info("watching", workspace=str(self.workspace), mode=self.mode)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._stop_observer()
+        logging.getLogger(_WATCHDOG_LOGGER).removeHandler(self._tap)
+        self.mode = "stopped"
+
+    def request(self, reason: str) -> None:
+        """Ask for a sync through the same debounce as file events (coalesces with them)."""
+        with self._cond:
+            self._reasons.add(reason)
+            self._debounce.poke(time.monotonic())
+            self._cond.notify_all()
+
+    # -- events ------------------------------------------------------------------------------
+
+    def relevant(self, event: FileSystemEvent) -> bool:
+        """Whether an event may change what the index should hold."""
+        if event.event_type in _IGNORED_EVENTS:
+            return False
+        if event.is_directory and event.event_type == "modified":
+            return False  # a directory's mtime moves with every child: the child's own event counts
+        paths = [event.src_path]
+        if event.event_type == "moved":
+            paths.append(event.dest_path)
+        return any(self._relevant_path(os.fsdecode(p), event.is_directory) for p in paths if p)
+
+    def _relevant_path(self, path: str, is_directory: bool) -> bool:
+        rel = os.path.relpath(path, self.workspace)
+        if rel.startswith(".."):
+            return any(_under(path, extra, is_directory) for extra in self._abs_extras)
+        rel = rel.replace(os.sep, "/")
+        if is_directory:
+            return _memory_dir(rel, self._rel_extras)
+        return is_memory_path(rel, self._rel_extras)
+
+    def _on_event(self, event: FileSystemEvent) -> None:
+        if self.relevant(event):
+            self.request("change")
+
+    def _on_overflow(self) -> None:
+        self._log.warning("inotify_overflow", action="full rescan")
+        self.request("overflow")
+
+    def _on_watch_failure(self) -> None:
+        with self._cond:
+            self._fallback_reason = "watchdog could not rebuild its inotify watches"
+            self._cond.notify_all()
+
+    # -- the worker --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_health = time.monotonic() + self.health_interval
+        while True:
+            fallback: str | None = None
+            reason: str | None = None
+            with self._cond:
+                while not self._stopping:
+                    now = time.monotonic()
+                    if self._fallback_reason is not None:
+                        fallback, self._fallback_reason = self._fallback_reason, None
+                        break
+                    if now >= next_health:
+                        next_health = now + self.health_interval
+                        fallback = self._health_problem()
+                        if fallback is not None:
+                            break
+                    due = self._debounce.due()
+                    if due is not None and now >= due:
+                        reason = "+".join(sorted(self._reasons)) or "change"
+                        self._reasons.clear()
+                        self._debounce.reset()
+                        break
+                    rescan = self._last_fire + self.rescan_interval if self.rescan_interval > 0 else None
+                    if rescan is not None and now >= rescan:
+                        reason = "rescan"
+                        break
+                    deadlines = [t for t in (due, rescan, next_health) if t is not None]
+                    self._cond.wait(max(0.0, min(deadlines) - now))
+                if self._stopping:
+                    return
+                if reason is not None:
+                    self._last_fire = time.monotonic()
+                    self.signals += 1
+            if fallback is not None:
+                self._fall_back(fallback)
+            elif reason is not None:
+                try:
+                    self.on_sync(reason)
+                except Exception as exc:  # the daemon's hand-over must never kill the watcher
+                    self._log.error("sync_signal_failed", error=repr(exc))
+
+    def _health_problem(self) -> str | None:
+        observer = self._observer
+        if observer is None or self.mode == "polling":
+            return None
+        if not observer.is_alive() or not all(e.is_alive() for e in observer.emitters):
+            return "the observer thread died"
+        return None
+
+    def _fall_back(self, why: str) -> None:
+        self._log.warning("watcher_fallback", reason=why, action="polling fallback and full rescan")
+        self._stop_observer()
+        try:
+            self._observer = self._start_observer(self._polling_factory)
+            self.mode = "polling"
+        except OSError as exc:
+            self._observer = None
+            self.mode = "rescan-only"
+            self._log.error("watcher_failed", error=str(exc), action="periodic rescans only")
+        self.request("fallback")
+
+    # -- observers ---------------------------------------------------------------------------
+
+    def _start_observer(self, factory: ObserverFactory) -> BaseObserver:
+        from watchdog.events import FileSystemEventHandler
+
+        handler = FileSystemEventHandler()
+        handler.on_any_event = self._on_event  # type: ignore[method-assign]
+        observer = factory()
+        try:
+            observer.schedule(handler, str(self.workspace), recursive=True)
+            for extra in self._abs_extras:
+                target = extra if os.path.isdir(extra) else os.path.dirname(extra)
+                if os.path.isdir(target):
+                    observer.schedule(handler, target, recursive=os.path.isdir(extra))
+            observer.start()
+        except BaseException:
+            _stop_quietly(observer)
+            raise
+        return observer
+
+    def _stop_observer(self) -> None:
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            _stop_quietly(observer)
+
+
+class _OverflowTap(logging.Handler):
+    """watchdog >= 7 handles an inotify queue overflow internally and only logs it: listen there."""
+
+    def __init__(self, on_overflow: Callable[[], None], on_watch_failure: Callable[[], None]) -> None:
+        super().__init__(logging.WARNING)
+        self._on_overflow = on_overflow
+        self._on_watch_failure = on_watch_failure
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage().lower()
+        if "unable to rebuild" in message:
+            self._on_watch_failure()
+        elif "overflow" in message:
+            self._on_overflow()
+
+
+class _NullLog:
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def _ensure_warnings_reach(logger: logging.Logger) -> None:
+    if logger.getEffectiveLevel() > logging.WARNING:
+        logger.setLevel(logging.WARNING)
+
+
+def _default_observer() -> BaseObserver:
+    from watchdog.observers import Observer
+
+    return Observer()
+
+
+def _polling_observer(interval: float) -> BaseObserver:
+    from watchdog.observers.polling import PollingObserver
+
+    return PollingObserver(timeout=interval)
+
+
+def _stop_quietly(observer: BaseObserver) -> None:
+    try:
+        observer.stop()
+        if observer.is_alive():
+            observer.join(timeout=5.0)
+    except (RuntimeError, OSError):  # a half-started observer may refuse to stop; it holds nothing we need
+        return
+
+
+def _split_extras(workspace: Path, extra_paths: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Extra paths as workspace-relative prefixes (inside) and absolute paths (outside the workspace)."""
+    inside: list[str] = []
+    outside: list[str] = []
+    for extra in extra_paths:
+        target = Path(extra).expanduser()
+        absolute = os.path.normpath(target if target.is_absolute() else workspace / target)
+        rel = os.path.relpath(absolute, workspace)
+        if rel.startswith(".."):
+            outside.append(absolute)
+        else:
+            inside.append(rel.replace(os.sep, "/"))
+    return tuple(inside), tuple(outside)
+
+
+def _memory_dir(rel: str, extras: Sequence[str]) -> bool:
+    """A directory inside the memory tree (or an extra path): files may appear in it unannounced."""
+    parts = PurePosixPath(rel).parts
+    if not parts or any(p.startswith(".") or p in SKIPPED_DIRS for p in parts):
+        return False
+    if parts[0] == MEMORY_DIR:
+        return True
+    return any(parts[: len(PurePosixPath(e).parts)] == PurePosixPath(e).parts for e in extras)
+
+
+def _under(path: str, extra: str, is_directory: bool) -> bool:
+    if path == extra:
+        return True
+    if not path.startswith(extra.rstrip(os.sep) + os.sep):
+        return False
+    parts = Path(os.path.relpath(path, extra)).parts
+    if any(p.startswith(".") or p in SKIPPED_DIRS for p in parts):
+        return False
+    return is_directory or path.lower().endswith(".md")

@@ -1,0 +1,317 @@
+"""The daemon's single writer thread: coalesced syncs, keyword rows first, vectors after.
+
+Every write to the index happens on this one thread, so "only one sync at a time" holds by
+construction, and requests that arrive during a run coalesce into one follow-up run. A sync is run
+with `embed=False` so a new note is keyword-searchable as soon as its rows land; the embedding
+pass follows as separate work that yields (between batches) to any new sync request, and after a
+provider failure is retried with backoff: pending vectors stay pending, never lost.
+
+Stopping is cooperative: the engine reports progress after each file's transaction commits, and the
+progress callback is where a stop request ends a run, so SIGTERM finishes the transaction in flight
+and no more.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from clawmem.errors import ClawmemError, IndexUnavailable
+
+if TYPE_CHECKING:
+    from clawmem.engine import MemoryIndex
+    from clawmem.sync import SyncReport
+
+__all__ = ["Run", "Writer"]
+
+IndexSource = Callable[[], "MemoryIndex"]
+
+
+class _Cancelled(Exception):
+    """Raised from the progress callback between two file transactions when the daemon stops."""
+
+
+@dataclass
+class Run:
+    """One unit of writer work and what came of it."""
+
+    kind: str  # "sync", "reindex" or "embed"
+    reason: str
+    started_at: float = field(default_factory=time.time)
+    duration: float = 0.0
+    report: SyncReport | None = None
+    embedded: int = 0
+    pending_embeddings: int | None = None
+    error: ClawmemError | None = None
+    cancelled: bool = False
+
+    def as_dict(self) -> dict[str, object]:
+        data: dict[str, object] = {"kind": self.kind, "reason": self.reason, "started_at": self.started_at,
+                                   "duration": round(self.duration, 6)}
+        if self.report is not None:
+            data["report"] = self.report.as_dict()
+        if self.kind == "embed":
+            data["embedded"] = self.embedded
+            data["pending_embeddings"] = self.pending_embeddings
+        if self.error is not None:
+            data["error"] = str(self.error)
+            data["error_type"] = type(self.error).__name__
+        if self.cancelled:
+            data["cancelled"] = True
+        return data
+
+
+class Writer:
+    """Runs syncs, rebuilds and embedding passes for the daemon, one at a time, on its own thread."""
+
+    def __init__(self, index: IndexSource, *, log: Any, on_run: Callable[[Run], None] | None = None,
+                 retry_delay: float = 5.0, max_retry_delay: float = 300.0, embed_retry: float = 30.0,
+                 max_embed_retry: float = 900.0) -> None:
+        self._index = index
+        self._log = log
+        self._on_run = on_run
+        self._retry = _Backoff(retry_delay, max_retry_delay)
+        self._embed_retry = _Backoff(embed_retry, max_embed_retry)
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._sync_wanted = False
+        self._sync_reason: set[str] = set()
+        self._sync_not_before = 0.0
+        self._reindex_wanted = False
+        self._reindex_reason: set[str] = set()
+        self._embed_wanted = False
+        self._embed_not_before = 0.0
+        self._sync_seq = self._sync_done = 0
+        self._reindex_seq = self._reindex_done = 0
+        self._running: str | None = None
+        self._last: dict[str, Run] = {}
+        self.counts = {"sync": 0, "reindex": 0, "embed": 0, "failed": 0}
+        self._thread: threading.Thread | None = None
+
+    # -- requests (any thread) ---------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="clawmem-writer", daemon=True)
+        self._thread.start()
+
+    def request_sync(self, reason: str) -> int:
+        """Queue a sync (coalescing with any already queued); returns a ticket for `wait_sync`."""
+        with self._cond:
+            self._sync_wanted = True
+            self._sync_reason.add(reason)
+            self._sync_not_before = 0.0
+            self._sync_seq += 1
+            self._cond.notify_all()
+            return self._sync_seq
+
+    def request_reindex(self, reason: str) -> int:
+        with self._cond:
+            self._reindex_wanted = True
+            self._reindex_reason.add(reason)
+            self._reindex_seq += 1
+            self._cond.notify_all()
+            return self._reindex_seq
+
+    def wait_sync(self, ticket: int, timeout: float | None = None) -> Run:
+        """Block until a sync (or rebuild) that started after `ticket` was issued has finished."""
+        return self._wait(lambda: self._sync_done >= ticket, ("sync", "reindex"), timeout)
+
+    def wait_reindex(self, ticket: int, timeout: float | None = None) -> Run:
+        return self._wait(lambda: self._reindex_done >= ticket, ("reindex",), timeout)
+
+    def _wait(self, done: Callable[[], bool], kinds: tuple[str, ...], timeout: float | None) -> Run:
+        with self._cond:
+            if not self._cond.wait_for(lambda: done() or self._stopping, timeout):
+                raise IndexUnavailable(f"the sync did not finish within {timeout:g}s; it continues in the background")
+            if not done():
+                raise IndexUnavailable("the daemon is shutting down")
+            runs = [self._last[k] for k in kinds if k in self._last]
+            return max(runs, key=lambda r: r.started_at)
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop after the transaction in flight; returns False if the thread did not end in time."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def state(self) -> dict[str, object]:
+        with self._cond:
+            failed = [run for run in self._last.values() if run.error is not None]
+            latest_failure = max(failed, key=lambda r: r.started_at) if failed else None
+            return {
+                "running": self._running,
+                "queued": {"sync": self._sync_wanted, "reindex": self._reindex_wanted, "embed": self._embed_wanted},
+                "runs": dict(self.counts),
+                "last": {kind: run.as_dict() for kind, run in self._last.items()},
+                "last_error": f"{latest_failure.kind}: {latest_failure.error}" if latest_failure else None,
+            }
+
+    # -- the thread --------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                job = self._next_job()
+                if job is None:
+                    return
+                kind, reason, sync_upto, reindex_upto = job
+                self._running = kind
+            run = self._execute(kind, reason)
+            with self._cond:
+                self._running = None
+                self._last[kind] = run
+                self.counts[kind] += 1
+                if run.error is not None:
+                    self.counts["failed"] += 1
+                self._after(run, sync_upto, reindex_upto)
+                self._cond.notify_all()
+            if self._on_run is not None:
+                try:
+                    self._on_run(run)
+                except Exception as exc:  # reporting must never stop the writer
+                    self._log.error("run_report_failed", error=repr(exc))
+
+    def _next_job(self) -> tuple[str, str, int, int] | None:
+        """Wait (under the lock) for runnable work: rebuild, then sync, then embedding."""
+        while not self._stopping:
+            now = time.monotonic()
+            if self._reindex_wanted:
+                reason = "+".join(sorted(self._reindex_reason))
+                self._reindex_wanted = self._sync_wanted = False
+                self._reindex_reason.clear()
+                self._sync_reason.clear()
+                return "reindex", reason, self._sync_seq, self._reindex_seq
+            if self._sync_wanted and now >= self._sync_not_before:
+                reason = "+".join(sorted(self._sync_reason)) or "retry"
+                self._sync_wanted = False
+                self._sync_reason.clear()
+                return "sync", reason, self._sync_seq, self._reindex_done
+            if self._embed_wanted and now >= self._embed_not_before:
+                self._embed_wanted = False
+                return "embed", "deferred", self._sync_done, self._reindex_done
+            deadlines = [t for wanted, t in ((self._sync_wanted, self._sync_not_before),
+                                             (self._embed_wanted, self._embed_not_before)) if wanted]
+            self._cond.wait(max(0.0, min(deadlines) - now) if deadlines else None)
+        return None
+
+    def _after(self, run: Run, sync_upto: int, reindex_upto: int) -> None:
+        if run.kind in ("sync", "reindex"):
+            if run.cancelled:
+                return  # stopped half-way: its waiters hear "shutting down", not "done"
+            self._sync_done = max(self._sync_done, sync_upto)
+            if run.kind == "reindex":
+                self._reindex_done = max(self._reindex_done, reindex_upto)
+            if run.error is not None:
+                self._sync_wanted = True
+                self._sync_reason.add("retry")
+                self._sync_not_before = time.monotonic() + self._retry.next()
+            else:
+                self._retry.reset()
+                self._embed_wanted = self._embeds()
+                self._embed_not_before = 0.0
+        elif run.kind == "embed":
+            if run.error is not None:
+                self._embed_wanted = True
+                self._embed_not_before = time.monotonic() + self._embed_retry.next()
+            elif run.cancelled:
+                self._embed_wanted = True
+            else:
+                self._embed_retry.reset()
+
+    def _execute(self, kind: str, reason: str) -> Run:
+        run = Run(kind, reason)
+        started = time.perf_counter()
+        try:
+            index = self._index()
+            if kind == "sync":
+                run.report = index.sync(embed=False, progress=self._check_stop)
+            elif kind == "reindex":
+                run.report = index.reindex(embed=False, progress=self._check_stop)
+            else:
+                self._embed(index, run)
+        except _Cancelled:
+            run.cancelled = True
+        except ClawmemError as exc:
+            run.error = exc
+        except Exception as exc:  # a bug or an I/O failure: log it whole, keep the daemon serving
+            self._log.exception("writer_failed", kind=kind)
+            run.error = ClawmemError(f"{kind} failed: {type(exc).__name__}: {exc}")
+        run.duration = time.perf_counter() - started
+        self._log_run(run)
+        return run
+
+    def _embed(self, index: MemoryIndex, run: Run) -> None:
+        from clawmem.store import Store
+        from clawmem.sync import embed_pending
+
+        provider = index.provider
+        if provider is None:
+            return
+        with index.write_lock():
+            store = Store(index.path, create=False)
+            try:
+                if store.get_meta("fingerprint") != json.dumps(index.fingerprint(), sort_keys=True):
+                    return  # the index was built for another model: the next sync rebuilds it first
+                run.embedded, error = embed_pending(
+                    store, provider, cache_max_entries=index.settings.embedding.cache_max_entries,
+                    should_stop=self._should_yield)
+                run.pending_embeddings = store.pending_embeddings()
+            finally:
+                store.close()
+        if error is not None:
+            from clawmem.errors import ProviderError
+
+            run.error = ProviderError(error)
+        elif run.pending_embeddings:
+            run.cancelled = True  # yielded to a sync or a stop: resume afterwards
+
+    def _embeds(self) -> bool:
+        """Whether the index has an embedding provider (resolved by the sync that just ran)."""
+        try:
+            return self._index().provider is not None
+        except ClawmemError:
+            return False
+
+    def _check_stop(self, done: int, total: int) -> None:
+        if self._stopping:
+            raise _Cancelled
+
+    def _should_yield(self) -> bool:
+        return self._stopping or self._sync_wanted or self._reindex_wanted
+
+    def _log_run(self, run: Run) -> None:
+        fields: dict[str, object] = {"reason": run.reason, "duration": round(run.duration, 4)}
+        if run.report is not None:
+            fields.update(run.report.as_dict())
+            fields["duration"] = round(run.duration, 4)
+        if run.kind == "embed":
+            fields.update(embedded=run.embedded, pending_embeddings=run.pending_embeddings)
+        if run.cancelled:
+            fields["cancelled"] = True
+        if run.error is not None:
+            self._log.warning(run.kind, error=str(run.error), error_type=type(run.error).__name__, **fields)
+        elif run.kind != "embed" or run.embedded or run.cancelled:
+            self._log.info(run.kind, **fields)
+
+
+class _Backoff:
+    def __init__(self, base: float, ceiling: float) -> None:
+        self.base, self.ceiling, self.current = base, ceiling, 0.0
+
+    def next(self) -> float:
+        self.current = self.base if self.current == 0.0 else min(self.ceiling, self.current * 2)
+        return self.current
+
+    def reset(self) -> None:
+        self.current = 0.0

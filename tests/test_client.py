@@ -1,0 +1,254 @@
+"""The socket client, and the CLI's use of it: same answers, same errors, same exit codes as in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from daemon_helpers import daemon_settings, running_daemon, short_dir, wait_until
+
+from clawmem import errors
+from clawmem.cli import cli
+from clawmem.client import DaemonClient, error_for, find_daemon
+from clawmem.config import Settings, load_settings
+from clawmem.errors import ClawmemError, IndexUnavailable, ProtocolError, QueryError
+from clawmem.search import SearchRequest
+from clawmem.server import RpcServer, bind_unix_socket
+
+pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    yield from short_dir()
+
+
+class ScriptedBackend:
+    """Records what arrives and answers what the test scripts (or raises it)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.raise_next: Exception | None = None
+
+    def _answer(self, name: str, args: Any, result: dict[str, object]) -> dict[str, object]:
+        self.calls.append((name, args))
+        if self.raise_next is not None:
+            exc, self.raise_next = self.raise_next, None
+            raise exc
+        return result
+
+    def search(self, request: SearchRequest) -> dict[str, object]:
+        return self._answer("search", request, {"results": [], "provider": "none", "model": "", "mode": "bm25",
+                                                "index": {"pending_files": 0, "pending_embeddings": 0}})
+
+    def get(self, path: str, start: int | None, lines: int | None) -> dict[str, object]:
+        return self._answer("get", (path, start, lines), {"path": path, "text": "t", "from": start or 1, "lines": 1})
+
+    def status(self) -> dict[str, object]:
+        return self._answer("status", None, {"version": "x"})
+
+    def sync(self, wait: bool) -> dict[str, object]:
+        return self._answer("sync", wait, {"queued": True})
+
+    def reindex(self, wait: bool) -> dict[str, object]:
+        return self._answer("reindex", wait, {"queued": True})
+
+
+@pytest.fixture
+def scripted(sock_dir: Path) -> Iterator[tuple[ScriptedBackend, Path]]:
+    backend = ScriptedBackend()
+    path = sock_dir / "c.sock"
+    server = RpcServer(backend, bind_unix_socket(path), path=path)
+    server.start()
+    yield backend, path
+    server.close()
+
+
+def test_methods_send_the_documented_params(scripted: tuple[ScriptedBackend, Path]) -> None:
+    backend, path = scripted
+    with DaemonClient(path) as client:
+        client.search(SearchRequest("zebra", max_results=3, mode="bm25"))
+        client.search(SearchRequest("plain"))
+        assert client.get("MEMORY.md", 2, 5)["from"] == 2
+        client.get("MEMORY.md")
+        assert client.status() == {"version": "x"}
+        assert client.sync() == {"queued": True}
+        client.reindex(wait=True)
+    (_, full), (_, plain) = backend.calls[0], backend.calls[1]
+    assert (full.query, full.max_results, full.mode, full.min_score) == ("zebra", 3, "bm25", None)
+    assert plain == SearchRequest("plain")
+    assert backend.calls[2:] == [("get", ("MEMORY.md", 2, 5)), ("get", ("MEMORY.md", None, None)),
+                                 ("status", None), ("sync", False), ("reindex", True)]
+
+
+@pytest.mark.parametrize("raised", [
+    errors.PathError("no such memory file: 'x.md'"),
+    errors.QueryError("the query is empty"),
+    errors.ConfigError("invalid setting 'x'"),
+    errors.IndexUnavailable("no index yet"),
+    errors.IndexBusy("another clawmem process is writing"),
+    errors.ProviderError("provider down"),
+    errors.RateLimited("429 after retries"),
+    errors.AuthError("bad key"),
+    errors.ProtocolError("bad request"),
+])
+def test_daemon_errors_come_back_as_the_same_class(scripted: tuple[ScriptedBackend, Path],
+                                                   raised: ClawmemError) -> None:
+    backend, path = scripted
+    backend.raise_next = raised
+    with DaemonClient(path) as client:
+        with pytest.raises(type(raised)) as caught:
+            client.status()
+        assert type(caught.value) is type(raised)
+        assert str(caught.value) == str(raised)
+        assert caught.value.exit_code == raised.exit_code
+        assert client.status() == {"version": "x"}  # the connection survives an error
+
+
+@pytest.mark.parametrize("error, cls", [
+    ({"code": -32602, "message": "invalid params"}, QueryError),
+    ({"code": -32601, "message": "no such method"}, ProtocolError),
+    ({"code": -32700, "message": "parse error"}, ProtocolError),
+    ({"code": -32030, "message": "busy"}, IndexUnavailable),
+    ({"code": -32011, "message": "path", "data": {"type": "NotOurs"}}, errors.PathError),
+    ({"code": -32099, "message": "unknown"}, ClawmemError),
+    ({"message": "no code"}, ClawmemError),
+])
+def test_error_codes_map_to_classes(error: dict[str, Any], cls: type[ClawmemError]) -> None:
+    exc = error_for(error)
+    assert type(exc) is cls and str(exc) == error["message"]
+
+
+def test_nothing_listening_is_index_unavailable(sock_dir: Path) -> None:
+    with pytest.raises(IndexUnavailable, match="no clawmem daemon is listening"):
+        DaemonClient(sock_dir / "none.sock").status()
+    stale = sock_dir / "stale.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(stale))
+    dead.close()
+    with pytest.raises(IndexUnavailable):
+        DaemonClient(stale).connect()
+
+
+def test_a_daemon_that_hangs_up_mid_call_is_index_unavailable(sock_dir: Path) -> None:
+    path = sock_dir / "rude.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def hang_up() -> None:
+        conn, _ = listener.accept()
+        conn.recv(4096)
+        conn.close()
+
+    t = threading.Thread(target=hang_up)
+    t.start()
+    with pytest.raises(IndexUnavailable, match="closed the connection"):
+        DaemonClient(path).status()
+    t.join(5)
+    listener.close()
+
+
+def test_a_daemon_that_never_answers_times_out(sock_dir: Path) -> None:
+    path = sock_dir / "mute.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    client = DaemonClient(path, timeout=0.2)
+    try:
+        with pytest.raises(IndexUnavailable, match="did not answer"):
+            client.status()
+    finally:
+        client.close()
+        listener.close()
+
+
+def test_find_daemon(sock_dir: Path, tmp_path: Path, scripted: tuple[ScriptedBackend, Path]) -> None:
+    _, live = scripted
+    ws = tmp_path / "w"
+    ws.mkdir()
+    assert find_daemon(load_settings(workspace=ws, overrides={"socket": str(sock_dir / "absent.sock")})) is None
+    client = find_daemon(load_settings(workspace=ws, overrides={"socket": str(live)}))
+    assert client is not None
+    with client:
+        assert client.status() == {"version": "x"}
+
+
+# -- the CLI through the daemon ---------------------------------------------------------------
+
+
+@pytest.fixture
+def live(workspace: Path, tmp_path: Path, sock_dir: Path) -> Iterator[Settings]:
+    (workspace / "MEMORY.md").write_text("# Memory\nThe ocelot plan.\n")
+    settings = daemon_settings(workspace, tmp_path, sock_dir)
+    with running_daemon(settings) as daemon:
+        wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
+        yield settings
+
+
+def run_cli(*args: str) -> Any:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_cli_queries_go_to_the_daemon(live: Settings, tmp_path: Path) -> None:
+    # An index path that does not exist: only the daemon can answer these.
+    flags = ["--workspace", str(live.workspace), "--socket", str(live.socket_path),
+             "--index", str(tmp_path / "elsewhere.sqlite"), "--provider", "none"]
+    out = run_cli("search", *flags, "--json", "--mode", "bm25", "ocelot")
+    assert out.exit_code == 0, out.output
+    assert [r["path"] for r in json.loads(out.stdout)["results"]] == ["MEMORY.md"]
+    out = run_cli("get", *flags, "MEMORY.md", "--lines", "1")
+    assert (out.exit_code, out.stdout) == (0, "# Memory\n")
+    out = run_cli("status", *flags, "--json")
+    assert json.loads(out.stdout)["daemon"]["socket"] == str(live.socket_path)
+    out = run_cli("get", *flags, "../secret.md")
+    assert out.exit_code == 1 and "'..' is refused" in out.stderr
+    assert not (tmp_path / "elsewhere.sqlite").exists()
+
+
+def test_cli_index_asks_the_running_daemon(live: Settings) -> None:
+    (live.workspace / "memory" / "x.md").write_text("# X\nserval\n")
+    flags = ["--workspace", str(live.workspace), "--socket", str(live.socket_path), "--index", str(live.index_path)]
+    out = run_cli("index", *flags)
+    assert out.exit_code == 0 and "the daemon synced the index" in out.stderr
+    out = run_cli("reindex", *flags)
+    assert out.exit_code == 0 and "the daemon rebuilt the index" in out.stderr
+    out = run_cli("search", *flags, "--json", "--mode", "bm25", "serval")
+    assert json.loads(out.stdout)["results"][0]["path"] == "memory/x.md"
+
+
+def test_cli_falls_back_to_the_index_when_no_daemon_answers(workspace: Path, tmp_path: Path, sock_dir: Path) -> None:
+    (workspace / "MEMORY.md").write_text("# Memory\nThe margay plan.\n")
+    stale = sock_dir / "stale.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(stale))
+    dead.close()
+    flags = ["--workspace", str(workspace), "--socket", str(stale), "--index", str(tmp_path / "i.sqlite"),
+             "--provider", "none"]
+    assert run_cli("index", *flags).exit_code == 0
+    out = run_cli("search", *flags, "--json", "--mode", "bm25", "margay")
+    assert out.exit_code == 0 and json.loads(out.stdout)["results"][0]["path"] == "MEMORY.md"
+    assert "daemon" not in json.loads(run_cli("status", *flags, "--json").stdout)
+
+
+def test_cli_search_through_the_daemon_starts_light(live: Settings) -> None:
+    """`clawmem search` must not pay for the daemon's modules (structlog, watchdog) when it is a client."""
+    probe = ("import atexit, sys\n"
+             "atexit.register(lambda: print(sorted(m for m in ('structlog', 'watchdog', 'clawmem.engine')"
+             " if m in sys.modules), file=sys.stderr))\n"
+             "from clawmem.cli import main\nmain()\n")
+    out = subprocess.run([sys.executable, "-c", probe, "search", "--workspace", str(live.workspace), "--socket",
+                          str(live.socket_path), "--json", "--mode", "bm25", "ocelot"],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "CLAWMEM_PROVIDER": "none"},
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["results"]
+    assert out.stderr.strip().splitlines()[-1] == "[]"
