@@ -290,8 +290,21 @@ class Daemon:
 
     def _new_index(self, settings: Settings) -> MemoryIndex:
         if self._provider is _UNSET:
-            return MemoryIndex(settings)
-        return MemoryIndex(settings, provider=self._provider)
+            return MemoryIndex(settings, pending_files=self._pending_files)
+        return MemoryIndex(settings, provider=self._provider, pending_files=self._pending_files)
+
+    def _pending_files(self) -> int:
+        """Files changed since the last sync, from what the watcher and the writer know.
+
+        Asked on every query, so it must not scan: only while a full pass is due (start-up, lost
+        events, a new folder) is the answer unknown, and then the engine's own stat scan counts.
+        """
+        seen = self.watcher.pending() if self.watcher is not None else None
+        queued = self.writer.pending()
+        if seen is not None and queued is not None:
+            return len(seen | queued)
+        index = self.index
+        return MemoryIndex(index.settings).pending_files(index.reader())
 
     def _new_watcher(self, settings: Settings) -> WorkspaceWatcher:
         d = settings.daemon

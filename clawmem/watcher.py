@@ -1,8 +1,10 @@
 """File events → debounced "sync requested" signals for the daemon.
 
-A sync is always a full stat pass over the workspace (unchanged files are not opened), so the
-watcher never has to say *what* changed: only *that* a memory file may have changed, once the
-burst of writes is over. Which is why losing events is survivable as long as it is noticed:
+A signal carries the index keys of the memory files that changed, so the daemon can sync just
+those (one edit costs the same in a workspace of any size), or None when the watcher cannot know
+(a folder appeared, events were lost, a periodic check): then the daemon runs a full stat pass,
+which finds any change (unchanged files are not even opened). That is why losing events is
+survivable as long as it is noticed:
 
 - an editor saving by rename shows up as a move whose destination is a memory file: it counts;
 - a directory created or moved inside `memory/` counts, since files may already be inside it;
@@ -36,7 +38,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Debounce", "WorkspaceWatcher"]
 
-SyncCallback = Callable[[str], object]
+# on_sync(reason, paths): paths are index keys, or None for "anything may have changed: full pass".
+SyncCallback = Callable[[str, frozenset[str] | None], object]
 ObserverFactory = Callable[[], "BaseObserver"]
 
 # Errors that mean "this kernel will not give us (more) inotify watches": fall back to polling.
@@ -73,7 +76,7 @@ class Debounce:
 
 
 class WorkspaceWatcher:
-    """Watches one workspace and calls `on_sync(reason)` when the index should be brought up to date.
+    """Watches one workspace and calls `on_sync(reason, paths)` when the index should be brought up to date.
 
     `on_sync` runs on the watcher's own thread and should only hand the request over (the daemon
     queues it for its writer thread). Reasons: "change", "overflow", "fallback", "rescan", joined
@@ -97,6 +100,8 @@ class WorkspaceWatcher:
         self._debounce = Debounce(debounce, max_delay)
         self._cond = threading.Condition()
         self._reasons: set[str] = set()
+        self._paths: set[str] = set()
+        self._full = False
         self._stopping = False
         self._fallback_reason: str | None = None
         self._last_fire = time.monotonic()
@@ -138,42 +143,72 @@ class WorkspaceWatcher:
         logging.getLogger(_WATCHDOG_LOGGER).removeHandler(self._tap)
         self.mode = "stopped"
 
-    def request(self, reason: str) -> None:
-        """Ask for a sync through the same debounce as file events (coalesces with them)."""
+    def request(self, reason: str, paths: frozenset[str] | None = None) -> None:
+        """Ask for a sync through the same debounce as file events (coalesces with them).
+
+        `paths` are the index keys known to have changed; None asks for a full pass.
+        """
         with self._cond:
             self._reasons.add(reason)
+            if paths is None:
+                self._full = True
+            else:
+                self._paths.update(paths)
             self._debounce.poke(time.monotonic())
             self._cond.notify_all()
+
+    def pending(self) -> frozenset[str] | None:
+        """Changes seen but not yet handed over: their index keys, or None if they are not known."""
+        with self._cond:
+            if self._full or self.mode == "rescan-only":
+                return None
+            return frozenset(self._paths)
 
     # -- events ------------------------------------------------------------------------------
 
     def relevant(self, event: FileSystemEvent) -> bool:
         """Whether an event may change what the index should hold."""
+        return self.affected(event) != frozenset()
+
+    def affected(self, event: FileSystemEvent) -> frozenset[str] | None:
+        """The index keys an event may have changed: empty if none, None if it cannot be known."""
         if event.event_type in _IGNORED_EVENTS:
-            return False
+            return frozenset()
         if event.is_directory and event.event_type == "modified":
-            return False  # a directory's mtime moves with every child: the child's own event counts
+            return frozenset()  # a directory's mtime moves with every child: the child's own event counts
         paths = [event.src_path]
         if event.event_type == "moved":
             paths.append(event.dest_path)
-        return any(self._relevant_path(os.fsdecode(p), event.is_directory) for p in paths if p)
+        keys: set[str] = set()
+        for raw in paths:
+            if not raw:
+                continue
+            key = self._key(os.fsdecode(raw), event.is_directory)
+            if key is None:
+                return None
+            keys.update(key)
+        return frozenset(keys)
 
-    def _relevant_path(self, path: str, is_directory: bool) -> bool:
+    def _key(self, path: str, is_directory: bool) -> frozenset[str] | None:
+        """The index key of one path: empty if not memory, None if it needs a full pass to know."""
         rel = os.path.relpath(path, self.workspace)
         if rel.startswith(".."):
-            return any(_under(path, extra, is_directory) for extra in self._abs_extras)
+            # Outside the workspace (an extra path): index keys are absolute there; scan it all.
+            return None if any(_under(path, extra, is_directory) for extra in self._abs_extras) else frozenset()
         rel = rel.replace(os.sep, "/")
         if is_directory:
-            return _memory_dir(rel, self._rel_extras)
-        return is_memory_path(rel, self._rel_extras)
+            # Files may already be inside a folder created or moved in: only a full pass finds them.
+            return None if _memory_dir(rel, self._rel_extras) else frozenset()
+        return frozenset({rel}) if is_memory_path(rel, self._rel_extras) else frozenset()
 
     def _on_event(self, event: FileSystemEvent) -> None:
-        if self.relevant(event):
-            self.request("change")
+        keys = self.affected(event)
+        if keys is None or keys:
+            self.request("change", keys)
 
     def _on_overflow(self) -> None:
         self._log.warning("inotify_overflow", action="full rescan")
-        self.request("overflow")
+        self.request("overflow", None)
 
     def _on_watch_failure(self) -> None:
         with self._cond:
@@ -187,6 +222,7 @@ class WorkspaceWatcher:
         while True:
             fallback: str | None = None
             reason: str | None = None
+            paths: frozenset[str] | None = None
             with self._cond:
                 while not self._stopping:
                     now = time.monotonic()
@@ -201,12 +237,19 @@ class WorkspaceWatcher:
                     due = self._debounce.due()
                     if due is not None and now >= due:
                         reason = "+".join(sorted(self._reasons)) or "change"
+                        paths = None if self._full else frozenset(self._paths)
                         self._reasons.clear()
+                        self._paths.clear()
+                        self._full = False
                         self._debounce.reset()
                         break
                     rescan = self._last_fire + self.rescan_interval if self.rescan_interval > 0 else None
                     if rescan is not None and now >= rescan:
-                        reason = "rescan"
+                        reason = "rescan"  # a full pass: it covers whatever is pending too
+                        self._reasons.clear()
+                        self._paths.clear()
+                        self._full = False
+                        self._debounce.reset()
                         break
                     deadlines = [t for t in (due, rescan, next_health) if t is not None]
                     self._cond.wait(max(0.0, min(deadlines) - now))
@@ -219,7 +262,7 @@ class WorkspaceWatcher:
                 self._fall_back(fallback)
             elif reason is not None:
                 try:
-                    self.on_sync(reason)
+                    self.on_sync(reason, paths)
                 except Exception as exc:  # the daemon's hand-over must never kill the watcher
                     self._log.error("sync_signal_failed", error=repr(exc))
 

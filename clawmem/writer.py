@@ -48,12 +48,15 @@ class Run:
     pending_embeddings: int | None = None
     error: ClawmemError | None = None
     cancelled: bool = False
+    targeted: int | None = None  # how many paths a targeted sync covered; None: a full pass
 
     def as_dict(self) -> dict[str, object]:
         data: dict[str, object] = {"kind": self.kind, "reason": self.reason, "started_at": self.started_at,
                                    "duration": round(self.duration, 6)}
         if self.report is not None:
             data["report"] = self.report.as_dict()
+        if self.kind == "sync":
+            data["paths"] = "all" if self.targeted is None else self.targeted
         if self.kind == "embed":
             data["embedded"] = self.embedded
             data["pending_embeddings"] = self.pending_embeddings
@@ -80,6 +83,9 @@ class Writer:
         self._stopping = False
         self._sync_wanted = False
         self._sync_reason: set[str] = set()
+        self._sync_paths: set[str] = set()
+        self._sync_full = False
+        self._inflight: frozenset[str] | None = frozenset()
         self._sync_not_before = 0.0
         self._reindex_wanted = False
         self._reindex_reason: set[str] = set()
@@ -98,11 +104,18 @@ class Writer:
         self._thread = threading.Thread(target=self._loop, name="clawmem-writer", daemon=True)
         self._thread.start()
 
-    def request_sync(self, reason: str) -> int:
-        """Queue a sync (coalescing with any already queued); returns a ticket for `wait_sync`."""
+    def request_sync(self, reason: str, paths: frozenset[str] | None = None) -> int:
+        """Queue a sync (coalescing with any already queued); returns a ticket for `wait_sync`.
+
+        `paths` limits it to those index keys (what the watcher saw change); None means a full pass.
+        """
         with self._cond:
             self._sync_wanted = True
             self._sync_reason.add(reason)
+            if paths is None:
+                self._sync_full = True
+            else:
+                self._sync_paths.update(paths)
             self._sync_not_before = 0.0
             self._sync_seq += 1
             self._cond.notify_all()
@@ -142,6 +155,13 @@ class Writer:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
+    def pending(self) -> frozenset[str] | None:
+        """Index keys queued or being synced; None while a full pass is queued or running."""
+        with self._cond:
+            if self._sync_full or self._reindex_wanted or self._inflight is None:
+                return None
+            return frozenset(self._sync_paths | self._inflight)
+
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -165,11 +185,14 @@ class Writer:
                 job = self._next_job()
                 if job is None:
                     return
-                kind, reason, sync_upto, reindex_upto = job
+                kind, reason, paths, sync_upto, reindex_upto = job
                 self._running = kind
-            run = self._execute(kind, reason)
+                if kind != "embed":
+                    self._inflight = paths
+            run = self._execute(kind, reason, paths)
             with self._cond:
                 self._running = None
+                self._inflight = frozenset()
                 self._last[kind] = run
                 self.counts[kind] += 1
                 if run.error is not None:
@@ -182,7 +205,7 @@ class Writer:
                 except Exception as exc:  # reporting must never stop the writer
                     self._log.error("run_report_failed", error=repr(exc))
 
-    def _next_job(self) -> tuple[str, str, int, int] | None:
+    def _next_job(self) -> tuple[str, str, frozenset[str] | None, int, int] | None:
         """Wait (under the lock) for runnable work: rebuild, then sync, then embedding."""
         while not self._stopping:
             now = time.monotonic()
@@ -190,20 +213,26 @@ class Writer:
                 reason = "+".join(sorted(self._reindex_reason))
                 self._reindex_wanted = self._sync_wanted = False
                 self._reindex_reason.clear()
-                self._sync_reason.clear()
-                return "reindex", reason, self._sync_seq, self._reindex_seq
+                self._take_sync_paths()
+                return "reindex", reason, None, self._sync_seq, self._reindex_seq
             if self._sync_wanted and now >= self._sync_not_before:
                 reason = "+".join(sorted(self._sync_reason)) or "retry"
                 self._sync_wanted = False
-                self._sync_reason.clear()
-                return "sync", reason, self._sync_seq, self._reindex_done
+                return "sync", reason, self._take_sync_paths(), self._sync_seq, self._reindex_done
             if self._embed_wanted and now >= self._embed_not_before:
                 self._embed_wanted = False
-                return "embed", "deferred", self._sync_done, self._reindex_done
+                return "embed", "deferred", frozenset(), self._sync_done, self._reindex_done
             deadlines = [t for wanted, t in ((self._sync_wanted, self._sync_not_before),
                                              (self._embed_wanted, self._embed_not_before)) if wanted]
             self._cond.wait(max(0.0, min(deadlines) - now) if deadlines else None)
         return None
+
+    def _take_sync_paths(self) -> frozenset[str] | None:
+        paths = None if self._sync_full else frozenset(self._sync_paths)
+        self._sync_reason.clear()
+        self._sync_paths.clear()
+        self._sync_full = False
+        return paths
 
     def _after(self, run: Run, sync_upto: int, reindex_upto: int) -> None:
         if run.kind in ("sync", "reindex"):
@@ -214,6 +243,7 @@ class Writer:
                 self._reindex_done = max(self._reindex_done, reindex_upto)
             if run.error is not None:
                 self._sync_wanted = True
+                self._sync_full = True  # whatever the failed run was to do, a full pass redoes it
                 self._sync_reason.add("retry")
                 self._sync_not_before = time.monotonic() + self._retry.next()
             else:
@@ -229,13 +259,13 @@ class Writer:
             else:
                 self._embed_retry.reset()
 
-    def _execute(self, kind: str, reason: str) -> Run:
-        run = Run(kind, reason)
+    def _execute(self, kind: str, reason: str, paths: frozenset[str] | None) -> Run:
+        run = Run(kind, reason, targeted=None if paths is None else len(paths))
         started = time.perf_counter()
         try:
             index = self._index()
             if kind == "sync":
-                run.report = index.sync(embed=False, progress=self._check_stop)
+                run.report = index.sync(embed=False, progress=self._check_stop, paths=paths)
             elif kind == "reindex":
                 run.report = index.reindex(embed=False, progress=self._check_stop)
             else:
@@ -292,6 +322,8 @@ class Writer:
 
     def _log_run(self, run: Run) -> None:
         fields: dict[str, object] = {"reason": run.reason, "duration": round(run.duration, 4)}
+        if run.kind == "sync":
+            fields["paths"] = "all" if run.targeted is None else run.targeted
         if run.report is not None:
             fields.update(run.report.as_dict())
             fields["duration"] = round(run.duration, 4)

@@ -96,6 +96,27 @@ def test_edits_are_searchable_or_gone_within_the_debounce_and_a_bound(workspace:
         wait_until(lambda: finds(client, "echidna", "MEMORY.md"), WITHIN, message="MEMORY.md")
 
 
+def test_an_edit_syncs_only_that_file_and_answers_say_it_is_pending(workspace: Path, tmp_path: Path,
+                                                                   sock_dir: Path) -> None:
+    for i in range(30):
+        (workspace / "memory" / f"other{i}.md").write_text(f"# Other {i}\nfiller\n")
+    slow = daemon_settings(workspace, tmp_path, sock_dir, **{"daemon.debounce": 1.0, "daemon.max_delay": 2.0})
+    with running_daemon(slow) as daemon, client_for(slow) as client:
+        wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
+        wait_until(lambda: client.status()["pending_files"] == 0, message="a fresh index")
+        (workspace / "memory" / "late.md").write_text("# Late\nThe jerboa.\n")
+
+        def pending() -> int:
+            answer = client.search(SearchRequest("filler", mode="bm25"))
+            return int(answer["index"]["pending_files"])  # type: ignore[index,call-overload]
+
+        wait_until(lambda: pending() == 1, 0.9, message="the answer to count the unsynced edit")
+        wait_until(lambda: finds(client, "jerboa", "memory/late.md"), WITHIN, message="the edit")
+        assert pending() == 0
+        last = daemon.writer.state()["last"]["sync"]  # type: ignore[index]
+        assert last["paths"] == 1 and last["report"]["files_seen"] == 1  # not all 31 files
+
+
 def test_a_thousand_rapid_writes_to_one_file_cause_few_syncs(workspace: Path, dsettings: Settings) -> None:
     with running_daemon(dsettings) as daemon, client_for(dsettings) as client:
         wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")

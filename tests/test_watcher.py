@@ -41,13 +41,15 @@ class Signals:
 
     def __init__(self) -> None:
         self.reasons: list[str] = []
+        self.paths: list[frozenset[str] | None] = []
         self.times: list[float] = []
         self._lock = threading.Lock()
         self._event = threading.Event()
 
-    def __call__(self, reason: str) -> None:
+    def __call__(self, reason: str, paths: frozenset[str] | None) -> None:
         with self._lock:
             self.reasons.append(reason)
+            self.paths.append(paths)
             self.times.append(time.monotonic())
         self._event.set()
 
@@ -137,6 +139,17 @@ def test_relevance_follows_the_memory_rules(workspace: Path, signals: Signals) -
     assert [e for e in ignored if w.relevant(e)] == []
 
 
+def test_events_name_the_index_keys_they_change(workspace: Path, signals: Signals) -> None:
+    w = WorkspaceWatcher(workspace, signals, extra_paths=("notes", str(workspace.parent / "outside")))
+    ws = str(workspace)
+    assert w.affected(FileMovedEvent(f"{ws}/memory/.x.md.swp", f"{ws}/memory/x.md")) == {"memory/x.md"}
+    assert w.affected(FileMovedEvent(f"{ws}/memory/a.md", f"{ws}/memory/b.md")) == {"memory/a.md", "memory/b.md"}
+    assert w.affected(FileCreatedEvent(f"{ws}/notes/a.md")) == {"notes/a.md"}
+    assert w.affected(FileCreatedEvent(f"{ws}/README.md")) == frozenset()
+    assert w.affected(DirCreatedEvent(f"{ws}/memory/new")) is None  # what is inside is unknown
+    assert w.affected(FileCreatedEvent(f"{workspace.parent}/outside/b.md")) is None  # keyed by absolute path
+
+
 # -- real events ------------------------------------------------------------------------------
 
 
@@ -148,6 +161,7 @@ def test_each_kind_of_edit_signals_once_debounced(workspace: Path, watched: Work
     note.write_text("created\n")
     assert signals.wait_new(n, timeout=DEBOUNCE + 3) == "change"
     assert signals.times[n] - started >= DEBOUNCE * 0.9  # trailing: not before the debounce
+    assert signals.paths[n] == {"memory/note.md"}  # just that file needs syncing
 
     def append() -> None:
         with note.open("a") as fh:
@@ -162,18 +176,19 @@ def test_each_kind_of_edit_signals_once_debounced(workspace: Path, watched: Work
         (workspace / "memory" / "a" / "b").mkdir(parents=True)
         (workspace / "memory" / "a" / "b" / "deep.md").write_text("deep\n")
 
-    steps: list[tuple[str, Any]] = [
-        ("modify in place", lambda: note.write_text("modified\n")),
-        ("append", append),
-        ("atomic rename", atomic_rename),
-        ("delete", note.unlink),
-        ("nested folder", nested_folder),
-        ("MEMORY.md", lambda: (workspace / "MEMORY.md").write_text("# top\n")),
+    steps: list[tuple[str, Any, frozenset[str] | None]] = [
+        ("modify in place", lambda: note.write_text("modified\n"), {"memory/note.md"}),
+        ("append", append, {"memory/note.md"}),
+        ("atomic rename", atomic_rename, {"memory/note.md"}),  # the hidden temp file is not memory
+        ("delete", note.unlink, {"memory/note.md"}),
+        ("nested folder", nested_folder, None),  # files may be in it unannounced: a full pass
+        ("MEMORY.md", lambda: (workspace / "MEMORY.md").write_text("# top\n"), {"MEMORY.md"}),
     ]
-    for label, action in steps:
+    for label, action, paths in steps:
         n = signals.count()
         action()
         assert signals.wait_new(n, timeout=DEBOUNCE + 3), label
+        assert signals.paths[n] == paths, label
 
 
 def test_a_folder_moved_into_memory_counts(workspace: Path, watched: WorkspaceWatcher, signals: Signals) -> None:
@@ -183,6 +198,7 @@ def test_a_folder_moved_into_memory_counts(workspace: Path, watched: WorkspaceWa
     n = signals.count()
     os.rename(staging, workspace / "memory" / "imported")
     signals.wait_new(n)
+    assert signals.paths[n] is None
 
 
 def test_irrelevant_writes_and_reads_do_not_signal(workspace: Path, watched: WorkspaceWatcher,
@@ -231,6 +247,7 @@ def test_periodic_rescan_without_events(workspace: Path, signals: Signals) -> No
     try:
         assert signals.wait_new(0, timeout=3.0) == "rescan"
         assert signals.wait_new(1, timeout=3.0) == "rescan"
+        assert signals.paths[:2] == [None, None]
     finally:
         watcher.stop()
 
@@ -265,6 +282,7 @@ def test_watch_limit_falls_back_to_polling_and_rescans(workspace: Path, signals:
         assert watcher.mode == "polling"
         assert log.events("watch_limit"), "the fallback must be logged"
         assert signals.wait_new(0) == "fallback"  # a full rescan: events may have been missed
+        assert signals.paths[0] is None
         n = signals.count()
         (workspace / "memory" / "seen-by-polling.md").write_text("x\n")
         assert signals.wait_new(n) == "change"
@@ -287,6 +305,7 @@ def test_an_overflow_reported_by_watchdog_asks_for_a_rescan(workspace: Path, wat
     # watchdog >= 7 handles IN_Q_OVERFLOW itself and reports it only with this log line.
     logging.getLogger("watchdog.observers.inotify_c").warning("Inotify queue overflowed; filesystem events were lost")
     assert signals.wait_new(0) == "overflow"
+    assert signals.paths[0] is None  # events were lost: only a full pass can tell
     assert watched.mode == "inotify"  # watchdog rebuilt its watches: keep inotify
 
 

@@ -35,6 +35,7 @@ class StubIndex:
         self.committed = 0
         self.fail_with: Exception | None = None
         self.provider = None
+        self.paths: list[frozenset[str] | None] = []
 
     def _walk(self, progress: Any) -> SyncReport:
         self.started.set()
@@ -50,9 +51,10 @@ class StubIndex:
             progress(i + 1, self.files)
         return report
 
-    def sync(self, *, embed: bool, progress: Any) -> SyncReport:
+    def sync(self, *, embed: bool, progress: Any, paths: frozenset[str] | None = None) -> SyncReport:
         assert embed is False, "the daemon embeds in a separate pass"
         self.syncs += 1
+        self.paths.append(paths)
         return self._walk(progress)
 
     def reindex(self, *, embed: bool, progress: Any) -> SyncReport:
@@ -84,6 +86,31 @@ def test_requests_during_a_sync_coalesce_into_one_follow_up(writer: Writer, stub
     assert writer.wait_sync(first, timeout=1).kind == "sync"
     assert stub.syncs == 2  # the one in flight, then one for all ten requests
     assert writer.counts["sync"] == 2
+
+
+def test_targeted_requests_merge_and_a_full_one_wins(writer: Writer, stub: StubIndex) -> None:
+    stub.gate = threading.Event()
+    writer.request_sync("startup")
+    assert stub.started.wait(5)
+    assert writer.pending() is None  # a full pass is running: nobody knows what is pending
+    writer.request_sync("change", frozenset({"memory/a.md"}))
+    ticket = writer.request_sync("change", frozenset({"memory/b.md", "MEMORY.md"}))
+    stub.gate.set()
+    writer.wait_sync(ticket, timeout=5)
+    assert stub.paths == [None, {"memory/a.md", "memory/b.md", "MEMORY.md"}]
+    assert writer.pending() == frozenset()
+
+    stub.gate.clear()
+    stub.started.clear()
+    writer.request_sync("change", frozenset({"memory/c.md"}))
+    assert stub.started.wait(5)
+    assert writer.pending() == {"memory/c.md"}  # in flight still counts as pending
+    writer.request_sync("change", frozenset({"memory/d.md"}))
+    ticket = writer.request_sync("client")
+    assert writer.pending() is None
+    stub.gate.set()
+    writer.wait_sync(ticket, timeout=5)
+    assert stub.paths[2:] == [{"memory/c.md"}, None]
 
 
 def test_a_waiter_gets_a_run_that_started_after_its_request(writer: Writer, stub: StubIndex) -> None:
