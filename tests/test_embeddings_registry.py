@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from clawmem.config import EmbeddingSettings
+from clawmem.errors import ProviderError
 from clawmem.embeddings.base import ProviderInfo
 from clawmem.embeddings.gemini import GeminiProvider
 from clawmem.embeddings.openai import OpenAIProvider
@@ -47,12 +48,16 @@ def local_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")
     models = types.ModuleType("clawmem.embeddings.models")
-    models.local_model_available = lambda settings, cache_dir: model  # type: ignore[attr-defined]
+    models.ensure_local_model = lambda settings, cache_dir, allow_download: model  # type: ignore[attr-defined]
     local = types.ModuleType("clawmem.embeddings.local")
     local.LocalProvider = StubLocal  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "clawmem.embeddings.models", models)
     monkeypatch.setitem(sys.modules, "clawmem.embeddings.local", local)
     return model
+
+
+def no_model_file(settings: EmbeddingSettings, cache_dir: Path, allow_download: bool) -> Path:
+    raise ProviderError("no model file: embedding.local_model does not exist")
 
 
 @pytest.fixture
@@ -96,7 +101,7 @@ def test_auto_prefers_an_available_local_model(tmp_path: Path, local_model: Path
 
 def test_auto_skips_local_without_a_model_file(tmp_path: Path, local_model: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys.modules["clawmem.embeddings.models"], "local_model_available", lambda s, c: None)
+    monkeypatch.setattr(sys.modules["clawmem.embeddings.models"], "ensure_local_model", no_model_file)
     result = resolve(tmp_path, {"VOYAGE_API_KEY": VOYAGE_KEY}, provider="auto")
     assert isinstance(result.provider, VoyageProvider)
 
@@ -175,7 +180,7 @@ def test_missing_local_module_falls_back(tmp_path: Path, no_local: None) -> None
 
 
 def test_missing_local_model_falls_back(tmp_path: Path, local_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys.modules["clawmem.embeddings.models"], "local_model_available", lambda s, c: None)
+    monkeypatch.setattr(sys.modules["clawmem.embeddings.models"], "ensure_local_model", no_model_file)
     result = resolve(tmp_path, {"VOYAGE_API_KEY": VOYAGE_KEY}, provider="local", fallback="voyage")
     assert isinstance(result.provider, VoyageProvider) and result.fallback_used
     assert "no model file" in result.reason
@@ -226,3 +231,11 @@ def test_keys_never_reach_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr("clawmem.embeddings.openai.OpenAIProvider", leaky)
     result = resolve(tmp_path, {"OPENAI_API_KEY": OPENAI_KEY}, provider="openai", api_key=GEMINI_KEY)
     assert result.provider is None and "***" in result.reason
+
+
+def test_auto_with_no_keys_and_no_network_gets_the_local_default_model(tmp_path: Path) -> None:
+    """The embedded default: made from installed packages alone (the converter), never downloaded."""
+    result = resolve(tmp_path, provider="auto")
+    assert result.provider is not None and not result.fallback_used
+    assert (result.provider.info.provider, result.provider.info.dims) == ("local", 384)
+    assert list((tmp_path / "models").glob("*.gguf"))

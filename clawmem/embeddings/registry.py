@@ -85,7 +85,7 @@ def create_provider(name: str, settings: EmbeddingSettings, *, cache_dir: Path,
                     environ: Mapping[str, str] = os.environ) -> EmbeddingProvider:
     """Build provider `name` from `settings`; raises Unavailable when it cannot be had here."""
     if name == "local":
-        return _create_local(settings, cache_dir)
+        return _create_local(settings, cache_dir, allow_download=True)
     if name not in REMOTE_PROVIDERS:
         raise Unavailable(f"{name}: not an embedding provider")
     try:
@@ -102,7 +102,7 @@ def _auto(settings: EmbeddingSettings, cache_dir: Path, environ: Mapping[str, st
     skipped = set(skip)
     if "local" not in skipped:
         try:
-            return _create_local(settings, cache_dir), "auto: local model available"
+            return _create_local(settings, cache_dir, allow_download=False), "auto: local model available"
         except Unavailable:
             pass
     for name in REMOTE_PROVIDERS:
@@ -122,17 +122,19 @@ def _auto(settings: EmbeddingSettings, cache_dir: Path, environ: Mapping[str, st
     return None, ""
 
 
-def _create_local(settings: EmbeddingSettings, cache_dir: Path) -> EmbeddingProvider:
-    """The local GGUF provider; its modules are written separately, so their absence means unavailable."""
+def _create_local(settings: EmbeddingSettings, cache_dir: Path, *, allow_download: bool) -> EmbeddingProvider:
+    """The local GGUF provider, converting the default model when needed (no network).
+
+    `auto` never downloads (`allow_download=False`): it takes a model that is on disk or can be
+    made from installed packages; an explicit `local` may fetch an `hf:` model.
+    """
     try:
         models = importlib.import_module("clawmem.embeddings.models")
         local = importlib.import_module("clawmem.embeddings.local")
     except ImportError as exc:
         raise Unavailable(f"local: not available in this installation ({exc.name or exc})") from None
     try:
-        path = models.local_model_available(settings, cache_dir)
-        if path is None:
-            raise Unavailable("local: no model file available (set embedding.local_model to a GGUF path or hf: URI)")
+        path = models.ensure_local_model(settings, cache_dir, allow_download=allow_download)
         provider: EmbeddingProvider = local.LocalProvider(settings, path)
     except Unavailable:
         raise
