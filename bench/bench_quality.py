@@ -180,9 +180,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sets", default="scifact,locomo")
     parser.add_argument("--modes", default="bm25,vector,weighted,rrf")
-    default_model = SHARED / "models" / "all-MiniLM-L6-v2-q8_0.gguf"
-    parser.add_argument("--model", default=str(default_model) if default_model.exists() else None,
-                        help="GGUF embedding model (default: the shared MiniLM, else clawmem's default local model)")
+    parser.add_argument("--model", default=None,
+                        help="GGUF embedding model (default: clawmem's default local model, MiniLM converted to f16)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/clawmem-quality"))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "quality.json")
     args = parser.parse_args()

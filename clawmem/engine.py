@@ -26,7 +26,7 @@ from clawmem import __version__
 from clawmem.chunking import split_lines
 from clawmem.config import Settings
 from clawmem.embeddings.base import EmbeddingProvider
-from clawmem.errors import IndexBusy, IndexUnavailable, QueryError
+from clawmem.errors import IndexBusy, IndexCorrupt, IndexUnavailable, QueryError
 from clawmem.search import SearchRequest, run_search
 from clawmem.store import SCHEMA_VERSION, Store
 from clawmem.sync import Progress, SyncReport, embed_pending, sync_workspace
@@ -149,51 +149,60 @@ class MemoryIndex:
         with self.write_lock():
             fingerprint = json.dumps(self.fingerprint(), sort_keys=True)
             store = self._open_live()
-            if store is None or store.get_meta("fingerprint") != fingerprint:
+            if store is not None and store.get_meta("fingerprint") == fingerprint:
+                report = sync_workspace(store, self.settings, progress=progress, paths=paths)
+            else:
                 if store is not None:
                     store.close()
                 report = self._rebuild(fingerprint, progress, embed)
                 store = self._open_live()
                 assert store is not None
-                follow = sync_workspace(store, self.settings)
+                follow = sync_workspace(store, self.settings)  # what changed while it was built
                 report.added += follow.added
                 report.updated += follow.updated
                 report.removed += follow.removed
-            else:
-                report = sync_workspace(store, self.settings, progress=progress, paths=paths)
-            try:
-                if embed and self.provider is not None:
-                    report.embedded, report.embed_error = embed_pending(
-                        store, self.provider, cache_max_entries=self.settings.embedding.cache_max_entries,
-                        progress=embed_progress)
-                store.set_meta("last_sync", json.dumps({"at": time.time(), "duration": report.duration}))
-            finally:
-                store.close()
-            return report
+            return self._finish(store, report, embed, embed_progress)
 
-    def reindex(self, *, progress: Progress | None = None, embed: bool = True) -> SyncReport:
+    def reindex(self, *, progress: Progress | None = None, embed: bool = True,
+                embed_progress: Progress | None = None) -> SyncReport:
         """Rebuild from scratch whatever the fingerprint says (old index serves until the swap)."""
         with self.write_lock():
-            fingerprint = json.dumps(self.fingerprint(), sort_keys=True)
-            report = self._rebuild(fingerprint, progress, embed)
+            report = self._rebuild(json.dumps(self.fingerprint(), sort_keys=True), progress, embed)
             store = self._open_live()
             assert store is not None
-            try:
-                store.set_meta("last_sync", json.dumps({"at": time.time(), "duration": report.duration}))
-            finally:
-                store.close()
-            return report
+            return self._finish(store, report, embed, embed_progress)
+
+    def _finish(self, store: Store, report: SyncReport, embed: bool, embed_progress: Progress | None) -> SyncReport:
+        """Embed what is pending (vectors follow the keyword rows), record the sync, close."""
+        try:
+            if embed and self.provider is not None:
+                report.embedded, report.embed_error = embed_pending(
+                    store, self.provider, cache_max_entries=self.settings.embedding.cache_max_entries,
+                    progress=embed_progress)
+            store.set_meta("last_sync", json.dumps({"at": time.time(), "duration": report.duration}))
+        finally:
+            store.close()
+        return report
 
     def _open_live(self) -> Store | None:
+        """The live index, or None when there is none worth keeping (missing or damaged)."""
         if not self.path.exists():
             return None
         try:
             return Store(self.path, create=False)
-        except IndexUnavailable:
+        except IndexCorrupt:
             return None
 
     def _rebuild(self, fingerprint: str, progress: Progress | None, embed: bool) -> SyncReport:
+        """Build a new index privately and swap it in.
+
+        With an old index serving, vectors are made before the swap so searches keep their vectors
+        throughout; with none, the keyword index goes live first and vectors follow in `sync`.
+        """
         started = time.perf_counter()
+        replacing = self._open_live()
+        if replacing is not None:
+            replacing.close()
         tmp = self.path.with_name(f"{self.path.name}.rebuild-{os.getpid()}")
         tmp.unlink(missing_ok=True)
         try:
@@ -204,7 +213,7 @@ class MemoryIndex:
                         fresh.copy_cache_from(self.path)
                 fresh.set_meta("fingerprint", fingerprint)
                 report = sync_workspace(fresh, self.settings, progress=progress, bulk=True)
-                if embed and self.provider is not None:
+                if embed and replacing is not None and self.provider is not None:
                     report.embedded, report.embed_error = embed_pending(
                         fresh, self.provider, cache_max_entries=self.settings.embedding.cache_max_entries)
                 self._swap_in(fresh)

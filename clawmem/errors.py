@@ -9,7 +9,8 @@
     │   ├── ProviderTimeout    timeouts / 5xx after all retries
     │   └── AuthError          the provider refused our credentials
     ├── IndexUnavailable       the index cannot be opened or is locked  exit 3, rpc -32030
-    │   └── IndexBusy          another process holds the sync lock
+    │   ├── IndexBusy          another process holds the sync lock
+    │   └── IndexCorrupt       the file is not a usable SQLite database (rebuilt by the next sync)
     └── ProtocolError          a malformed socket request               exit 2, rpc -32600
 
 Each class carries its CLI exit code and JSON-RPC error code so the outer layers map errors
@@ -23,6 +24,7 @@ __all__ = [
     "ClawmemError",
     "ConfigError",
     "IndexBusy",
+    "IndexCorrupt",
     "IndexUnavailable",
     "PathError",
     "ProtocolError",
@@ -83,6 +85,10 @@ class IndexUnavailable(ClawmemError):
 
 class IndexBusy(IndexUnavailable):
     """Another process holds the workspace's sync lock."""
+
+
+class IndexCorrupt(IndexUnavailable):
+    """The index file is not a database or is damaged; it is disposable, so a sync rebuilds it."""
 
 
 class ProtocolError(ClawmemError):

@@ -16,7 +16,7 @@ from typing import Any
 
 import apsw
 
-from clawmem.errors import IndexUnavailable
+from clawmem.errors import IndexCorrupt, IndexUnavailable
 
 __all__ = ["ChunkRow", "FileRow", "Store", "TextHit", "VectorHit"]
 
@@ -130,6 +130,8 @@ class Store:
                 self.conn.execute("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL")
             self.vec_loaded, self.vec_error = _load_sqlite_vec(self.conn)
             self._migrate()
+        except (apsw.NotADBError, apsw.CorruptError) as exc:
+            raise IndexCorrupt(f"index {path} is damaged: {exc}") from exc
         except apsw.Error as exc:
             raise IndexUnavailable(f"cannot open index {path}: {exc}") from exc
         self._depth = 0

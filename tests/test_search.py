@@ -3,10 +3,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings as hsettings
+from hypothesis import given
+from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from clawmem.config import SearchSettings, Settings, load_settings
+from clawmem.config import Settings, load_settings
 from clawmem.embeddings.fake import FakeProvider
 from clawmem.engine import MemoryIndex
 from clawmem.errors import QueryError
