@@ -336,7 +336,13 @@ class Daemon:
     # -- Backend (what the socket serves) ----------------------------------------------------
 
     def search(self, request: SearchRequest) -> dict[str, object]:
-        return self.index.search(request)
+        try:
+            return self.index.search(request)
+        except IndexUnavailable:
+            if not self.index.path.exists() and self.writer.state()["running"] in ("sync", "reindex"):
+                raise IndexUnavailable("the daemon is building this workspace's first index: try again shortly"
+                                       " (`clawmem status` shows progress)") from None
+            raise
 
     def get(self, path: str, start: int | None, lines: int | None) -> dict[str, object]:
         return self.index.get(path, start, lines)

@@ -26,11 +26,11 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-from clawmem.errors import ClawmemError, ConfigError
+from clawmem.errors import ClawmemError, ConfigError, IndexUnavailable
 from clawmem.search import SearchRequest
 
 __all__ = [
@@ -302,13 +302,21 @@ class RpcServer:
         self.max_connections = max_connections
         self._log = log
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="clawmem-query")
-        self.dispatcher = Dispatcher(backend, run_pooled=lambda fn: self._pool.submit(fn).result(), log=log)
+        self.dispatcher = Dispatcher(backend, run_pooled=self._run_pooled, log=log)
         self._wake_r, self._wake_w = os.pipe()
         self._lock = threading.Lock()
         self._connections: dict[socket.socket, threading.Thread] = {}
         self._accept_thread: threading.Thread | None = None
         self._closed = False
         self.served = 0
+
+    def _run_pooled(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return self._pool.submit(fn).result()
+        except (CancelledError, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and "shutdown" not in str(exc):
+                raise
+            raise IndexUnavailable("the daemon is shutting down") from None
 
     def start(self) -> None:
         self.listener.setblocking(False)

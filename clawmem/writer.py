@@ -264,10 +264,14 @@ class Writer:
         started = time.perf_counter()
         try:
             index = self._index()
+            # A rebuild that replaces a live index embeds before its swap, so searches keep their
+            # vectors throughout (the old index serves meanwhile); every other write is keyword-first.
+            replacing = _live_fingerprint(index)
             if kind == "sync":
-                run.report = index.sync(embed=False, progress=self._check_stop, paths=paths)
+                rebuild = replacing is not None and replacing != json.dumps(index.fingerprint(), sort_keys=True)
+                run.report = index.sync(embed=rebuild, progress=self._check_stop, paths=paths)
             elif kind == "reindex":
-                run.report = index.reindex(embed=False, progress=self._check_stop)
+                run.report = index.reindex(embed=replacing is not None, progress=self._check_stop)
             else:
                 self._embed(index, run)
         except _Cancelled:
@@ -335,6 +339,22 @@ class Writer:
             self._log.warning(run.kind, error=str(run.error), error_type=type(run.error).__name__, **fields)
         elif run.kind != "embed" or run.embedded or run.cancelled:
             self._log.info(run.kind, **fields)
+
+
+def _live_fingerprint(index: MemoryIndex) -> str | None:
+    """The fingerprint of the index file in place, or None when there is none yet."""
+    from clawmem.store import Store
+
+    if not index.path.exists():
+        return None
+    try:
+        store = Store(index.path, create=False)
+    except IndexUnavailable:
+        return None
+    try:
+        return store.get_meta("fingerprint") or ""
+    finally:
+        store.close()
 
 
 class _Backoff:

@@ -22,6 +22,7 @@ from daemon_helpers import (
     CLAWMEM,
     DEBOUNCE,
     RawClient,
+    RecordingLog,
     daemon_settings,
     running_daemon,
     search_paths,
@@ -35,7 +36,7 @@ from daemon_helpers import (
 from clawmem.client import DaemonClient
 from clawmem.config import Settings
 from clawmem.embeddings.fake import FakeProvider
-from clawmem.errors import IndexBusy
+from clawmem.errors import IndexBusy, IndexUnavailable
 from clawmem.search import SearchRequest
 from clawmem.store import Store
 
@@ -254,6 +255,32 @@ def test_new_notes_are_keyword_searchable_while_a_backlog_of_embeddings_waits(wo
         wait_until(lambda: client.status()["pending_embeddings"] == 0, WITHIN, message="the deferred embeddings")
         answer = client.search(SearchRequest("quokka escaped", mode="vector", min_score=0.0))
         assert "memory/urgent.md" in [r["path"] for r in answer["results"]]
+
+
+def test_queries_during_the_first_build_say_so(workspace: Path, dsettings: Settings) -> None:
+    from clawmem.daemon import Daemon
+
+    (workspace / "MEMORY.md").write_text("# Memory\nThe tapir.\n")
+    daemon = Daemon(dsettings, environ={}, log=RecordingLog())
+    gate = threading.Event()
+    checked = daemon.writer._check_stop
+
+    def held_progress(done: int, total: int) -> None:  # hold the first build until the test has asked
+        assert gate.wait(10)
+        checked(done, total)
+
+    daemon.writer._check_stop = held_progress  # type: ignore[method-assign]
+    daemon.start()
+    try:
+        with client_for(dsettings) as client:
+            wait_until(lambda: daemon.writer.state()["running"] == "sync", message="the first build")
+            with pytest.raises(IndexUnavailable, match="building this workspace's first index"):
+                client.search(SearchRequest("tapir"))
+            gate.set()
+            wait_until(lambda: finds(client, "tapir", "MEMORY.md"), message="the built index")
+    finally:
+        gate.set()
+        daemon.stop()
 
 
 def test_an_in_process_second_daemon_is_refused(workspace: Path, dsettings: Settings, tmp_path: Path,

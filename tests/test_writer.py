@@ -35,6 +35,7 @@ class StubIndex:
         self.committed = 0
         self.fail_with: Exception | None = None
         self.provider = None
+        self.path = Path("/nonexistent/clawmem-stub/index.sqlite")
         self.paths: list[frozenset[str] | None] = []
 
     def _walk(self, progress: Any) -> SyncReport:
@@ -214,6 +215,30 @@ def test_embeddings_are_deferred_and_retried_after_a_provider_failure(settings: 
         wait_until(lambda: index.status()["pending_embeddings"] == 0, message="the retried embedding pass")
         assert provider.documents_embedded == 2
         assert any(e.get("embedded") == 2 for e in log.events("embed"))
+    finally:
+        writer.stop(5)
+        index.close()
+
+
+def test_a_model_change_rebuilds_with_vectors_before_the_swap(settings: Settings, write: Any) -> None:
+    """Keyword-first is for new notes; a rebuild replacing a live index keeps searches' vectors."""
+    write("memory/a.md", "# A\nalpha beta\n")
+    MemoryIndex(settings, provider=FakeProvider(dims=16, model="old")).sync()
+    index = MemoryIndex(settings, provider=FakeProvider(dims=16, model="new"))
+    at_swap: list[object] = []
+
+    def on_run(run: Any) -> None:  # runs on the writer thread before it picks its next job
+        if run.kind == "sync":
+            at_swap.append(index.status()["pending_embeddings"])
+
+    writer = Writer(lambda: index, log=RecordingLog(), on_run=on_run)
+    writer.start()
+    try:
+        run = writer.wait_sync(writer.request_sync("reload"), timeout=20)
+        assert run.error is None
+        wait_until(lambda: at_swap, message="the sync report")
+        assert at_swap == [0]
+        assert index.status()["model"] == "new"
     finally:
         writer.stop(5)
         index.close()
