@@ -245,12 +245,21 @@ def status(as_json: bool, **kwargs: Any) -> None:
         if as_json:
             click.echo(json.dumps(data, ensure_ascii=False))
             return
-        for key, value in data.items():
-            if key == "fingerprint":
-                continue
-            click.echo(f"{key:>20}: {value}")
+        _print_fields(data)
 
     _run(action)
+
+
+def _print_fields(data: dict[str, Any], indent: int = 0) -> None:
+    """`key: value` lines, nested objects (the daemon's section) indented under their key."""
+    for key, value in data.items():
+        if key == "fingerprint":
+            continue
+        if isinstance(value, dict):
+            click.echo(f"{'':>{indent}}{key}:")
+            _print_fields(value, indent + 2)
+        else:
+            click.echo(f"{'':>{indent}}{key:<{22 - indent}} {value}")
 
 
 def main() -> None:

@@ -176,9 +176,11 @@ class MemoryIndex:
         """Embed what is pending (vectors follow the keyword rows), record the sync, close."""
         try:
             if embed and self.provider is not None:
-                report.embedded, report.embed_error = embed_pending(
+                embedded, error = embed_pending(
                     store, self.provider, cache_max_entries=self.settings.embedding.cache_max_entries,
                     progress=embed_progress)
+                report.embedded += embedded
+                report.embed_error = error
             store.set_meta("last_sync", json.dumps({"at": time.time(), "duration": report.duration}))
         finally:
             store.close()
