@@ -312,6 +312,7 @@ class MemoryIndex:
             "version": __version__,
             "workspace": str(self.settings.workspace),
             "index_path": str(self.path),
+            "socket": str(self.settings.socket_path),
             "files_on_disk": on_disk,
             "index_exists": self.path.exists(),
         }
