@@ -39,7 +39,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from generate import WORDS, generate  # noqa: E402
+from generate import VOCABULARY, WORDS, ZIPF, generate  # noqa: E402
 
 DEBOUNCE = 0.3
 FAKE_DIMS = 384
@@ -186,14 +186,19 @@ def edit_latency(workspace: Path, daemon: Daemon, trials: int = 12) -> dict[str,
             "each_ms": [(kind, round(x * 1000, 1)) for kind, x in zip(kinds, beyond, strict=True)]}
 
 
+def _query(rng: random.Random) -> str:
+    """A common domain word and one or two more drawn as the notes' own words are (Zipf)."""
+    return " ".join([rng.choice(WORDS), *rng.choices(VOCABULARY, weights=ZIPF, k=rng.choice((1, 2)))])
+
+
 def _client(path: str, mode: str, n: int, seed: int, out: Any) -> None:
     rng = random.Random(seed)
     conn = Conn(Path(path))
     for _ in range(10):  # warm-up: this thread's read connection, caches
-        conn.call("search", {"query": " ".join(rng.sample(WORDS, 2)), "mode": mode})
+        conn.call("search", {"query": _query(rng), "mode": mode})
     latencies = []
     for _ in range(n):
-        query = " ".join(rng.sample(WORDS, rng.choice((1, 2, 3))))
+        query = _query(rng)
         started = time.perf_counter()
         conn.call("search", {"query": query, "mode": mode})
         latencies.append(time.perf_counter() - started)

@@ -23,10 +23,24 @@ prompt context window summary note research paper benchmark dataset evaluation r
 garden recipe travel flight hotel train ticket passport birthday gift family friend doctor dentist gym
 """.split()
 PEOPLE = ["Dana", "Ravi", "Mei", "Tomás", "Aisha", "Jonas", "Priya", "Kenji", "Lena", "Omar"]
+SYLLABLES = "ka lo mi ne ru sa ti vo ze pa qui bre dra fli gno plu sto tra ven mor lin dax cor pel hum".split()
+
+
+def _vocabulary(size: int = 8000) -> list[str]:
+    """Common domain words first, then a long tail of made-up words: real notes follow Zipf's law."""
+    rng = random.Random(0)
+    tail: set[str] = set()
+    while len(tail) < size:
+        tail.add("".join(rng.choices(SYLLABLES, k=rng.randint(2, 4))))
+    return WORDS + sorted(tail)
+
+
+VOCABULARY = _vocabulary()
+ZIPF = [1.0 / (rank + 1) ** 1.05 for rank in range(len(VOCABULARY))]
 
 
 def sentence(rng: random.Random, lo: int = 6, hi: int = 16) -> str:
-    words = rng.choices(WORDS, k=rng.randint(lo, hi))
+    words = rng.choices(VOCABULARY, weights=ZIPF, k=rng.randint(lo, hi))
     words[0] = words[0].capitalize()
     return " ".join(words) + "."
 

@@ -1,3 +1,4 @@
 from clawmem.cli import main
 
-main()
+if __name__ == "__main__":  # chunking workers are spawned and re-import this module
+    main()

@@ -94,3 +94,14 @@ def test_every_command_has_help() -> None:
 def test_progress_bar_when_asked_for(ws: Path) -> None:
     out = clawmem("index", "--progress", cwd=ws)
     assert out.returncode == 0 and "indexing" in out.stderr
+
+
+def test_a_large_workspace_indexes_on_all_cores_from_python_m(tmp_path: Path) -> None:
+    """Chunking workers are spawned and re-import the main module: `python -m clawmem` must survive that."""
+    ws = tmp_path / "big"
+    for i in range(70):
+        (ws / "memory").mkdir(parents=True, exist_ok=True)
+        (ws / "memory" / f"n{i}.md").write_text(f"# Note {i}\n" + f"- line about topic {i} and more words\n" * 500)
+    out = clawmem("index", "--workspace", str(ws), "--index", str(tmp_path / "i.sqlite"))
+    assert out.returncode == 0, out.stderr
+    assert "70 added" in out.stderr
