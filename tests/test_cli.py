@@ -96,8 +96,8 @@ def test_progress_bar_when_asked_for(ws: Path) -> None:
     assert out.returncode == 0 and "indexing" in out.stderr
 
 
-def test_a_large_workspace_indexes_on_all_cores_from_python_m(tmp_path: Path) -> None:
-    """Chunking workers are spawned and re-import the main module: `python -m clawmem` must survive that."""
+def test_a_workspace_large_enough_for_parallel_chunking_indexes_from_the_cli(tmp_path: Path) -> None:
+    """Over 1 MB the chunker runs in spawned worker processes; the command must work end to end."""
     ws = tmp_path / "big"
     for i in range(70):
         (ws / "memory").mkdir(parents=True, exist_ok=True)
