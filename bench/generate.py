@@ -26,13 +26,19 @@ PEOPLE = ["Dana", "Ravi", "Mei", "Tomás", "Aisha", "Jonas", "Priya", "Kenji", "
 SYLLABLES = "ka lo mi ne ru sa ti vo ze pa qui bre dra fli gno plu sto tra ven mor lin dax cor pel hum".split()
 
 
+FUNCTION_WORDS = "the a to of and in is for on with that it was we this at be by from as are not".split()
+
+
 def _vocabulary(size: int = 8000) -> list[str]:
-    """Common domain words first, then a long tail of made-up words: real notes follow Zipf's law."""
+    """Zipf ranks as in real notes: function words, then domain words among a long tail of made-up words."""
     rng = random.Random(0)
     tail: set[str] = set()
     while len(tail) < size:
         tail.add("".join(rng.choices(SYLLABLES, k=rng.randint(2, 4))))
-    return WORDS + sorted(tail)
+    rest = WORDS + sorted(tail)
+    head, body = rest[:600], rest[600:]
+    rng.shuffle(head)
+    return FUNCTION_WORDS + head + body
 
 
 VOCABULARY = _vocabulary()
