@@ -44,6 +44,9 @@ MODES = {
 }
 
 
+SEARCH_OVERRIDES: dict[str, Any] = {}
+
+
 def open_index(workspace: Path, index: Path, model: str | None, mode: str) -> MemoryIndex:
     provider = "none" if mode == "bm25" else "local"
     overrides: dict[str, Any] = {"index": str(index), "embedding.provider": provider}
@@ -51,7 +54,7 @@ def open_index(workspace: Path, index: Path, model: str | None, mode: str) -> Me
         overrides["embedding.local_model"] = model
     settings: Settings = load_settings(workspace=workspace, overrides=overrides, environ={})
     search = {k: v for k, v in MODES[mode].items() if k != "mode"}
-    settings = with_overrides(settings, search={**search, "min_score": 0.0})
+    settings = with_overrides(settings, search={**search, **SEARCH_OVERRIDES, "min_score": 0.0})
     return MemoryIndex(settings, pending_files=lambda: 0)  # queries timed without the freshness scan
 
 
@@ -184,12 +187,15 @@ def main() -> None:
                         help="GGUF embedding model (default: clawmem's default local model, MiniLM converted to f16)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/clawmem-quality"))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "quality.json")
+    parser.add_argument("--vector-weight", type=float, help="weighted fusion: vector weight (text = 1 - it)")
     args = parser.parse_args()
+    if args.vector_weight is not None:
+        SEARCH_OVERRIDES.update(vector_weight=args.vector_weight, text_weight=1.0 - args.vector_weight)
     if not (SHARED / "bench").is_dir():
         raise SystemExit("the evaluation data (../shared/bench) is not beside this project")
     args.work.mkdir(parents=True, exist_ok=True)
     modes = args.modes.split(",")
-    out: dict[str, Any] = {"model": args.model}
+    out: dict[str, Any] = {"model": args.model, "search": SEARCH_OVERRIDES}
     for name in args.sets.split(","):
         print(f"{name}:", flush=True)
         runner = run_scifact if name == "scifact" else run_locomo
