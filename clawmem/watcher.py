@@ -1,5 +1,15 @@
 """File events → debounced "sync requested" signals for the daemon.
 
+Only what can hold memory is watched, because a workspace is often a code repository too: a
+recursive watch on it would spend an inotify watch on every folder of `.git`, `node_modules` or a
+build tree (exhausting the user's limit, or making the polling fallback stat them all) and wake the
+daemon for every build. The roots are the workspace itself, non-recursively (`MEMORY.md`, and
+`memory/` or an extra path appearing, vanishing or moving), `memory/` recursively when it is a real
+folder (never a symlink: the scanner does not follow them either), each extra folder recursively,
+and the parent of an extra file (or of an extra folder not there yet) non-recursively. When an
+event creates, deletes or moves a root or one of its parents, the worker thread re-schedules the
+roots before the sync that event asked for can fire; a periodic check catches what no event told.
+
 A signal carries the index keys of the memory files that changed, so the daemon can sync just
 those (one edit costs the same in a workspace of any size), or None when the watcher cannot know
 (a folder appeared, events were lost, a periodic check): then the daemon runs a full stat pass,
@@ -9,8 +19,9 @@ survivable as long as it is noticed:
 - an editor saving by rename shows up as a move whose destination is a memory file: it counts;
 - a directory created or moved inside `memory/` counts, since files may already be inside it;
 - an inotify queue overflow (watchdog >= 7 reports it only through its logger) asks for a sync;
-- running out of inotify watches or instances (at start, or when watchdog cannot rebuild its
-  watches after an overflow), or a dead observer thread, switches to a PollingObserver, logged;
+- running out of inotify watches or instances (at start, for a root that appears later, or when
+  watchdog cannot rebuild its watches after an overflow), or a dead observer thread, switches to
+  a PollingObserver over the same roots, logged;
 - a periodic safety sync (`rescan_interval`) catches anything missed by all of the above.
 
 Timing is a trailing debounce: a signal fires `debounce` seconds after the last relevant event,
@@ -20,9 +31,11 @@ indexed. The worker thread sleeps on a Condition until the next deadline: no bus
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,14 +46,16 @@ from typing import TYPE_CHECKING, Any
 from clawmem.workspace import MEMORY_DIR, SKIPPED_DIRS, is_memory_path
 
 if TYPE_CHECKING:
-    from watchdog.events import FileSystemEvent
-    from watchdog.observers.api import BaseObserver
+    from watchdog.events import FileSystemEvent, FileSystemEventHandler
+    from watchdog.observers.api import BaseObserver, ObservedWatch
 
 __all__ = ["Debounce", "WorkspaceWatcher"]
 
 # on_sync(reason, paths): paths are index keys, or None for "anything may have changed: full pass".
 SyncCallback = Callable[[str, frozenset[str] | None], object]
 ObserverFactory = Callable[[], "BaseObserver"]
+# A watched root: (absolute directory, recursive).
+RootKey = tuple[str, bool]
 
 # Errors that mean "this kernel will not give us (more) inotify watches": fall back to polling.
 WATCH_LIMIT_ERRNOS = frozenset({errno.ENOSPC, errno.EMFILE, errno.ENFILE, errno.ENOMEM})
@@ -48,6 +63,8 @@ HEALTH_INTERVAL = 30.0
 # Event types that are not changes: watchdog >= 5 reports opens and read-only closes, and our own
 # sync reads every changed file, so counting them would make each sync trigger the next.
 _IGNORED_EVENTS = frozenset({"opened", "closed_no_write"})
+# Event types that can make a root appear, vanish or move.
+_ROOT_EVENTS = frozenset({"created", "deleted", "moved"})
 _WATCHDOG_LOGGER = "watchdog.observers"
 
 
@@ -75,12 +92,25 @@ class Debounce:
         self.first = self.last = None
 
 
+@dataclass(frozen=True)
+class _Root:
+    """A scheduled watch and the folder it was scheduled on: a new inode there means a new folder."""
+
+    watch: ObservedWatch
+    identity: tuple[int, int]
+
+
 class WorkspaceWatcher:
     """Watches one workspace and calls `on_sync(reason, paths)` when the index should be brought up to date.
 
     `on_sync` runs on the watcher's own thread and should only hand the request over (the daemon
-    queues it for its writer thread). Reasons: "change", "overflow", "fallback", "rescan", joined
-    with "+" when several are pending at once.
+    queues it for its writer thread). Reasons: "change", "overflow", "fallback", "rescan", "roots"
+    (a watched folder appeared or was replaced without an event saying so), joined with "+" when
+    several are pending at once.
+
+    Watches are only ever scheduled or removed on the worker thread (or in `start`/`stop`, when it
+    is not running): the event handler runs with the observer's lock held, so scheduling from there
+    or under a lock of ours the handler also takes could deadlock.
     """
 
     def __init__(self, workspace: Path, on_sync: SyncCallback, *, extra_paths: Sequence[str] = (),
@@ -97,6 +127,8 @@ class WorkspaceWatcher:
         self._polling_factory = polling_factory or (lambda: _polling_observer(polling_interval))
         self._log = log or _NullLog()
         self._rel_extras, self._abs_extras = _split_extras(self.workspace, extra_paths)
+        self._memory_root = os.path.join(self.workspace, MEMORY_DIR)
+        self._extra_roots = tuple(os.path.normpath(self.workspace / e) for e in self._rel_extras) + self._abs_extras
         self._debounce = Debounce(debounce, max_delay)
         self._cond = threading.Condition()
         self._reasons: set[str] = set()
@@ -104,8 +136,12 @@ class WorkspaceWatcher:
         self._full = False
         self._stopping = False
         self._fallback_reason: str | None = None
+        self._roots_due: frozenset[str] | None = None
         self._last_fire = time.monotonic()
         self._observer: BaseObserver | None = None
+        self._handler: FileSystemEventHandler | None = None
+        self._scheduled: dict[RootKey, _Root] = {}
+        self._unwatchable: set[RootKey] = set()
         self._thread: threading.Thread | None = None
         self._tap = _OverflowTap(self._on_overflow, self._on_watch_failure)
         self.mode = "stopped"
@@ -118,7 +154,7 @@ class WorkspaceWatcher:
         logging.getLogger(_WATCHDOG_LOGGER).addHandler(self._tap)
         _ensure_warnings_reach(logging.getLogger(_WATCHDOG_LOGGER))
         try:
-            self._observer = self._start_observer(self._observer_factory)
+            self._start_observer(self._observer_factory)
             self.mode = "inotify" if "Inotify" in type(self._observer).__name__ else "native"
         except OSError as exc:
             if exc.errno not in WATCH_LIMIT_ERRNOS:
@@ -126,12 +162,13 @@ class WorkspaceWatcher:
                 raise
             self._log.warning("watch_limit", error=str(exc), action="polling fallback and full rescan",
                               hint="raise fs.inotify.max_user_watches / max_user_instances")
-            self._observer = self._start_observer(self._polling_factory)
+            self._start_observer(self._polling_factory)
             self.mode = "polling"
             self.request("fallback")
         self._thread = threading.Thread(target=self._run, name="clawmem-watcher", daemon=True)
         self._thread.start()
-        self._log.info("watching", workspace=str(self.workspace), mode=self.mode)
+        self._log.info("watching", workspace=str(self.workspace), mode=self.mode,
+                       roots=sorted(path for path, _ in self._scheduled))
 
     def stop(self) -> None:
         with self._cond:
@@ -164,6 +201,10 @@ class WorkspaceWatcher:
                 return None
             return frozenset(self._paths)
 
+    def roots(self) -> frozenset[RootKey]:
+        """The folders watched now, as (path, recursive)."""
+        return frozenset(self._scheduled)
+
     # -- events ------------------------------------------------------------------------------
 
     def relevant(self, event: FileSystemEvent) -> bool:
@@ -176,14 +217,9 @@ class WorkspaceWatcher:
             return frozenset()
         if event.is_directory and event.event_type == "modified":
             return frozenset()  # a directory's mtime moves with every child: the child's own event counts
-        paths = [event.src_path]
-        if event.event_type == "moved":
-            paths.append(event.dest_path)
         keys: set[str] = set()
-        for raw in paths:
-            if not raw:
-                continue
-            key = self._key(os.fsdecode(raw), event.is_directory)
+        for raw in _event_paths(event):
+            key = self._key(raw, event.is_directory)
             if key is None:
                 return None
             keys.update(key)
@@ -201,13 +237,27 @@ class WorkspaceWatcher:
             return None if _memory_dir(rel, self._rel_extras) else frozenset()
         return frozenset({rel}) if is_memory_path(rel, self._rel_extras) else frozenset()
 
+    def _touched_roots(self, event: FileSystemEvent) -> frozenset[str]:
+        """The paths of an event that are a memory root or one of its parents (the roots to redo)."""
+        if event.event_type not in _ROOT_EVENTS:
+            return frozenset()
+        candidates = (self._memory_root, *self._extra_roots)
+        return frozenset(path for path in _event_paths(event) if any(_within(c, path) for c in candidates))
+
     def _on_event(self, event: FileSystemEvent) -> None:
+        touched = self._touched_roots(event)
+        if touched:
+            with self._cond:
+                self._roots_due = touched | (self._roots_due or frozenset())
+                self._cond.notify_all()
         keys = self.affected(event)
         if keys is None or keys:
             self.request("change", keys)
 
     def _on_overflow(self) -> None:
         self._log.warning("inotify_overflow", action="full rescan")
+        with self._cond:
+            self._roots_due = self._roots_due or frozenset()  # a root may have come or gone unseen
         self.request("overflow", None)
 
     def _on_watch_failure(self) -> None:
@@ -223,17 +273,22 @@ class WorkspaceWatcher:
             fallback: str | None = None
             reason: str | None = None
             paths: frozenset[str] | None = None
+            roots: frozenset[str] | None = None
+            health = False
             with self._cond:
                 while not self._stopping:
                     now = time.monotonic()
                     if self._fallback_reason is not None:
                         fallback, self._fallback_reason = self._fallback_reason, None
                         break
+                    if self._roots_due is not None:
+                        # Before any sync fires: the pass an event asked for must run on the new watches.
+                        roots, self._roots_due = self._roots_due, None
+                        break
                     if now >= next_health:
                         next_health = now + self.health_interval
-                        fallback = self._health_problem()
-                        if fallback is not None:
-                            break
+                        health = True
+                        break
                     due = self._debounce.due()
                     if due is not None and now >= due:
                         reason = "+".join(sorted(self._reasons)) or "change"
@@ -258,8 +313,14 @@ class WorkspaceWatcher:
                 if reason is not None:
                     self._last_fire = time.monotonic()
                     self.signals += 1
+            if health:
+                fallback = self._health_problem()
+                if fallback is None:
+                    roots = frozenset()
             if fallback is not None:
                 self._fall_back(fallback)
+            elif roots is not None:
+                self._refresh_roots(roots)
             elif reason is not None:
                 try:
                     self.on_sync(reason, paths)
@@ -268,48 +329,123 @@ class WorkspaceWatcher:
 
     def _health_problem(self) -> str | None:
         observer = self._observer
-        if observer is None or self.mode == "polling":
+        if observer is None:
             return None
-        if not observer.is_alive() or not all(e.is_alive() for e in observer.emitters):
+        if not observer.is_alive():
             return "the observer thread died"
         return None
+
+    def _refresh_roots(self, touched: frozenset[str]) -> None:
+        """Re-schedule the roots; a new or replaced folder may hold files no event named: a full pass."""
+        try:
+            changed = self._reconcile(touched)
+        except OSError as exc:  # only watch-limit errors get here
+            self._fall_back(f"no watch for a memory folder: {exc}")
+            return
+        if changed:
+            self.request("roots", None)
 
     def _fall_back(self, why: str) -> None:
         self._log.warning("watcher_fallback", reason=why, action="polling fallback and full rescan")
         self._stop_observer()
         try:
-            self._observer = self._start_observer(self._polling_factory)
+            self._start_observer(self._polling_factory)
             self.mode = "polling"
         except OSError as exc:
-            self._observer = None
             self.mode = "rescan-only"
             self._log.error("watcher_failed", error=str(exc), action="periodic rescans only")
         self.request("fallback")
 
-    # -- observers ---------------------------------------------------------------------------
+    # -- observers and roots -----------------------------------------------------------------
 
-    def _start_observer(self, factory: ObserverFactory) -> BaseObserver:
+    def _start_observer(self, factory: ObserverFactory) -> None:
         from watchdog.events import FileSystemEventHandler
 
-        handler = FileSystemEventHandler()
-        handler.on_any_event = self._on_event  # type: ignore[method-assign]
+        if self._handler is None:
+            self._handler = FileSystemEventHandler()
+            self._handler.on_any_event = self._on_event  # type: ignore[method-assign]
+        os.stat(self.workspace)  # a missing workspace is an error, not a quiet watch on nothing
         observer = factory()
+        self._observer = observer
+        self._scheduled = {}
         try:
-            observer.schedule(handler, str(self.workspace), recursive=True)
-            for extra in self._abs_extras:
-                target = extra if os.path.isdir(extra) else os.path.dirname(extra)
-                if os.path.isdir(target):
-                    observer.schedule(handler, target, recursive=os.path.isdir(extra))
             observer.start()
+            self._reconcile(frozenset(), strict=True)
         except BaseException:
-            _stop_quietly(observer)
+            self._stop_observer()
             raise
-        return observer
 
     def _stop_observer(self) -> None:
         observer, self._observer = self._observer, None
+        self._scheduled = {}
         if observer is not None:
             _stop_quietly(observer)
+
+    def _wanted(self) -> dict[RootKey, tuple[int, int]]:
+        """The roots that exist now as real folders, each with its (device, inode)."""
+        found: dict[RootKey, tuple[int, int]] = {}
+        workspace = _dir_identity(str(self.workspace), follow=True)  # it may be given through a symlink
+        if workspace is not None:
+            found[(str(self.workspace), False)] = workspace
+        candidates: list[RootKey] = [(self._memory_root, True)]
+        for extra in self._extra_roots:
+            if _dir_identity(extra) is not None:
+                candidates.append((extra, True))
+            else:  # a single file, or a folder not there yet: its parent sees it come
+                candidates.append((os.path.dirname(extra), False))
+        for key in candidates:
+            identity = _dir_identity(key[0])
+            if identity is not None:
+                found[key] = identity
+        recursive = [path for path, rec in found if rec]
+        return {key: identity for key, identity in found.items()
+                if not any(_within(key[0], outer) and (outer, True) != key for outer in recursive)}
+
+    def _reconcile(self, touched: frozenset[str], *, strict: bool = False) -> bool:
+        """Make the scheduled watches match the roots on disk; True if any watch was added or removed.
+
+        A root is re-scheduled when its folder is gone or is another folder now (deleted and made
+        again, or moved away and another moved in: an inotify watch follows the old inode), when
+        its emitter stopped (watchdog stops it when the folder is deleted), or when an event
+        touched it or a parent (`touched`), because a reused inode number would hide the swap.
+        Watch-limit errors propagate (the caller falls back to polling), as does any error on the
+        workspace itself when `strict`; other failures leave that root to the periodic rescans.
+        """
+        observer, handler = self._observer, self._handler
+        if observer is None or handler is None:
+            return False
+        wanted = self._wanted()
+        alive = {emitter.watch for emitter in list(observer.emitters) if emitter.is_alive()}
+        scheduled = dict(self._scheduled)  # published whole, so `roots()` may read it from any thread
+        changed = False
+        try:
+            for key, root in list(scheduled.items()):
+                if (wanted.get(key) == root.identity and root.watch in alive
+                        and not any(_within(key[0], path) for path in touched)):
+                    continue
+                del scheduled[key]
+                with contextlib.suppress(KeyError):  # already gone with the observer's own clean-up
+                    observer.unschedule(root.watch)
+                changed = True
+            for key, identity in wanted.items():
+                if key in scheduled:
+                    continue
+                path, recursive = key
+                try:
+                    watch = observer.schedule(handler, path, recursive=recursive)
+                except OSError as exc:
+                    if exc.errno in WATCH_LIMIT_ERRNOS or (strict and path == str(self.workspace)):
+                        raise
+                    if exc.errno not in (errno.ENOENT, errno.ENOTDIR) and key not in self._unwatchable:
+                        self._unwatchable.add(key)  # warned once, retried on every check
+                        self._log.warning("watch_failed", path=path, error=str(exc), action="periodic rescans")
+                    continue
+                self._unwatchable.discard(key)
+                scheduled[key] = _Root(watch, identity)
+                changed = True
+        finally:
+            self._scheduled = scheduled
+        return changed
 
 
 class _OverflowTap(logging.Handler):
@@ -345,9 +481,10 @@ def _default_observer() -> BaseObserver:
 
 
 def _polling_observer(interval: float) -> BaseObserver:
-    from watchdog.observers.polling import PollingObserver
+    """Polls with lstat: `PollingObserver` uses stat and would walk into symlinked folders the scanner skips."""
+    from watchdog.observers.polling import PollingObserverVFS
 
-    return PollingObserver(timeout=interval)
+    return PollingObserverVFS(os.lstat, os.scandir, polling_interval=interval)
 
 
 def _stop_quietly(observer: BaseObserver) -> None:
@@ -357,6 +494,26 @@ def _stop_quietly(observer: BaseObserver) -> None:
             observer.join(timeout=5.0)
     except (RuntimeError, OSError):  # a half-started observer may refuse to stop; it holds nothing we need
         return
+
+
+def _event_paths(event: FileSystemEvent) -> list[str]:
+    paths = [event.src_path]
+    if event.event_type == "moved":
+        paths.append(event.dest_path)
+    return [os.fsdecode(p) for p in paths if p]
+
+
+def _dir_identity(path: str, *, follow: bool = False) -> tuple[int, int] | None:
+    """(device, inode) of a folder, else None; a symlink counts only with `follow`."""
+    try:
+        st = os.stat(path) if follow else os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
+def _within(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip(os.sep) + os.sep)
 
 
 def _split_extras(workspace: Path, extra_paths: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +28,7 @@ from watchdog.events import (
     FileOpenedEvent,
 )
 from watchdog.observers import Observer
-from watchdog.observers.polling import PollingObserver
+from watchdog.observers.polling import PollingObserver, PollingObserverVFS
 
 from clawmem.watcher import Debounce, WorkspaceWatcher
 
@@ -336,5 +338,287 @@ def test_a_dead_observer_is_replaced_by_polling(workspace: Path, signals: Signal
         observer.join()
         assert signals.wait_new(0) == "fallback"
         assert watcher.mode == "polling"
+    finally:
+        watcher.stop()
+
+
+# -- only memory is watched -------------------------------------------------------------------
+
+
+class CountingWatcher(WorkspaceWatcher):
+    """Keeps every event the observer delivers, before any filtering."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[str] = []
+        self._seen_lock = threading.Lock()
+
+    def _on_event(self, event: Any) -> None:
+        with self._seen_lock:
+            self.seen.extend(os.fsdecode(p) for p in (event.src_path, getattr(event, "dest_path", "")) if p)
+        super()._on_event(event)
+
+    def seen_under(self, folder: Path) -> list[str]:
+        with self._seen_lock:
+            return [p for p in self.seen if p.startswith(f"{folder}{os.sep}")]
+
+
+def _folders(root: Path, width: int = 15, depth: int = 2) -> int:
+    """A tree of width**depth leaf folders (a stand-in for node_modules or .git); returns how many folders."""
+    made = 0
+    level = [root]
+    for _ in range(depth):
+        level = [parent / f"d{i}" for parent in level for i in range(width)]
+        for folder in level:
+            folder.mkdir(parents=True)
+            made += 1
+    return made
+
+
+def _inotify_watches() -> int:
+    """Inotify watches this process holds, as the kernel counts them (one `inotify wd:` line each)."""
+    total = 0
+    for fd in os.listdir("/proc/self/fdinfo"):
+        try:
+            text = Path("/proc/self/fdinfo", fd).read_text()
+        except OSError:
+            continue
+        total += sum(line.startswith("inotify wd:") for line in text.splitlines())
+    return total
+
+
+def _scheduled(watcher: WorkspaceWatcher) -> set[tuple[str, bool]]:
+    observer = watcher._observer
+    assert observer is not None
+    return {(str(e.watch.path), e.watch.is_recursive) for e in observer.emitters}
+
+
+def _signalled_by_event(signals: Signals, note: Path, key: str, attempts: int = 4) -> None:
+    """Write `note` until a signal names `key` itself: a full pass would find it anyway, only an event names it.
+
+    A write may coalesce with a full pass already pending (a folder just made): then it is written again.
+    """
+    start = signals.count()
+
+    def named() -> bool:
+        return any(p is not None and key in p for p in signals.paths[start:])
+
+    for i in range(attempts):
+        n = signals.count()
+        note.write_text(f"revision {i}\n")
+        signals.wait_new(n, timeout=DEBOUNCE + 5)  # no signal at all: the write was not seen
+        if not named():
+            signals.quiet_for(n + 1, DEBOUNCE * 3)  # the write's own signal may follow a pending one
+        if named():
+            return
+    raise AssertionError(f"no signal named {key}: only full passes, so {note.parent} is not watched")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts inotify watches in /proc")
+def test_code_trees_in_the_workspace_cost_no_watches_and_no_events(workspace: Path, signals: Signals) -> None:
+    folders = _folders(workspace / "node_modules") + _folders(workspace / ".git" / "objects")
+    (workspace / "memory" / "projects").mkdir()
+    before = _inotify_watches()
+    watcher = CountingWatcher(workspace, signals, debounce=DEBOUNCE, max_delay=1.0, rescan_interval=0)
+    watcher.start()
+    try:
+        assert watcher.mode == "inotify"
+        ws = str(workspace)
+        assert _scheduled(watcher) == {(ws, False), (f"{ws}/memory", True)}
+        assert watcher.roots() == {(ws, False), (f"{ws}/memory", True)}
+        # The root, memory/ and memory/projects: not one watch per folder of the code trees.
+        assert _inotify_watches() - before == 3, f"{folders} folders in the code trees"
+        (workspace / "node_modules" / "d3" / "d4" / "index.js").write_text("x\n")
+        (workspace / "node_modules" / "d1" / "README.md").write_text("x\n")
+        (workspace / ".git" / "objects" / "d2" / "d7" / "ab12").write_bytes(b"x")
+        (workspace / "memory" / "projects" / "note.md").write_text("x\n")
+        signals.wait_new(0)
+        assert signals.paths == [frozenset({"memory/projects/note.md"})]
+        assert watcher.seen_under(workspace / "node_modules") == []
+        assert watcher.seen_under(workspace / ".git") == []
+    finally:
+        watcher.stop()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts inotify watches in /proc")
+def test_a_symlinked_memory_folder_is_not_followed(workspace: Path, tmp_path: Path, signals: Signals) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    _folders(elsewhere, width=10, depth=2)
+    (workspace / "memory").rmdir()
+    (workspace / "memory").symlink_to(elsewhere, target_is_directory=True)
+    before = _inotify_watches()
+    watcher = WorkspaceWatcher(workspace, signals, debounce=DEBOUNCE, max_delay=1.0, rescan_interval=0)
+    watcher.start()
+    try:
+        assert watcher.roots() == {(str(workspace), False)}
+        assert _inotify_watches() - before == 1
+        (elsewhere / "d1" / "outside.md").write_text("x\n")
+        assert signals.quiet_for(0, DEBOUNCE * 4)
+    finally:
+        watcher.stop()
+
+
+def test_memory_created_after_start_is_watched(workspace: Path, signals: Signals) -> None:
+    (workspace / "memory").rmdir()
+    watcher = WorkspaceWatcher(workspace, signals, debounce=DEBOUNCE, max_delay=1.0, rescan_interval=0)
+    watcher.start()
+    try:
+        assert watcher.roots() == {(str(workspace), False)}
+        (workspace / "memory").mkdir()
+        signals.wait_new(0)
+        assert signals.paths[0] is None  # what the new folder holds is unknown: a full pass
+        _signalled_by_event(signals, workspace / "memory" / "note.md", "memory/note.md")
+        (workspace / "memory" / "deep").mkdir()
+        _signalled_by_event(signals, workspace / "memory" / "deep" / "er.md", "memory/deep/er.md")  # recursive
+    finally:
+        watcher.stop()
+
+
+def test_memory_renamed_into_place_is_watched(workspace: Path, signals: Signals) -> None:
+    (workspace / "memory").rmdir()
+    staging = workspace / "staging"
+    (staging / "sub").mkdir(parents=True)
+    (staging / "sub" / "old.md").write_text("x\n")
+    watcher = WorkspaceWatcher(workspace, signals, debounce=DEBOUNCE, max_delay=1.0, rescan_interval=0)
+    watcher.start()
+    try:
+        os.rename(staging, workspace / "memory")
+        signals.wait_new(0)
+        assert signals.paths[0] is None  # its files were never announced
+        _signalled_by_event(signals, workspace / "memory" / "sub" / "old.md", "memory/sub/old.md")
+    finally:
+        watcher.stop()
+
+
+def test_memory_removed_and_recreated_is_watched_again(workspace: Path, signals: Signals) -> None:
+    (workspace / "memory" / "a" / "b").mkdir(parents=True)
+    (workspace / "memory" / "a" / "b" / "x.md").write_text("x\n")
+    # Frequent health checks: the emitter watchdog stops with the folder must not look like a dead observer.
+    watcher = WorkspaceWatcher(workspace, signals, debounce=DEBOUNCE, max_delay=1.0, rescan_interval=0,
+                               health_interval=0.05, log=RecordingLog())
+    watcher.start()
+    try:
+        for _ in range(3):
+            n = signals.count()
+            shutil.rmtree(workspace / "memory")
+            signals.wait_new(n)
+            assert signals.paths[-1] is None
+            wait_until(lambda: (str(workspace / "memory"), True) not in watcher.roots(), message="memory/ unwatched")
+            n = signals.count()
+            (workspace / "memory" / "a").mkdir(parents=True)
+            signals.wait_new(n)
+            _signalled_by_event(signals, workspace / "memory" / "a" / "new.md", "memory/a/new.md")
+        assert watcher.mode == "inotify"
+    finally:
+        watcher.stop()
+
+
+def test_memory_moved_away_is_no_longer_watched(workspace: Path, watched: WorkspaceWatcher,
+                                                signals: Signals) -> None:
+    # An inotify watch follows the folder: left in place it would report archive/ files as memory/ ones.
+    (workspace / "memory" / "x.md").write_text("x\n")
+    signals.wait_new(0)
+    n = signals.count()
+    os.rename(workspace / "memory", workspace / "archive")
+    signals.wait_new(n)
+    assert signals.paths[n] is None
+    (workspace / "archive" / "x.md").write_text("changed in the archive\n")
+    (workspace / "archive" / "y.md").write_text("new in the archive\n")
+    _signalled_by_event(signals, workspace / "MEMORY.md", "MEMORY.md")
+    assert [p for p in signals.paths[n:] if p is not None and p - {"MEMORY.md"}] == []
+    os.rename(workspace / "archive", workspace / "memory")
+    _signalled_by_event(signals, workspace / "memory" / "y.md", "memory/y.md")
+
+
+def test_extra_paths_are_watched_as_their_own_roots(workspace: Path, tmp_path: Path, signals: Signals) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (workspace / "docs" / "build").mkdir(parents=True)
+    watcher = WorkspaceWatcher(workspace, signals, extra_paths=("notes", "docs/guide.md", "later/inbox", str(outside)),
+                               debounce=DEBOUNCE, max_delay=1.0, rescan_interval=0)
+    watcher.start()
+    try:
+        ws = str(workspace)
+        (workspace / "notes").mkdir()  # an extra folder that appears after start
+        signals.wait_new(0)
+        assert watcher.roots() == {(ws, False), (f"{ws}/memory", True), (f"{ws}/notes", True),
+                                   (f"{ws}/docs", False), (str(outside), True)}
+        _signalled_by_event(signals, workspace / "notes" / "a.md", "notes/a.md")
+        _signalled_by_event(signals, workspace / "docs" / "guide.md", "docs/guide.md")
+        n = signals.count()
+        (workspace / "docs" / "build" / "page.md").write_text("x\n")  # the file's folder is not watched below
+        (workspace / "docs" / "other.md").write_text("x\n")  # nor any other file in it
+        assert signals.quiet_for(n, DEBOUNCE * 4)
+        (outside / "b.md").write_text("x\n")
+        signals.wait_new(n)
+        assert signals.paths[n] is None  # outside the workspace: keyed by absolute path, a full pass
+        # A nested extra folder appears below a folder made after start: its parent is scheduled in turn.
+        (workspace / "later" / "inbox").mkdir(parents=True)
+        wait_until(lambda: (f"{ws}/later/inbox", True) in watcher.roots(), message="later/inbox watched")
+        _signalled_by_event(signals, workspace / "later" / "inbox" / "c.md", "later/inbox/c.md")
+    finally:
+        watcher.stop()
+
+
+class _CountingFS:
+    """lstat and scandir that remember every path they were asked about (what a poll costs)."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self._lock = threading.Lock()
+
+    def lstat(self, path: Any) -> os.stat_result:
+        with self._lock:
+            self.paths.append(os.fsdecode(path))
+        return os.lstat(path)
+
+    def scandir(self, path: Any) -> Any:
+        with self._lock:
+            self.paths.append(os.fsdecode(path))
+        return os.scandir(path)
+
+    def under(self, folder: Path) -> list[str]:
+        with self._lock:
+            return [p for p in self.paths if p.startswith(f"{folder}{os.sep}")]
+
+
+def test_the_polling_fallback_only_walks_memory_roots(workspace: Path, signals: Signals) -> None:
+    _folders(workspace / "node_modules")
+    fs = _CountingFS()
+    watcher = WorkspaceWatcher(workspace, signals, debounce=DEBOUNCE, max_delay=1.0, rescan_interval=0,
+                               observer_factory=_ExhaustedObserver,
+                               polling_factory=lambda: PollingObserverVFS(fs.lstat, fs.scandir, polling_interval=0.05),
+                               log=RecordingLog())
+    watcher.start()
+    try:
+        assert watcher.mode == "polling"
+        assert signals.wait_new(0) == "fallback"
+        _signalled_by_event(signals, workspace / "memory" / "note.md", "memory/note.md")
+        assert str(workspace / "node_modules") in fs.paths  # the root is polled (one stat for the folder)...
+        assert fs.under(workspace / "node_modules") == []  # ...but never walked
+        # memory/ removed while polling, then made again: the new folder is polled in turn.
+        shutil.rmtree(workspace / "memory")
+        wait_until(lambda: (str(workspace / "memory"), True) not in watcher.roots(), message="memory/ unwatched")
+        (workspace / "memory").mkdir()
+        _signalled_by_event(signals, workspace / "memory" / "again.md", "memory/again.md")
+        assert fs.under(workspace / "node_modules") == []
+        assert watcher.mode == "polling"
+    finally:
+        watcher.stop()
+
+
+def test_the_default_polling_fallback_does_not_follow_symlinks(workspace: Path, tmp_path: Path,
+                                                               signals: Signals) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (workspace / "memory" / "linked").symlink_to(elsewhere, target_is_directory=True)
+    watcher = WorkspaceWatcher(workspace, signals, debounce=DEBOUNCE, max_delay=1.0, rescan_interval=0,
+                               observer_factory=_ExhaustedObserver, polling_interval=0.05, log=RecordingLog())
+    watcher.start()
+    try:
+        assert signals.wait_new(0) == "fallback"
+        (elsewhere / "outside.md").write_text("x\n")
+        _signalled_by_event(signals, workspace / "MEMORY.md", "MEMORY.md")
+        assert not any(p is not None and "memory/linked/outside.md" in p for p in signals.paths)
     finally:
         watcher.stop()
