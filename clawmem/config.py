@@ -81,8 +81,8 @@ class SearchSettings:
     min_score: float = 0.35
     candidate_multiplier: int = 4
     fusion: str = "weighted"
-    vector_weight: float = 0.7
-    text_weight: float = 0.3
+    vector_weight: float = 0.6
+    text_weight: float = 0.4
     rrf_k: int = 60
     snippet_chars: int = 700
 
