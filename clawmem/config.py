@@ -78,7 +78,7 @@ class EmbeddingSettings:
 class SearchSettings:
     mode: str = "hybrid"
     max_results: int = 6
-    min_score: float = 0.35
+    min_score: float = 0.3
     candidate_multiplier: int = 4
     fusion: str = "weighted"
     vector_weight: float = 0.6

@@ -66,3 +66,14 @@ def template_workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "starter"
     list(copy_template(ws))
     return ws
+
+
+@pytest.fixture(scope="session")
+def local_provider(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The real default local model (MiniLM), made as a user's first run makes it: converted, no network."""
+    from clawmem.config import EmbeddingSettings
+    from clawmem.embeddings.local import LocalProvider
+    from clawmem.embeddings.models import ensure_local_model
+
+    path = ensure_local_model(EmbeddingSettings(), tmp_path_factory.mktemp("models"))
+    return LocalProvider(EmbeddingSettings(), path)

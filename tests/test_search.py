@@ -181,3 +181,29 @@ def test_a_keyword_only_index_does_not_load_a_provider(settings: Settings, write
     provider = FakeProvider()
     answer = MemoryIndex(settings, provider=provider).search(SearchRequest("alpha"))
     assert provider.query_calls == 0 and answer["results"]
+
+
+COMMITS = [("a828e60", "landed"), ("a828e61", "was reverted"), ("a828f60", "shipped"), ("b828e60", "broke the build"),
+           ("a829e60", "was cherry-picked"), ("a828e6f", "went to staging"), ("e828a60", "fixed the cache"),
+           ("a828e06", "changed the schema")]
+
+
+def test_with_the_real_model_hybrid_finds_what_each_half_misses(settings: Settings, write, local_provider) -> None:
+    """Keyword search misses a paraphrase, MiniLM confuses near-identical commit ids; hybrid gets both right."""
+    write("memory/car.md", "# Garage\nThe automobile needs new tyres before winter.\n")
+    for i, (commit, what) in enumerate(COMMITS):
+        write(f"memory/commit-{i}.md", f"# Release note {i}\nCommit {commit} {what} yesterday.\n")
+    for i, text in enumerate(["Bought tomatoes and basil at the market.", "The design review moved to Thursday.",
+                              "Renew the passport before March.", "Dana prefers short status updates."]):
+        write(f"memory/misc-{i}.md", f"# Note {i}\n{text}\n")
+    index = MemoryIndex(settings, provider=local_provider)
+    index.sync()
+
+    def top(query: str, mode: str) -> str | None:
+        results = answer(index, query, mode=mode)
+        return results[0]["path"] if results else None
+
+    assert top("car tires", "bm25") is None
+    assert top("car tires", "hybrid") == "memory/car.md"
+    assert top("a828e60", "vector") != "memory/commit-0.md"
+    assert top("a828e60", "hybrid") == "memory/commit-0.md"
