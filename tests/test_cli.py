@@ -95,13 +95,3 @@ def test_progress_bar_when_asked_for(ws: Path) -> None:
     out = clawmem("index", "--progress", cwd=ws)
     assert out.returncode == 0 and "indexing" in out.stderr
 
-
-def test_a_workspace_large_enough_for_parallel_chunking_indexes_from_the_cli(tmp_path: Path) -> None:
-    """Over 1 MB the chunker runs in spawned worker processes; the command must work end to end."""
-    ws = tmp_path / "big"
-    for i in range(70):
-        (ws / "memory").mkdir(parents=True, exist_ok=True)
-        (ws / "memory" / f"n{i}.md").write_text(f"# Note {i}\n" + f"- line about topic {i} and more words\n" * 500)
-    out = clawmem("index", "--workspace", str(ws), "--index", str(tmp_path / "i.sqlite"))
-    assert out.returncode == 0, out.stderr
-    assert "70 added" in out.stderr
