@@ -8,7 +8,11 @@ the one way to group writes, nesting as savepoints.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
+import operator
 import time
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +24,15 @@ from clawmem.errors import IndexCorrupt, IndexUnavailable
 
 __all__ = ["ChunkRow", "FileRow", "Store", "TextHit", "VectorHit"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: float32 vectors in a plain table, sign bits in a partitioned vec0 table
+
+VECTOR_PARTITIONS = 32
+OVERSAMPLE = 32  # hamming candidates per wanted hit: recall@k >= 99% on MiniLM SciFact vectors (bench_vectors.py)
+MIN_CANDIDATES = 384
+PREFIX_SCAN_ROWS = 8192  # a path prefix over at most this many chunks is ranked exactly (~1.6 us a vector)
+PREFIX_WIDEN = 4  # at most this many times the candidates to find enough under a prefix, else rank it exactly
+_KNN_MAX_K = 4096  # sqlite-vec refuses a larger k
+_BITS_STALE = "vector_bits_stale"  # meta key: vectors were written without sqlite-vec, the bits miss them
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +64,15 @@ class TextHit:
     end_line: int
     text: str
     bm25: float
+
+
+@dataclass(frozen=True, slots=True)
+class _VectorLayout:
+    readable: bool  # chunks_vec exists and can be read (a schema-1 vec0 table needs sqlite-vec)
+    legacy: bool  # chunks_vec is the vec0 float table of schema 1
+    bits: bool  # chunks_vec_bits exists
+    dims: int
+    partitions: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +138,7 @@ class Store:
 
     def __init__(self, path: Path, *, create: bool = True, fast_unsafe: bool = False) -> None:
         self.path = path
+        self._layout: tuple[int, _VectorLayout] | None = None
         flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if create else 0)
         try:
             if create:
@@ -245,11 +267,11 @@ class Store:
                           (start_line, end_line, seq))
 
     def delete_chunks(self, seqs: Sequence[int]) -> None:
+        layout = self._vector_layout()
         for seq in seqs:
             self.conn.execute("DELETE FROM chunks WHERE seq = ?", (seq,))
             self.conn.execute("DELETE FROM chunks_fts WHERE rowid = ?", (seq,))
-            if self.vec_table_exists():
-                self.conn.execute("DELETE FROM chunks_vec WHERE rowid = ?", (seq,))
+            self._drop_vector(seq, layout)
 
     def delete_file(self, path: str) -> int:
         seqs = [row[0] for row in self.conn.execute("SELECT seq FROM chunks WHERE path = ?", (path,))]
@@ -281,31 +303,94 @@ class Store:
         return [TextHit(*row) for row in self.conn.execute(sql, (*args, limit))]
 
     # -- vectors ------------------------------------------------------------------------------
+    #
+    # `chunks_vec` is a plain table of float32 blobs: exact distances, and the scan when sqlite-vec is
+    # missing. With sqlite-vec, `chunks_vec_bits` (vec0) holds each vector's sign bits, split into
+    # partitions by seq. An exact scan of 100k 384-d vectors reads ~150 MB per query; a query here
+    # takes the nearest candidates by hamming distance from every partition (vec0's KNN cost grows
+    # with N * k, so several small-k KNNs beat one large one) and ranks them by exact cosine.
+
+    def _vector_layout(self) -> _VectorLayout:
+        """The vector tables this file has, re-read when the schema changes (another connection may add them)."""
+        cookie = int(self.conn.execute("PRAGMA schema_version").fetchone()[0])
+        if self._layout is None or self._layout[0] != cookie:
+            sql = {str(name): str(text) for name, text in self.conn.execute(
+                "SELECT name, sql FROM sqlite_master WHERE name IN ('chunks_vec', 'chunks_vec_bits')")}
+            floats = sql.get("chunks_vec")
+            legacy = floats is not None and floats.upper().startswith("CREATE VIRTUAL")
+            layout = _VectorLayout(
+                readable=floats is not None and (self.vec_loaded or not legacy), legacy=legacy,
+                bits="chunks_vec_bits" in sql,
+                dims=int(self.get_meta("vector_dims") or 0),
+                partitions=int(self.get_meta("vector_partitions") or VECTOR_PARTITIONS))
+            self._layout = (cookie, layout)
+        return self._layout[1]
 
     def vec_table_exists(self) -> bool:
-        cached = getattr(self, "_vec_exists", None)
-        if cached is None:
-            cached = self.conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE name = 'chunks_vec'").fetchone() is not None
-            self._vec_exists = cached
-        return bool(cached)
+        """Whether stored vectors can be searched (a schema-1 vec0 table needs sqlite-vec)."""
+        return self._vector_layout().readable
+
+    def vector_method(self) -> str:
+        """How `vector_search` answers on this connection (for diagnostics and benchmarks)."""
+        layout = self._vector_layout()
+        if not layout.readable:
+            return "none"
+        if not self.vec_loaded:
+            return "in-process cosine (sqlite-vec not loaded)"
+        if layout.bits and self.get_meta(_BITS_STALE) is None:
+            return "sqlite-vec binary-quantized KNN, exact cosine rescoring"
+        return "sqlite-vec exact cosine scan"
 
     def ensure_vector_table(self, dims: int) -> None:
-        """The vec0 table (or, without sqlite-vec, a plain table scanned in process) for `dims`-d vectors."""
-        if self.vec_table_exists():
-            return
-        if self.vec_loaded:
-            self.conn.execute(f"CREATE VIRTUAL TABLE chunks_vec USING vec0(embedding float[{int(dims)}] distance_metric=cosine)")
-        else:
+        """The tables for `dims`-d vectors; with sqlite-vec, also (re)builds sign bits that are missing or stale."""
+        layout = self._vector_layout()
+        if layout.legacy:
+            return  # a schema-1 index: the fingerprint rebuilds it, so it is never written
+        if not layout.readable:
             self.conn.execute("CREATE TABLE chunks_vec(rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL)")
-        self.set_meta("vector_dims", str(int(dims)))
-        self._vec_exists = True
+            self.set_meta("vector_dims", str(int(dims)))
+        if self.vec_loaded and (not layout.bits or self.get_meta(_BITS_STALE) is not None):
+            self._build_bits(dims, replace=layout.bits)
+
+    def _build_bits(self, dims: int, *, replace: bool) -> None:
+        """Quantize every stored vector: a new table, or one that missed writes made without sqlite-vec."""
+        if replace:
+            self.conn.execute("DROP TABLE chunks_vec_bits")
+        self.conn.execute("CREATE VIRTUAL TABLE chunks_vec_bits USING vec0("
+                          f"part INTEGER PARTITION KEY, embedding bit[{_padded_dims(int(dims))}])")
+        self.set_meta("vector_partitions", str(VECTOR_PARTITIONS))
+        for seq, blob in self.conn.execute("SELECT rowid, embedding FROM chunks_vec"):
+            self._insert_bits(int(seq), bytes(blob), VECTOR_PARTITIONS)
+        self.conn.execute("DELETE FROM meta WHERE key = ?", (_BITS_STALE,))
+
+    def _insert_bits(self, seq: int, blob: bytes, partitions: int) -> None:
+        self.conn.execute(
+            "INSERT INTO chunks_vec_bits(rowid, part, embedding) VALUES(?, ?, vec_quantize_binary(vec_f32(?)))",
+            (seq, seq % partitions, _pad8(blob)))
+
+    def _drop_vector(self, seq: int, layout: _VectorLayout) -> None:
+        if not layout.readable:
+            return
+        self.conn.execute("DELETE FROM chunks_vec WHERE rowid = ?", (seq,))
+        if layout.bits and self.conn.changes():
+            if self.vec_loaded:
+                self.conn.execute("DELETE FROM chunks_vec_bits WHERE rowid = ?", (seq,))
+            else:
+                self.set_meta(_BITS_STALE, "1")
 
     def store_vector(self, seq: int, blob: bytes | None, model: str) -> None:
-        """Record a chunk's vector (None: the provider gave no usable vector; never matched, not retried)."""
-        if blob is not None:
-            self.conn.execute("DELETE FROM chunks_vec WHERE rowid = ?", (seq,))
+        """Record a chunk's vector (None, zero or not finite: no usable vector; never matched, not retried)."""
+        layout = self._vector_layout()
+        self._drop_vector(seq, layout)
+        if blob is not None and _usable(blob):
+            if layout.dims and len(blob) != 4 * layout.dims:
+                raise ValueError(f"a {len(blob) // 4}-d vector for a {layout.dims}-d index")
             self.conn.execute("INSERT INTO chunks_vec(rowid, embedding) VALUES(?, ?)", (seq, blob))
+            if layout.bits:
+                if self.vec_loaded:
+                    self._insert_bits(seq, blob, layout.partitions)
+                else:
+                    self.set_meta(_BITS_STALE, "1")
         self.conn.execute("UPDATE chunks SET embedded = 1, model = ? WHERE seq = ?", (model, seq))
 
     def pending_chunks(self, limit: int) -> list[tuple[int, str, str]]:
@@ -313,20 +398,84 @@ class Store:
             "SELECT seq, hash, text FROM chunks WHERE embedded = 0 ORDER BY seq LIMIT ?", (limit,))]
 
     def vector_search(self, query_blob: bytes, limit: int, path_prefix: str | None = None) -> list[VectorHit]:
-        if not self.vec_table_exists():
+        """The `limit` chunks nearest by cosine distance (exact distances), nearest first."""
+        layout = self._vector_layout()
+        if not layout.readable or limit < 1:
             return []
         if not self.vec_loaded:
             return self._vector_scan(query_blob, limit, path_prefix)
-        k = limit * (4 if path_prefix else 1)
+        if not layout.bits or self.get_meta(_BITS_STALE) is not None:
+            return self._ranked(query_blob, limit, path_prefix)
+        if path_prefix and self._few_under(path_prefix):
+            return self._ranked(query_blob, limit, path_prefix)
+        want = max(limit * OVERSAMPLE, MIN_CANDIDATES)
+        among = self._candidates(query_blob, want, layout.partitions)
+        if among is not None and path_prefix:
+            among = self._candidates_under(path_prefix, among, query_blob, want, layout.partitions)
+        if among is None:
+            return self._ranked(query_blob, limit, path_prefix)
+        return self._ranked(query_blob, limit, None, among)
+
+    def _candidates(self, query_blob: bytes, want: int, partitions: int) -> list[int] | None:
+        """About `want` seqs nearest by hamming distance, an equal share from each partition (None: vec0's k limit)."""
+        per_part = -(-want // partitions)
+        if per_part > _KNN_MAX_K:
+            return None
+        bits = self.conn.execute("SELECT vec_quantize_binary(vec_f32(?))", (_pad8(query_blob),)).fetchone()[0]
+        seqs: list[int] = []
+        for part in range(partitions):
+            seqs.extend(int(row[0]) for row in self.conn.execute(
+                "SELECT rowid FROM chunks_vec_bits WHERE embedding MATCH vec_bit(?) AND k = ? AND part = ?",
+                (bits, per_part, part)))
+        return seqs
+
+    def _ranked(self, query_blob: bytes, limit: int, path_prefix: str | None,
+                among: list[int] | None = None) -> list[VectorHit]:
+        """Exact cosine ranking in SQL of `among`, or of every vector (under `path_prefix` if given)."""
+        args: dict[str, Any] = {"q": query_blob, "k": limit}
+        join, where = "", []
+        if among is not None:
+            where.append("v.rowid IN (SELECT value FROM json_each(:among))")
+            args["among"] = json.dumps(among)
+        if path_prefix:  # walks the chunks_path index over the prefix, not the whole table
+            join = " JOIN chunks AS p ON p.seq = v.rowid"
+            clause, bounds = _prefix_range("p.path", path_prefix)
+            where.append(clause)
+            args.update(bounds)
         sql = (
-            "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, v.distance FROM"
-            " (SELECT rowid, distance FROM chunks_vec WHERE embedding MATCH ? AND k = ?) AS v"
-            " JOIN chunks AS c ON c.seq = v.rowid ORDER BY v.distance"
+            "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, r.distance FROM"
+            " (SELECT v.rowid AS seq, vec_distance_cosine(v.embedding, :q) AS distance FROM chunks_vec AS v"
+            f"{join}{' WHERE ' + ' AND '.join(where) if where else ''} ORDER BY distance, v.rowid LIMIT :k) AS r"
+            " JOIN chunks AS c ON c.seq = r.seq ORDER BY r.distance, r.seq"
         )
-        hits = [VectorHit(*row) for row in self.conn.execute(sql, (query_blob, k))]
-        if path_prefix:
-            hits = [h for h in hits if h.path.startswith(path_prefix)]
-        return hits[:limit]
+        return [VectorHit(*row) for row in self.conn.execute(sql, args)]
+
+    def _candidates_under(self, prefix: str, among: list[int], query_blob: bytes, want: int,
+                          partitions: int) -> list[int] | None:
+        """The candidates under `prefix`, enough of them for the oversampling; None: rank the prefix exactly.
+
+        When few candidates lie under the prefix, fetch proportionally more (vec0's cost grows with k),
+        up to PREFIX_WIDEN times; a prefix with still fewer vectors near the query is ranked exactly.
+        """
+        inside = self._under(prefix, among)
+        if 4 * len(inside) >= 3 * want:
+            return inside
+        if not inside or len(inside) * PREFIX_WIDEN < len(among):
+            return None
+        wider = self._candidates(query_blob, want * len(among) // len(inside), partitions)
+        return None if wider is None else self._under(prefix, wider)
+
+    def _few_under(self, prefix: str) -> bool:
+        """Whether at most PREFIX_SCAN_ROWS chunks lie under `prefix` (counted on the index, stopping there)."""
+        clause, args = _prefix_range("path", prefix)
+        counted = self.conn.execute(
+            f"SELECT count(*) FROM (SELECT 1 FROM chunks WHERE {clause} LIMIT {PREFIX_SCAN_ROWS + 1})", args)
+        return int(counted.fetchone()[0]) <= PREFIX_SCAN_ROWS
+
+    def _under(self, prefix: str, seqs: list[int]) -> list[int]:
+        return [int(row[0]) for row in self.conn.execute(
+            "SELECT seq FROM chunks WHERE seq IN (SELECT value FROM json_each(?)) AND substr(path, 1, ?) = ?",
+            (json.dumps(seqs), len(prefix), prefix))]
 
     def _vector_scan(self, query_blob: bytes, limit: int, path_prefix: str | None) -> list[VectorHit]:
         from clawmem.embeddings.base import unpack
@@ -403,3 +552,37 @@ def _load_sqlite_vec(conn: apsw.Connection) -> tuple[bool, str]:
         return True, ""
     except (ImportError, apsw.Error, AttributeError) as exc:
         return False, str(exc)
+
+
+def _prefix_range(column: str, prefix: str) -> tuple[str, dict[str, Any]]:
+    """A condition for `column` starting with `prefix` that an index on it can answer as a range.
+
+    Text compares as UTF-8 bytes, which order as code points: the strings starting with `prefix` are
+    those from `prefix` up to (not including) `prefix` with its last character incremented.
+    """
+    args: dict[str, Any] = {"prefix": prefix, "n": len(prefix)}
+    clause = f"{column} >= :prefix AND substr({column}, 1, :n) = :prefix"
+    following = ord(prefix[-1]) + 1
+    if 0xD800 <= following < 0xE000:
+        following = 0xE000  # surrogates are not characters
+    if following <= 0x10FFFF:
+        clause += f" AND {column} < :upper"
+        args["upper"] = prefix[:-1] + chr(following)
+    return clause, args
+
+
+def _padded_dims(dims: int) -> int:
+    return dims + (-dims) % 8
+
+
+def _pad8(blob: bytes) -> bytes:
+    """vec_quantize_binary wants a multiple of 8 dimensions; zeros quantize to 0 bits, alike for every vector."""
+    return blob + bytes(4 * ((-(len(blob) // 4)) % 8))
+
+
+def _usable(blob: bytes) -> bool:
+    """A vector with a direction: a zero, NaN or infinite vector must never be stored as a match."""
+    values = array("f")
+    values.frombytes(blob)
+    total = sum(map(operator.mul, values, values))  # float64 squares of float32s neither overflow nor underflow to 0
+    return math.isfinite(total) and total > 0.0

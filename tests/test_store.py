@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import math
+import random
 from pathlib import Path
 
 import pytest
 
 from clawmem.embeddings.base import normalize, pack
-from clawmem.store import Store
+from clawmem.store import SCHEMA_VERSION, Store
 
 
 @pytest.fixture
@@ -23,7 +25,7 @@ def add(store: Store, id: str, text: str, path: str = "memory/a.md") -> int:
 def test_schema_has_the_reference_tables(store: Store) -> None:
     names = {r[0] for r in store.execute("SELECT name FROM sqlite_master")}
     assert {"meta", "files", "chunks", "embedding_cache", "chunks_fts", "migrations"} <= names
-    assert store.get_meta("schema_version") == "1"
+    assert store.get_meta("schema_version") == str(SCHEMA_VERSION)
     assert store.execute("PRAGMA journal_mode") == [("wal",)]
 
 
@@ -89,3 +91,211 @@ def test_cache_is_pruned_oldest_used_first(store: Store) -> None:
     assert store.prune_cache(4) == 6
     left = {r[0] for r in store.execute("SELECT hash FROM embedding_cache")}
     assert "h0" in left and len(left) == 4
+
+
+# -- vectors: quantized KNN with exact rescoring ---------------------------------------------------
+
+def unit(rng: random.Random, dims: int) -> list[float]:
+    return normalize([rng.gauss(0.0, 1.0) for _ in range(dims)]) or []
+
+
+def clustered(rng: random.Random, clusters: int, size: int, dims: int) -> list[list[float]]:
+    """Points around random centres, like real embeddings (uniform random vectors have no near neighbours)."""
+    centres = [unit(rng, dims) for _ in range(clusters)]
+    return [normalize([x + rng.gauss(0.0, 0.05) for x in centres[i % clusters]]) or [] for i in range(clusters * size)]
+
+
+def cosine_distance(a: list[float], b: list[float]) -> float:
+    return 1.0 - sum(x * y for x, y in zip(a, b, strict=True)) / math.sqrt(
+        sum(x * x for x in a) * sum(y * y for y in b))
+
+
+def fill(store: Store, vectors: list[list[float]], paths: list[str] | None = None) -> list[int]:
+    store.ensure_vector_table(len(vectors[0]))
+    seqs = []
+    with store.transaction():
+        for i, vec in enumerate(vectors):
+            seq = add(store, f"v{i}", f"text {i}", paths[i] if paths else "memory/a.md")
+            store.store_vector(seq, pack(vec), "m")
+            seqs.append(seq)
+    return seqs
+
+
+def brute_force(vectors: dict[int, list[float]], query: list[float], k: int) -> list[int]:
+    return sorted(vectors, key=lambda seq: (cosine_distance(vectors[seq], query), seq))[:k]
+
+
+def test_vector_search_uses_sign_bits_then_exact_cosine_distances(store: Store) -> None:
+    rng = random.Random(1)
+    vectors = clustered(rng, 100, 15, 64)
+    by_seq = dict(zip(fill(store, vectors), vectors, strict=True))
+    assert store.vector_method() == "sqlite-vec binary-quantized KNN, exact cosine rescoring"
+    assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(1500,)]
+    for i in range(5):
+        query = normalize([x + rng.gauss(0.0, 0.05) for x in vectors[i * 7]]) or []
+        hits = store.vector_search(pack(query), 5)
+        assert [h.seq for h in hits] == brute_force(by_seq, query, 5)
+        for hit in hits:  # float32 storage: exact up to rounding, not a hamming count
+            assert hit.distance == pytest.approx(cosine_distance(by_seq[hit.seq], query), abs=1e-5)
+
+
+def test_the_true_nearest_neighbour_wins_among_many_near_duplicates(store: Store) -> None:
+    """Hundreds of vectors share the query's sign bits (hamming distance 0): only exact rescoring tells them apart."""
+    rng = random.Random(2)
+    base = [rng.choice((-1.0, 1.0)) * (0.5 + rng.random()) for _ in range(64)]
+    twins = [normalize([x * (1.0 + 0.2 * rng.random()) for x in base]) or [] for _ in range(300)]
+    query = normalize(base) or []
+    best = normalize([x * (1.0 + 0.001 * rng.random()) for x in base]) or []
+    twins.insert(150, best)
+    others = [unit(rng, 64) for _ in range(700)]
+    seqs = fill(store, twins + others)
+    hits = store.vector_search(pack(query), 3)
+    assert hits[0].seq == seqs[150]
+    assert hits[0].distance == pytest.approx(cosine_distance(best, query), abs=1e-6)
+    assert [h.distance for h in hits] == sorted(h.distance for h in hits)
+
+
+def test_deleted_chunks_lose_their_vectors_and_sign_bits(store: Store, monkeypatch) -> None:
+    import clawmem.store as store_module
+
+    rng = random.Random(3)
+    vectors = [unit(rng, 16) for _ in range(200)]
+    seqs = fill(store, vectors)
+    query = vectors[10]
+    assert store.vector_search(pack(query), 1)[0].seq == seqs[10]
+    with store.transaction():
+        store.delete_chunks(seqs[:50])
+    assert store.execute("SELECT count(*) FROM chunks_vec") == [(150,)]
+    assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(150,)]
+    hits = store.vector_search(pack(query), 200)
+    assert len(hits) == 150 and not {h.seq for h in hits} & set(seqs[:50])
+    store.delete_file("memory/a.md")
+    assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(0,)]
+    assert store.vector_search(pack(query), 5) == []
+    monkeypatch.setattr(store_module, "PREFIX_SCAN_ROWS", 0)
+    add(store, "pending", "not embedded yet")
+    assert store.vector_search(pack(query), 5, "memory/") == []
+
+
+@pytest.mark.parametrize("scan_rows", [8192, 0], ids=["small-prefixes-ranked-exactly", "all-through-sign-bits"])
+def test_a_path_prefix_keeps_only_its_chunks_and_their_true_nearest(store: Store, monkeypatch, scan_rows: int) -> None:
+    import clawmem.store as store_module
+
+    monkeypatch.setattr(store_module, "PREFIX_SCAN_ROWS", scan_rows)
+    rng = random.Random(4)
+    vectors = clustered(rng, 80, 15, 64)
+    paths = [f"notes/{i}.md" if i % 100 == 0 else f"memory/{'ab'[i % 2]}/{i}.md" for i in range(1200)]  # 12 notes
+    by_seq = dict(zip(fill(store, vectors, paths), vectors, strict=True))
+    path_of = dict(zip(by_seq, paths, strict=True))
+    for i, prefix in enumerate(("notes/", "memory/", "m", "memory/a/")):  # 1%, 99%, 99%, 49% of the chunks
+        query = normalize([x + rng.gauss(0.0, 0.05) for x in vectors[i * 11]]) or []
+        hits = store.vector_search(pack(query), 5, prefix)
+        inside = {seq: vec for seq, vec in by_seq.items() if path_of[seq].startswith(prefix)}
+        assert [h.seq for h in hits] == brute_force(inside, query, 5)
+    assert store.vector_search(pack(vectors[0]), 5, "nowhere/") == []
+
+
+def test_a_prefix_with_few_candidates_near_the_query_takes_more_of_them(store: Store, monkeypatch) -> None:
+    """Under memory/a/ the nearest vector differs from the query in 5 sign bits; 450 vectors differ in 0 or 1."""
+    import clawmem.store as store_module
+
+    monkeypatch.setattr(store_module, "PREFIX_SCAN_ROWS", 0)
+    rng = random.Random(8)
+    query = [rng.choice((-1.0, 1.0)) * (0.01 if i < 8 else 1.0) for i in range(64)]
+
+    def like_query(flipped: int, spread: float) -> list[float]:
+        return normalize([-x if i < flipped else x * (1.0 + spread * rng.random()) if i >= 8 else x
+                          for i, x in enumerate(query)]) or []
+
+    vectors = [like_query(0, 0.3) for _ in range(250)] + [like_query(1, 1.5) for _ in range(200)]
+    vectors += [like_query(5, 0.0)] + [unit(rng, 64) for _ in range(300)]
+    paths = ["memory/b/x.md"] * 250 + ["memory/a/x.md"] * 201 + ["memory/c/x.md"] * 300
+    seqs = fill(store, vectors, paths)
+    assert store.vector_search(pack(query), 1, "memory/a/")[0].seq == seqs[450]
+
+
+def test_path_prefixes_match_by_characters_at_the_edges_of_unicode(store: Store) -> None:
+    paths = ["a/x.md", "a/\U0010ffff/y.md", "a0.md", "b\ud7ff/z.md", "b\ue000.md", "\U0010ffff.md", "\U0010ffffz.md"]
+    rng = random.Random(5)
+    fill(store, [unit(rng, 8) for _ in paths], paths)
+    query = pack(unit(rng, 8))
+    for prefix, expected in (("a/", {"a/x.md", "a/\U0010ffff/y.md"}), ("b\ud7ff", {"b\ud7ff/z.md"}),
+                             ("\U0010ffff", {"\U0010ffff.md", "\U0010ffffz.md"})):
+        assert {h.path for h in store.vector_search(query, 10, prefix)} == expected
+
+
+def test_zero_and_nan_vectors_are_never_stored(store: Store) -> None:
+    store.ensure_vector_table(4)
+    for i, vec in enumerate(([0.0, 0.0, 0.0, 0.0], [math.nan, 1.0, 0.0, 0.0], [math.inf, 0.0, 0.0, 0.0])):
+        store.store_vector(add(store, f"z{i}", f"zero {i}"), pack(vec), "m")
+    assert store.execute("SELECT count(*) FROM chunks_vec") == [(0,)]
+    assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(0,)]
+    assert store.pending_embeddings() == 0
+    assert store.vector_search(pack([1.0, 0.0, 0.0, 0.0]), 3) == []
+
+
+def test_a_limit_beyond_sqlite_vecs_k_ranks_every_vector_exactly(store: Store) -> None:
+    rng = random.Random(6)
+    vectors = [unit(rng, 8) for _ in range(300)]
+    by_seq = dict(zip(fill(store, vectors), vectors, strict=True))
+    query = unit(rng, 8)
+    hits = store.vector_search(pack(query), 1000)
+    assert [h.seq for h in hits] == brute_force(by_seq, query, 1000)
+
+
+def test_vectors_written_without_sqlite_vec_are_found_and_requantized_later(tmp_path: Path, monkeypatch) -> None:
+    """The sign bits can only be written with sqlite-vec: a write without it leaves the exact scan until they are rebuilt."""
+    import clawmem.store as store_module
+
+    rng = random.Random(7)
+    path = tmp_path / "mixed.sqlite"
+    vectors = clustered(rng, 10, 10, 16)
+    first = Store(path)
+    seqs = fill(first, vectors)
+    first.close()
+
+    def without_sqlite_vec() -> Store:
+        with monkeypatch.context() as patched:
+            patched.setattr(store_module, "_load_sqlite_vec", lambda conn: (False, "not available"))
+            return Store(path)
+
+    def requantized(expected: int) -> Store:
+        again = Store(path)
+        assert again.vector_method() == "sqlite-vec exact cosine scan"  # the bits missed a write
+        with again.transaction():
+            again.ensure_vector_table(16)
+        assert again.vector_method() == "sqlite-vec binary-quantized KNN, exact cosine rescoring"
+        assert again.execute("SELECT count(*) FROM chunks_vec_bits") == [(expected,)]
+        return again
+
+    plain = without_sqlite_vec()
+    assert plain.vector_method() == "in-process cosine (sqlite-vec not loaded)"
+    new = unit(rng, 16)
+    added = add(plain, "new", "written without sqlite-vec")
+    plain.store_vector(added, pack(new), "m")
+    assert plain.vector_search(pack(new), 1)[0].seq == added
+    plain.close()
+    again = requantized(101)
+    assert again.vector_search(pack(new), 1)[0].seq == added
+    again.close()
+
+    plain = without_sqlite_vec()
+    plain.delete_chunks(seqs[:10])
+    plain.close()
+    again = requantized(91)
+    assert again.vector_search(pack(vectors[5]), 1)[0].seq != seqs[5]
+    again.close()
+
+
+def test_a_schema_1_vector_table_is_still_searched_until_the_rebuild(tmp_path: Path) -> None:
+    """Indexes of schema 1 kept vectors in a vec0 float table; the bumped SCHEMA_VERSION rebuilds them."""
+    old = Store(tmp_path / "old.sqlite")
+    old.execute("CREATE VIRTUAL TABLE chunks_vec USING vec0(embedding float[3] distance_metric=cosine)")
+    for i, vec in enumerate(([1.0, 0.0, 0.0], [0.0, 1.0, 0.0])):
+        old.execute("INSERT INTO chunks_vec(rowid, embedding) VALUES(?, ?)", (add(old, f"o{i}", f"old {i}"), pack(vec)))
+    assert old.vec_table_exists() and old.vector_method() == "sqlite-vec exact cosine scan"
+    hits = old.vector_search(pack(normalize([0.1, 1.0, 0.0]) or []), 2)
+    assert [h.text for h in hits] == ["old 1", "old 0"]
+    old.ensure_vector_table(3)  # never converted in place
+    assert old.execute("SELECT count(*) FROM sqlite_master WHERE name = 'chunks_vec_bits'") == [(0,)]
+    old.close()
