@@ -1,0 +1,270 @@
+"""Vector KNN: latency of the exact vec0 scan (schema 1) against the store's quantized KNN, and its recall.
+
+    python bench/bench_vectors.py [--sizes 10000,100000] [--scifact INDEX] [--model PATH.gguf]
+                                  [--work DIR] [--queries 300] [--rounds 3] [--out bench/out/vectors.json]
+
+Recall is measured on REAL vectors: the chunk vectors of an existing SciFact index built with the
+MiniLM model (opened read-only, never written) and the 300 SciFact test queries embedded with the
+same model (without the model, sampled chunk vectors stand in and the report says so). recall@k
+is the share of the exact top k (by brute-force cosine in numpy; ties count as found) that the
+store returns, for several oversampling factors and for the configured one.
+
+Latency uses indexes of N chunks written under --work (reused by later runs): the SciFact chunk
+texts and vectors, and beyond those, SciFact vectors plus noise (cosine ~0.85 to their source).
+Each index also gets a schema-1 style `vec0 float[dims] cosine` table: "exact" is the query
+clawmem ran before (`embedding MATCH ? AND k = ?`, joined to chunks); "quantized" is
+`Store.vector_search`; "hybrid_search" is `run_search` (keyword + vector, default settings) with
+the query vector precomputed, so the figure excludes embedding the query, and "bm25_search" its
+keyword half alone. Each figure is the median over --rounds of a pass over the queries (the
+machine may be shared: repeat, take medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import apsw
+import numpy as np
+import sqlite_vec
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+sys.path.insert(0, str(ROOT))
+
+import clawmem.store as store_module  # noqa: E402
+from clawmem.config import load_settings  # noqa: E402
+from clawmem.embeddings.base import ProviderInfo  # noqa: E402
+from clawmem.search import SearchRequest, run_search  # noqa: E402
+from clawmem.store import Store  # noqa: E402
+
+K = 24  # what a default search asks the store for: max_results 6 x candidate_multiplier 4
+NOISE = 0.6
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# -- data ----------------------------------------------------------------------------------------
+
+def read_scifact(index: Path) -> tuple[np.ndarray, list[tuple[str, str]]]:
+    """Unit float32 vectors and (path, text) of every embedded chunk, read-only."""
+    conn = apsw.Connection(f"file:{index}?mode=ro", flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+    conn.enable_load_extension(True)
+    conn.load_extension(sqlite_vec.loadable_path())
+    rows = conn.execute("SELECT c.path, c.text, v.embedding FROM chunks_vec AS v JOIN chunks AS c ON c.seq = v.rowid"
+                        " ORDER BY c.seq").fetchall()
+    conn.close()
+    vectors = np.stack([np.frombuffer(blob, dtype=np.float32) for _, _, blob in rows])
+    return vectors, [(str(path), str(text)) for path, text, _ in rows]
+
+
+def query_set(work: Path, model: str | None, fallback: np.ndarray, n: int) -> tuple[np.ndarray, list[str], str]:
+    """The SciFact test queries embedded with the local model (cached), or sampled chunk vectors without it."""
+    test = {line.split("\t")[0] for line in (SHARED / "bench/scifact/qrels/test.tsv").read_text().splitlines()[1:]}
+    texts = [q["text"] for q in map(json.loads, (SHARED / "bench/scifact/queries.jsonl").open()) if q["_id"] in test]
+    cached = work / "scifact-queries.npy"
+    if not cached.exists():
+        try:
+            from clawmem.config import EmbeddingSettings
+            from clawmem.embeddings.base import normalize
+            from clawmem.embeddings.local import LocalProvider
+
+            path = Path(model) if model else Path.home() / ".cache/clawmem/models/all-MiniLM-L6-v2-f16.gguf"
+            provider = LocalProvider(EmbeddingSettings(provider="local"), path)
+            np.save(cached, np.array([normalize(v) for v in provider.embed_documents(texts)], dtype=np.float32))
+        except Exception as exc:  # noqa: BLE001 - any failure means: no model here
+            log(f"no query embeddings ({type(exc).__name__}: {exc}): sampled chunk vectors stand in")
+            picked = np.random.default_rng(3).choice(len(fallback), size=min(n, len(fallback)), replace=False)
+            return fallback[picked], [texts[i % len(texts)] for i in range(len(picked))], "chunk vectors"
+    return np.load(cached)[:n], texts[:n], "SciFact test queries (MiniLM)"
+
+
+def synthesize(real: np.ndarray, n: int) -> np.ndarray:
+    """The real vectors, then real vectors plus noise, renormalised, up to n."""
+    rng = np.random.default_rng(7)
+    extra = max(0, n - len(real))
+    base = real[rng.integers(0, len(real), extra)]
+    noise = rng.standard_normal(base.shape).astype(np.float32)
+    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+    made = base + NOISE * noise
+    made /= np.linalg.norm(made, axis=1, keepdims=True)
+    return np.concatenate([real[:n], made.astype(np.float32)])
+
+
+def build(path: Path, vectors: np.ndarray, chunks: Sequence[tuple[str, str]]) -> Store:
+    """An index of len(vectors) chunks (reused when complete), plus the schema-1 exact table for comparison."""
+    if path.exists():
+        store = Store(path, create=False)
+        if (store.get_meta("bench_chunks"), store.get_meta("vector_partitions")) == (
+                str(len(vectors)), str(store_module.VECTOR_PARTITIONS)):
+            return store
+        store.close()
+        path.unlink()
+    started = time.perf_counter()
+    store = Store(path, fast_unsafe=True)
+    dims = vectors.shape[1]
+    store.ensure_vector_table(dims)
+    store.execute(f"CREATE VIRTUAL TABLE bench_exact USING vec0(embedding float[{dims}] distance_metric=cosine)")
+    batch = 5000
+    for start in range(0, len(vectors), batch):
+        with store.transaction():
+            for i in range(start, min(start + batch, len(vectors))):
+                source_path, text = chunks[i % len(chunks)]
+                path_i = source_path if i < len(chunks) else f"memory/copy{i // len(chunks)}/{Path(source_path).name}"
+                seq = store.insert_chunk(id=f"c{i}", path=path_i, source="memory", start_line=1, end_line=1,
+                                         hash=f"h{i}", text=text, fts_text=text)
+                blob = vectors[i].tobytes()
+                store.store_vector(seq, blob, "bench")
+                store.conn.execute("INSERT INTO bench_exact(rowid, embedding) VALUES(?, ?)", (seq, blob))
+    store.set_meta("bench_chunks", str(len(vectors)))
+    log(f"  built {path.name}: {len(vectors)} chunks in {time.perf_counter() - started:.0f}s")
+    store.close()
+    return Store(path, create=False)
+
+
+# -- measurements ----------------------------------------------------------------------------------
+
+def exact_hits(store: Store, query: bytes, k: int) -> list[tuple[Any, ...]]:
+    """The schema-1 query: an exact KNN over a vec0 float table."""
+    return store.execute(
+        "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, v.distance FROM"
+        " (SELECT rowid, distance FROM bench_exact WHERE embedding MATCH ? AND k = ?) AS v"
+        " JOIN chunks AS c ON c.seq = v.rowid ORDER BY v.distance", (query, k))
+
+
+def timed(fn: Callable[[int], object], n: int, rounds: int) -> dict[str, float]:
+    """p50/p99 in ms: per round over n queries, then the median of the rounds."""
+    fn(0)
+    p50s, p99s = [], []
+    for _ in range(rounds):
+        times = []
+        for i in range(n):
+            started = time.perf_counter()
+            fn(i)
+            times.append(time.perf_counter() - started)
+        times.sort()
+        p50s.append(statistics.median(times))
+        p99s.append(times[min(len(times) - 1, int(0.99 * len(times)))])
+    return {"p50_ms": round(1000 * statistics.median(p50s), 2), "p99_ms": round(1000 * statistics.median(p99s), 2)}
+
+
+def recall(store: Store, vectors: np.ndarray, seqs: np.ndarray, queries: np.ndarray, k: int) -> float:
+    """Share of the exact top k returned (a tie with the k-th exact similarity counts as found)."""
+    sims = queries @ vectors.T
+    kth = -np.sort(-sims, axis=1)[:, k - 1]
+    position = {int(s): i for i, s in enumerate(seqs)}
+    found = 0
+    for qi, query in enumerate(queries):
+        hits = store.vector_search(query.tobytes(), k)
+        found += sum(1 for h in hits if sims[qi, position[h.seq]] >= kth[qi] - 1e-6)
+    return found / (k * len(queries))
+
+
+def seqs_of(store: Store) -> np.ndarray:
+    return np.array([row[0] for row in store.execute("SELECT rowid FROM chunks_vec ORDER BY rowid")])
+
+
+def prefixes(store: Store) -> list[tuple[str, float]]:
+    """Path prefixes over all, a twelfth and about a hundredth of the chunks (copies live in memory/copyN/)."""
+    total = store.counts()[1]
+    found = []
+    for prefix in ("memory/", "memory/copy1/", "memory/copy1/1"):
+        rows = store.execute("SELECT count(*) FROM chunks WHERE substr(path, 1, ?) = ?", (len(prefix), prefix))[0][0]
+        if rows:
+            found.append((prefix, rows / total))
+    return found
+
+
+class FixedQueries:
+    """An embedding provider that answers queries with precomputed vectors (no model time in the figures)."""
+
+    def __init__(self, texts: Sequence[str], vectors: np.ndarray) -> None:
+        self._vectors = {text: [float(x) for x in vec] for text, vec in zip(texts, vectors, strict=True)}
+        self.info = ProviderInfo("bench", "bench", int(vectors.shape[1]))
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        return [self._vectors[t] for t in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self._vectors[text]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--scifact", default="/tmp/clawmem-quality/scifact-local.sqlite")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--work", default="/tmp/clawmem-bench-vectors")
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--oversample", default="4,8,16,24,32,48")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "vectors.json"))
+    args = parser.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+
+    real, chunks = read_scifact(Path(args.scifact))
+    queries, texts, query_kind = query_set(work, args.model, real, args.queries)
+    log(f"SciFact: {len(real)} chunk vectors ({real.shape[1]}-d), {len(queries)} queries: {query_kind}")
+    result: dict[str, Any] = {"k": K, "queries": query_kind, "partitions": store_module.VECTOR_PARTITIONS,
+                              "oversample": store_module.OVERSAMPLE, "min_candidates": store_module.MIN_CANDIDATES}
+
+    real_store = build(work / "scifact-real.sqlite", real, chunks)
+    seqs = seqs_of(real_store)
+    sweep: dict[str, dict[str, float]] = {}
+    configured = (store_module.OVERSAMPLE, store_module.MIN_CANDIDATES)
+    try:
+        store_module.MIN_CANDIDATES = 0
+        for factor in (int(x) for x in args.oversample.split(",")):
+            store_module.OVERSAMPLE = factor
+            sweep[str(factor)] = {f"recall@{k}": round(recall(real_store, real, seqs, queries, k), 4) for k in (10, 24)}
+            log(f"  oversample {factor:>2} (no minimum): {sweep[str(factor)]}")
+    finally:
+        store_module.OVERSAMPLE, store_module.MIN_CANDIDATES = configured
+    result["recall_scifact_by_oversample"] = sweep
+    result["recall_scifact"] = {f"recall@{k}": round(recall(real_store, real, seqs, queries, k), 4)
+                                for k in (6, 10, 24, 50)}
+    log(f"  configured: {result['recall_scifact']}")
+    real_store.close()
+
+    settings = load_settings(workspace=work, overrides={"index": str(work / "unused.sqlite")}, environ={}).search
+    provider = FixedQueries(texts, queries)
+    sizes: dict[str, Any] = {}
+    for n in (int(x) for x in args.sizes.split(",")):
+        vectors = synthesize(real, n)
+        store = build(work / f"vectors-{n}.sqlite", vectors, chunks)
+        blobs = [q.tobytes() for q in queries]
+        nq = len(blobs)
+        figures: dict[str, Any] = {
+            "method": store.vector_method(),
+            "exact": timed(lambda i: exact_hits(store, blobs[i], K), nq, args.rounds),
+            "quantized": timed(lambda i: store.vector_search(blobs[i], K), nq, args.rounds),
+            "hybrid_search": timed(lambda i: run_search(store, provider, SearchRequest(texts[i]), settings),
+                                   nq, args.rounds),
+            "bm25_search": timed(lambda i: run_search(store, None, SearchRequest(texts[i], mode="bm25"), settings),
+                                 nq, args.rounds),
+            "quantized_with_prefix": {
+                f"{prefix} ({share:.0%} of chunks)": timed(
+                    lambda i, prefix=prefix: store.vector_search(blobs[i], K, prefix), nq, args.rounds)
+                for prefix, share in prefixes(store)},
+            f"recall@{K}": round(recall(store, vectors, seqs_of(store), queries, K), 4),
+        }
+        sizes[str(n)] = figures
+        log(f"  {n}: {json.dumps(figures)}")
+        store.close()
+    result["sizes"] = sizes
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
