@@ -138,12 +138,15 @@ class DaemonClient:
         result: dict[str, Any] = self.call("search", params, timeout=self.timeout)
         return result
 
-    def get(self, path: str, start: int | None = None, lines: int | None = None) -> dict[str, Any]:
+    def get(self, path: str, start: int | None = None, lines: int | None = None,
+            max_bytes: int | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"path": path}
         if start is not None:
             params["from"] = start
         if lines is not None:
             params["lines"] = lines
+        if max_bytes is not None:
+            params["max_bytes"] = max_bytes
         result: dict[str, Any] = self.call("get", params, timeout=self.timeout)
         return result
 

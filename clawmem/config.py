@@ -49,7 +49,7 @@ class ChunkingSettings:
 class EmbeddingSettings:
     provider: str = "auto"
     model: str = ""
-    fallback: str = "none"
+    fallback: str = ""  # unset: an explicit provider that cannot start is an error; "none": keyword-only instead
     local_model: str = ""
     base_url: str = ""
     api_key: str = ""
@@ -64,7 +64,8 @@ class EmbeddingSettings:
 
     def validate(self) -> None:
         _require(self.provider in PROVIDERS, "embedding.provider", f"must be one of {', '.join(PROVIDERS)}")
-        _require(self.fallback in PROVIDERS, "embedding.fallback", f"must be one of {', '.join(PROVIDERS)}")
+        _require(self.fallback in ("", *PROVIDERS), "embedding.fallback",
+                 f"must be empty or one of {', '.join(PROVIDERS)}")
         _require(self.dimensions >= 0, "embedding.dimensions", "must be >= 0 (0 means the model's default)")
         _require(self.batch_size >= 1, "embedding.batch_size", "must be >= 1")
         _require(self.batch_tokens >= 64, "embedding.batch_tokens", "must be >= 64")
@@ -85,6 +86,7 @@ class SearchSettings:
     text_weight: float = 0.4
     rrf_k: int = 60
     snippet_chars: int = 700
+    query_timeout: float = 2.0  # seconds a search waits for its query vector before answering keyword-only
 
     def validate(self) -> None:
         _require(self.mode in SEARCH_MODES, "search.mode", f"must be one of {', '.join(SEARCH_MODES)}")
@@ -96,6 +98,7 @@ class SearchSettings:
                  "search.vector_weight", "weights must be >= 0 and not both 0")
         _require(self.rrf_k >= 1, "search.rrf_k", "must be >= 1")
         _require(self.snippet_chars >= 40, "search.snippet_chars", "must be >= 40")
+        _require(0 < self.query_timeout <= 600, "search.query_timeout", "must be > 0 and <= 600 seconds")
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class Settings:
     index: Path | None = None
     socket: Path | None = None
     extra_paths: tuple[str, ...] = ()
+    refuse_hardlinks: bool = False  # skip (sync) and refuse (get) memory files with more than one hard link
     log_level: str = "info"
     chunking: ChunkingSettings = field(default_factory=ChunkingSettings)
     embedding: EmbeddingSettings = field(default_factory=EmbeddingSettings)

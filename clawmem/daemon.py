@@ -344,8 +344,9 @@ class Daemon:
                                        " (`clawmem status` shows progress)") from None
             raise
 
-    def get(self, path: str, start: int | None, lines: int | None) -> dict[str, object]:
-        return self.index.get(path, start, lines)
+    def get(self, path: str, start: int | None = None, lines: int | None = None,
+            max_bytes: int | None = None) -> dict[str, object]:
+        return self.index.get(path, start, lines, max_bytes)
 
     def status(self) -> dict[str, object]:
         data = self.index.status()

@@ -280,7 +280,8 @@ class MemoryIndex:
     def _index_has_vectors(store: Store) -> bool:
         return '"provider": "none"' not in (store.get_meta("fingerprint") or '"provider": "none"')
 
-    def get(self, path: str, start: int | None = None, lines: int | None = None) -> dict[str, object]:
+    def get(self, path: str, start: int | None = None, lines: int | None = None,
+            max_bytes: int | None = None) -> dict[str, object]:
         if start is not None and (not isinstance(start, int) or isinstance(start, bool) or start < 1):
             raise QueryError("'from' must be a line number >= 1")
         if lines is not None and (not isinstance(lines, int) or isinstance(lines, bool) or lines < 1):

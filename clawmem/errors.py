@@ -7,10 +7,13 @@
     ├── ProviderError          the embedding provider failed            exit 1, rpc -32020
     │   ├── RateLimited        429 after all retries
     │   ├── ProviderTimeout    timeouts / 5xx after all retries
-    │   └── AuthError          the provider refused our credentials
+    │   ├── AuthError          the provider refused our credentials
+    │   └── ProviderUnavailable  an explicitly chosen provider cannot start (no key, no model, no SDK)
     ├── IndexUnavailable       the index cannot be opened or is locked  exit 3, rpc -32030
     │   ├── IndexBusy          another process holds the sync lock
-    │   └── IndexCorrupt       the file is not a usable SQLite database (rebuilt by the next sync)
+    │   ├── IndexCorrupt       the file is not a usable SQLite database (rebuilt by the next sync)
+    │   ├── ServerBusy         the daemon refused a client (connection cap)          rpc -32001
+    │   └── DaemonUnreachable  the client lost or never had a connection (never sent by a daemon)
     └── ProtocolError          a malformed socket request               exit 2, rpc -32600
 
 Each class carries its CLI exit code and JSON-RPC error code so the outer layers map errors
@@ -23,6 +26,7 @@ __all__ = [
     "AuthError",
     "ClawmemError",
     "ConfigError",
+    "DaemonUnreachable",
     "IndexBusy",
     "IndexCorrupt",
     "IndexUnavailable",
@@ -30,8 +34,10 @@ __all__ = [
     "ProtocolError",
     "ProviderError",
     "ProviderTimeout",
+    "ProviderUnavailable",
     "QueryError",
     "RateLimited",
+    "ServerBusy",
 ]
 
 
@@ -76,6 +82,10 @@ class AuthError(ProviderError):
     """The provider refused the credentials; retrying will not help."""
 
 
+class ProviderUnavailable(ProviderError):
+    """A provider the user chose by name cannot start here (no API key, model missing, SDK not installed)."""
+
+
 class IndexUnavailable(ClawmemError):
     """The index file cannot be opened, or the daemon cannot be reached."""
 
@@ -89,6 +99,16 @@ class IndexBusy(IndexUnavailable):
 
 class IndexCorrupt(IndexUnavailable):
     """The index file is not a database or is damaged; it is disposable, so a sync rebuilds it."""
+
+
+class ServerBusy(IndexUnavailable):
+    """The daemon turned a client away (every connection slot busy); the CLI then reads the index itself."""
+
+    rpc_code = -32001
+
+
+class DaemonUnreachable(IndexUnavailable):
+    """No answer from the daemon's socket (nothing listening, connection lost, no reply in time)."""
 
 
 class ProtocolError(ClawmemError):
