@@ -12,7 +12,8 @@ How a file is cut:
   `overlap` tokens.
 - A single line over `max_tokens` is cut into pieces by token windows on character boundaries;
   each piece keeps that line's number, and the pieces joined give the line back.
-Every chunk's token count is checked on its final text, so the bound holds for any input.
+Every chunk's token count is checked on its final text, so the bound holds for any input, and the
+cost is linear in the input: a line too long to fit (by its length alone) is never encoded whole.
 """
 
 from __future__ import annotations
@@ -21,8 +22,14 @@ import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import xxhash
+
+from clawmem.tokens import MAX_TOKEN_BYTES, split_by_tokens
+
+if TYPE_CHECKING:
+    import tiktoken
 
 __all__ = ["Chunk", "chunk_markdown", "split_lines"]
 
@@ -30,8 +37,6 @@ HARD = 4
 HEADING = 3
 BLOCK = 2
 LINE = 1
-
-Counter = Callable[[str], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +63,8 @@ def split_lines(text: str) -> list[str]:
 def chunk_markdown(text: str, *, max_tokens: int = 400, overlap: int = 80, tokenizer: str = "cl100k_base") -> list[Chunk]:
     from clawmem.tokens import get_encoding
 
-    encoding = get_encoding(tokenizer)
-    return chunk_lines(split_lines(text), max_tokens=max_tokens, overlap=overlap,
-                       count=encoding.encode_ordinary, priorities=_priorities)
+    return chunk_lines(split_lines(text), max_tokens=max_tokens, overlap=overlap, encoding=get_encoding(tokenizer),
+                       priorities=_priorities)
 
 
 def chunk_lines(
@@ -68,12 +72,16 @@ def chunk_lines(
     *,
     max_tokens: int,
     overlap: int,
-    count: Callable[[str], Sequence[int]],
+    encoding: tiktoken.Encoding,
     priorities: Callable[[Sequence[str]], list[int]],
 ) -> list[Chunk]:
     if not lines:
         return []
-    costs = [len(count(line)) + 1 for line in lines]  # +1: the line break
+    count = encoding.encode_ordinary
+    # A line longer than MAX_TOKEN_BYTES * max_tokens characters cannot fit (its bytes alone make more
+    # tokens): it is cut without counting it whole. +1 on every cost: the line break.
+    too_long = MAX_TOKEN_BYTES * max_tokens
+    costs = [max_tokens + 1 if len(line) > too_long else len(count(line)) + 1 for line in lines]
     prio = priorities(lines)
     min_section = max_tokens // 4
     chunks: list[Chunk] = []
@@ -82,7 +90,7 @@ def chunk_lines(
     for i in range(1, len(lines) + 1):
         section_cost += costs[i - 1]
         if i == len(lines) or (prio[i] == HARD and section_cost >= min_section):
-            _pack_section(lines, costs, prio, section_start, i, max_tokens, overlap, count, chunks)
+            _pack_section(lines, costs, prio, section_start, i, max_tokens, overlap, encoding, chunks)
             section_start, section_cost = i, 0
         elif prio[i] == HARD:
             prio[i] = HEADING
@@ -91,7 +99,7 @@ def chunk_lines(
 
 def _pack_section(
     lines: Sequence[str], costs: list[int], prio: list[int], start: int, end: int,
-    max_tokens: int, overlap: int, count: Callable[[str], Sequence[int]], out: list[Chunk],
+    max_tokens: int, overlap: int, encoding: tiktoken.Encoding, out: list[Chunk],
 ) -> None:
     i = start
     while i < end:
@@ -101,11 +109,11 @@ def _pack_section(
             total += costs[j]
             j += 1
         if j == i:
-            out.extend(_split_long_line(lines[i], i + 1, max_tokens, count))
+            out.extend(_split_long_line(lines[i], i + 1, max_tokens, encoding))
             i += 1
             continue
         k = _best_break(prio, i, j) if j < end else j
-        k = _emit(lines, i, k, costs, max_tokens, count, out)
+        k = _emit(lines, i, k, costs, max_tokens, encoding, out)
         if k >= end:
             return
         back = k
@@ -129,7 +137,7 @@ def _best_break(prio: list[int], i: int, j: int) -> int:
 
 
 def _emit(lines: Sequence[str], i: int, k: int, costs: list[int], max_tokens: int,
-          count: Callable[[str], Sequence[int]], out: list[Chunk]) -> int:
+          encoding: tiktoken.Encoding, out: list[Chunk]) -> int:
     """Append the chunk of lines [i, k), shrinking it if its real token count is over the bound.
 
     The sum of the lines' own counts bounds the joined text's count except where tokens merge
@@ -142,36 +150,20 @@ def _emit(lines: Sequence[str], i: int, k: int, costs: list[int], max_tokens: in
         if estimate + (k - i) <= max_tokens:
             n = estimate
             break
-        n = len(count(text))
+        n = len(encoding.encode_ordinary(text))
         if n <= max_tokens or k - i == 1:
             break
         k -= 1
         estimate -= costs[k]
     if n > max_tokens:
-        out.extend(_split_long_line(lines[i], i + 1, max_tokens, count))
+        out.extend(_split_long_line(lines[i], i + 1, max_tokens, encoding))
         return i + 1
     out.append(Chunk(i + 1, k, text, _hash(text), n))
     return k
 
 
-def _split_long_line(line: str, lineno: int, max_tokens: int, count: Callable[[str], Sequence[int]]) -> list[Chunk]:
-    pieces: list[Chunk] = []
-    rest = line
-    while rest:
-        n = len(count(rest))
-        if n <= max_tokens:
-            pieces.append(Chunk(lineno, lineno, rest, _hash(rest), n))
-            break
-        cut = max(1, int(len(rest) * max_tokens / n))
-        while True:
-            piece = rest[:cut]
-            m = len(count(piece))
-            if m <= max_tokens:
-                break
-            cut = max(1, int(cut * max_tokens / m * 0.95) if m > max_tokens else cut - 1)
-        pieces.append(Chunk(lineno, lineno, piece, _hash(piece), m))
-        rest = rest[cut:]
-    return pieces
+def _split_long_line(line: str, lineno: int, max_tokens: int, encoding: tiktoken.Encoding) -> list[Chunk]:
+    return [Chunk(lineno, lineno, piece, _hash(piece), n) for piece, n in split_by_tokens(line, max_tokens, encoding)]
 
 
 def _hash(text: str) -> str:
@@ -190,6 +182,17 @@ def _parser():  # type: ignore[no-untyped-def]
     return md
 
 
+STRUCTURE_CHARS = 1024  # a line's block role shows in its start; markdown-it walks leading blanks in Python
+
+
+def _structural(line: str) -> str:
+    """The start of a long line, enough for its block role (blank or not, its marker), at a bounded cost."""
+    if len(line) <= STRUCTURE_CHARS:
+        return line
+    head = line[:STRUCTURE_CHARS]
+    return head[:-1] + "." if head.isspace() and not line.isspace() else head
+
+
 _LIST_ITEM = re.compile(r" {0,3}(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)")
 
 
@@ -197,7 +200,7 @@ def _priorities(lines: Sequence[str]) -> list[int]:
     """Break priority of each line start, from markdown-it's block tokens and their line maps."""
     prio = [LINE] * len(lines)
     # markdown-it also breaks lines on a lone '\r'; blank it so its line numbers stay ours.
-    source = "\n".join(lines).replace("\r", " ")
+    source = "\n".join(map(_structural, lines)).replace("\r", " ")
     in_fence = bytearray(len(lines))
     for token in _parser().parse(source):
         if token.map is None or token.nesting == -1:

@@ -14,15 +14,20 @@ import importlib.util
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import tiktoken
 
-__all__ = ["count_tokens", "get_encoding"]
+__all__ = ["MAX_TOKEN_BYTES", "count_tokens", "get_encoding", "split_by_tokens"]
 
 _lock = threading.Lock()
+
+MAX_TOKEN_BYTES = 128  # the longest token of cl100k_base and o200k_base: n bytes of text are >= n/128 tokens
+MIN_PIECE_TOKENS = 4  # one UTF-8 character can take 4 tokens
+PIECE_BYTES_PER_TOKEN = 32  # prose averages ~4 bytes a token, CJK ~2, base64 ~1.5: only long runs come near
 
 
 @functools.cache
@@ -36,6 +41,70 @@ def get_encoding(name: str = "cl100k_base") -> tiktoken.Encoding:
 
 def count_tokens(text: str, name: str = "cl100k_base") -> int:
     return len(get_encoding(name).encode_ordinary(text))
+
+
+def split_by_tokens(text: str, max_tokens: int, encoding: tiktoken.Encoding) -> Iterator[tuple[str, int]]:
+    """Cut `text` into (piece, token count) pairs of at most `max_tokens` tokens, joining back to `text`.
+
+    Cuts fall between tokens and never inside a character; each piece is counted again on its own
+    (BPE may tokenise a slice differently from the same span in context) and shortened until it
+    fits. The cost is linear in the text: it is encoded in windows of a few pieces, each once (not
+    whole, and not the rest again after each piece), and a piece also ends at PIECE_BYTES_PER_TOKEN
+    bytes per allowed token, which only runs of very long tokens (whitespace, rules) reach and which
+    keeps windows small where BPE is slowest.
+    """
+    if max_tokens < MIN_PIECE_TOKENS:
+        raise ValueError(f"max_tokens must be at least {MIN_PIECE_TOKENS} (one UTF-8 character can take 4 tokens)")
+    cap = PIECE_BYTES_PER_TOKEN * max_tokens
+    window = 4 * cap  # characters, so at least 4 caps of bytes: the tail carried over is under a piece
+    pos = 0
+    while pos < len(text):
+        end = min(len(text), pos + window)
+        segment = text[pos:end]
+        final = end == len(text)
+        tokens = encoding.encode_ordinary(segment)
+        data = segment.encode("utf-8")
+        if final and len(tokens) <= max_tokens and len(data) <= cap:
+            yield segment, len(tokens)
+            return
+        first = offset = 0
+        while first < len(tokens) and (final or len(tokens) - first > max_tokens or len(data) - offset > cap):
+            piece, count, first = _next_piece(data, tokens, first, offset, max_tokens, cap, encoding)
+            offset += len(piece.encode("utf-8"))
+            pos += len(piece)
+            yield piece, count
+
+
+def _next_piece(data: bytes, tokens: list[int], first: int, offset: int, max_tokens: int, cap: int,
+                encoding: tiktoken.Encoding) -> tuple[str, int, int]:
+    """The longest piece from token `first` (at byte `offset`) within both limits, ending on a character boundary.
+
+    Returns the piece, its own token count and the index of the token after it.
+    """
+    last = min(first + max_tokens, len(tokens))
+    end = offset + len(encoding.decode_bytes(tokens[first:last]))
+    if end - offset > cap:  # a run of long tokens: the most tokens within `cap` bytes
+        lo, hi = first + 1, last
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(encoding.decode_bytes(tokens[first:mid])) <= cap:
+                lo = mid
+            else:
+                hi = mid - 1
+        last = lo
+        end = offset + len(encoding.decode_bytes(tokens[first:last]))
+    while True:
+        while last > first and end < len(data) and (data[end] & 0xC0) == 0x80:
+            last -= 1
+            end -= len(encoding.decode_single_token_bytes(tokens[last]))
+        if last == first:
+            raise ValueError("cannot cut text on a character boundary within the token limit")
+        piece = data[offset:end].decode("utf-8")
+        count = len(encoding.encode_ordinary(piece))
+        if count <= max_tokens:
+            return piece, count, last
+        last -= 1
+        end -= len(encoding.decode_single_token_bytes(tokens[last]))
 
 
 def _seed_cache(name: str) -> None:

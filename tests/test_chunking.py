@@ -169,3 +169,56 @@ def test_chunk_hash_is_xxh3_128_of_the_text() -> None:
 
     chunk = chunk_markdown("# hello\nworld")[0]
     assert chunk.hash == xxhash.xxh3_128_hexdigest(chunk.text.encode())
+
+
+class CountingEncoding:
+    """The real tokenizer, counting how many characters it is asked to encode."""
+
+    def __init__(self) -> None:
+        from clawmem.tokens import get_encoding
+
+        self._inner = get_encoding("cl100k_base")
+        self.encoded_chars = 0
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        self.encoded_chars += len(text)
+        return self._inner.encode_ordinary(text)
+
+    def decode_bytes(self, tokens: list[int]) -> bytes:
+        return self._inner.decode_bytes(tokens)
+
+    def decode_single_token_bytes(self, token: int) -> bytes:
+        return self._inner.decode_single_token_bytes(token)
+
+
+@pytest.mark.parametrize("line", [
+    "lorem ipsum dolor sit amet " * 40_000,  # words: ~1 MB
+    "x" * 1_000_000,  # one run without a break
+    " " * 999_999 + "x",  # whitespace, where BPE is slowest
+    "记忆系统" * 250_000,
+], ids=["words", "one-run", "whitespace", "cjk"])
+def test_a_huge_line_is_tokenised_a_bounded_number_of_times(line: str) -> None:
+    """Linear chunking: each character is encoded a few times at most, however long the line.
+
+    Cutting a line by re-encoding the rest after each piece (what chunking did before) encodes a
+    1 MB line hundreds of times over.
+    """
+    from clawmem.chunking import _priorities, chunk_lines
+
+    encoding = CountingEncoding()
+    chunks = chunk_lines(split_lines(line), max_tokens=400, overlap=80, encoding=encoding,  # type: ignore[arg-type]
+                         priorities=_priorities)
+    assert "".join(c.text for c in chunks) == line
+    assert all(c.tokens <= 400 and count_tokens(c.text) == c.tokens for c in chunks)
+    assert encoding.encoded_chars <= 3 * len(line)
+
+
+def test_a_long_line_keeps_its_block_role_for_the_parser() -> None:
+    """Only a long line's start goes to markdown-it; a blank-looking start of a non-blank line stays non-blank."""
+    from clawmem.chunking import STRUCTURE_CHARS, _structural
+
+    assert _structural("# short") == "# short"
+    assert _structural("- " + "item " * 1000) == ("- " + "item " * 1000)[:STRUCTURE_CHARS]
+    assert _structural(" " * 5000).isspace()
+    padded = _structural(" " * 5000 + "text")
+    assert len(padded) == STRUCTURE_CHARS and not padded.isspace()

@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING
 
 from clawmem.embeddings.base import normalize
 from clawmem.errors import ProviderError
+from clawmem.tokens import split_by_tokens
 
 if TYPE_CHECKING:
     import tiktoken
 
 __all__ = ["Piece", "Plan", "combine", "embed_planned", "plan_batches", "split_text"]
-
-MIN_PIECE_TOKENS = 4
 
 
 @dataclass(frozen=True)
@@ -41,40 +40,8 @@ class Plan:
 
 
 def split_text(text: str, max_tokens: int, encoding: tiktoken.Encoding) -> list[tuple[str, int]]:
-    """Cut `text` into (piece, token count) pairs of at most `max_tokens` tokens each.
-
-    Cuts fall between tokens and never inside a UTF-8 character, so the pieces join back to the
-    text. A piece is re-counted after decoding (BPE can tokenise a slice differently from the same
-    span inside the whole text) and shortened until it fits.
-    """
-    if max_tokens < MIN_PIECE_TOKENS:
-        raise ValueError(f"max_tokens must be at least {MIN_PIECE_TOKENS} (one UTF-8 character can take 4 tokens)")
-    tokens = encoding.encode_ordinary(text)
-    if len(tokens) <= max_tokens:
-        return [(text, len(tokens))]
-    parts = encoding.decode_tokens_bytes(tokens)
-    offsets = [0]
-    for part in parts:
-        offsets.append(offsets[-1] + len(part))
-    data = b"".join(parts)
-
-    pieces: list[tuple[str, int]] = []
-    start = 0
-    while start < len(tokens):
-        end = min(start + max_tokens, len(tokens))
-        while True:
-            while end > start and not _char_boundary(data, offsets[end]):
-                end -= 1
-            if end == start:
-                raise ValueError("cannot cut text on a character boundary within the token limit")
-            piece = data[offsets[start]:offsets[end]].decode("utf-8")
-            count = len(encoding.encode_ordinary(piece))
-            if count <= max_tokens:
-                break
-            end -= 1
-        pieces.append((piece, count))
-        start = end
-    return pieces
+    """Cut `text` into (piece, token count) pairs of at most `max_tokens` tokens each (see `split_by_tokens`)."""
+    return list(split_by_tokens(text, max_tokens, encoding)) or [(text, 0)]
 
 
 def plan_batches(
@@ -153,5 +120,3 @@ def embed_planned(plan: Plan, request: Callable[[list[str]], list[list[float]]])
     return combine(plan, vectors)
 
 
-def _char_boundary(data: bytes, offset: int) -> bool:
-    return offset >= len(data) or (data[offset] & 0xC0) != 0x80
