@@ -46,33 +46,37 @@ def count_tokens(text: str, name: str = "cl100k_base") -> int:
 def split_by_tokens(text: str, max_tokens: int, encoding: tiktoken.Encoding) -> Iterator[tuple[str, int]]:
     """Cut `text` into (piece, token count) pairs of at most `max_tokens` tokens, joining back to `text`.
 
-    Cuts fall between tokens and never inside a character; each piece is counted again on its own
-    (BPE may tokenise a slice differently from the same span in context) and shortened until it
-    fits. The cost is linear in the text: it is encoded in windows of a few pieces, each once (not
-    whole, and not the rest again after each piece), and a piece also ends at PIECE_BYTES_PER_TOKEN
-    bytes per allowed token, which only runs of very long tokens (whitespace, rules) reach and which
-    keeps windows small where BPE is slowest.
+    Cuts fall between tokens and never inside a character, and every count is the piece's own
+    (BPE may tokenise a slice differently from the same span in context). The cost is linear in
+    the text, about one encoding pass: each piece is a slice whose length is guessed from the
+    previous piece's characters per token, aiming a little under the limit; a slice that fits is
+    taken as it is (its encoding is its count), one that does not is cut at the limit and counted
+    again. Pieces are therefore at least half full, not always full. A piece also ends at
+    PIECE_BYTES_PER_TOKEN bytes per allowed token, which only runs of very long tokens
+    (whitespace, rules) reach, and which keeps those slices small where BPE is slowest.
     """
     if max_tokens < MIN_PIECE_TOKENS:
         raise ValueError(f"max_tokens must be at least {MIN_PIECE_TOKENS} (one UTF-8 character can take 4 tokens)")
     cap = PIECE_BYTES_PER_TOKEN * max_tokens
-    window = 4 * cap  # characters, so at least 4 caps of bytes: the tail carried over is under a piece
+    aim = max(MIN_PIECE_TOKENS, max_tokens * 9 // 10)
+    guess = min(cap, 4 * max_tokens)  # characters (never more than `cap`: a character is at least a byte)
     pos = 0
     while pos < len(text):
-        end = min(len(text), pos + window)
-        segment = text[pos:end]
-        final = end == len(text)
-        tokens = encoding.encode_ordinary(segment)
-        data = segment.encode("utf-8")
-        if final and len(tokens) <= max_tokens and len(data) <= cap:
-            yield segment, len(tokens)
-            return
-        first = offset = 0
-        while first < len(tokens) and (final or len(tokens) - first > max_tokens or len(data) - offset > cap):
-            piece, count, first = _next_piece(data, tokens, first, offset, max_tokens, cap, encoding)
-            offset += len(piece.encode("utf-8"))
-            pos += len(piece)
-            yield piece, count
+        end = min(len(text), pos + guess)
+        piece = text[pos:end]
+        tokens = encoding.encode_ordinary(piece)
+        data = piece.encode("utf-8")
+        fits = len(tokens) <= max_tokens and len(data) <= cap
+        if fits and end < len(text) and 2 * len(tokens) < max_tokens and 2 * len(data) < cap:
+            guess = min(cap, 2 * guess)  # far too short a guess: a longer slice, before taking a thin piece
+            continue
+        if not fits:
+            piece, count, _ = _next_piece(data, tokens, 0, 0, max_tokens, cap, encoding)
+        else:
+            count = len(tokens)
+        yield piece, count
+        pos += len(piece)
+        guess = min(cap, max(1, len(piece) * aim // max(count, 1), min(len(piece), guess // 2)))
 
 
 def _next_piece(data: bytes, tokens: list[int], first: int, offset: int, max_tokens: int, cap: int,
