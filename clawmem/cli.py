@@ -7,7 +7,9 @@ Heavy modules (the engine, structlog, provider SDKs) are imported inside the com
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -27,28 +29,23 @@ class Context:
                       "embedding.provider": provider}
 
     def settings(self, **overrides: Any) -> Any:
-        from clawmem.config import load_settings
+        """The settings, for an existing workspace folder (a typo must not look like an empty memory)."""
+        from clawmem.config import check_workspace, load_settings
 
         flags = {k: v for k, v in self.flags.items() if k not in ("workspace", "config")}
         flags.update(overrides)
-        return load_settings(workspace=self.flags["workspace"], config_file=self.flags["config"], overrides=flags)
+        settings = load_settings(workspace=self.flags["workspace"], config_file=self.flags["config"], overrides=flags)
+        check_workspace(settings.workspace)
+        return settings
 
     def index(self, **overrides: Any) -> Any:
         from clawmem.engine import MemoryIndex
 
         return MemoryIndex(self.settings(**overrides))
 
-    def backend(self) -> Any:
-        """Where queries go: the running daemon when its socket answers, else the index in-process.
-
-        Both have the same search/get/status methods and answers.
-        """
-        settings = self.settings()
-        backend = self.daemon(settings)
-        if backend is None:
-            from clawmem.engine import MemoryIndex
-
-            backend = MemoryIndex(settings)
+    def backend(self) -> Backend:
+        """Where queries go: the running daemon when its socket answers, else the index in-process."""
+        backend = Backend(self.settings(), self.daemon)
         click_context = click.get_current_context(silent=True)
         if click_context is not None:
             click_context.call_on_close(backend.close)
@@ -59,6 +56,54 @@ class Context:
         from clawmem.client import find_daemon
 
         return find_daemon(settings if settings is not None else self.settings())
+
+
+class Backend:
+    """search/get/status from the daemon when it answers, else from the index in-process.
+
+    A daemon that turns the client away (every connection busy) or stops answering is not an
+    error for a query: the index file is readable by anyone the daemon serves, so the query is
+    answered in-process instead.
+    """
+
+    def __init__(self, settings: Any, find_daemon: Callable[[Any], Any]) -> None:
+        self.settings = settings
+        self._daemon = find_daemon(settings)
+        self._local: Any = None
+
+    def _call(self, method: str, *args: Any) -> Any:
+        from clawmem.errors import DaemonUnreachable, ServerBusy
+
+        if self._daemon is not None:
+            try:
+                return getattr(self._daemon, method)(*args)
+            except (DaemonUnreachable, ServerBusy):
+                self._daemon.close()
+                self._daemon = None
+        if self._local is None:
+            from clawmem.engine import MemoryIndex
+
+            self._local = MemoryIndex(self.settings)
+        return getattr(self._local, method)(*args)
+
+    def search(self, request: Any) -> Any:
+        return self._call("search", request)
+
+    def get(self, path: str, start: int | None, lines: int | None, max_bytes: int | None = None) -> Any:
+        return self._call("get", path, start, lines, max_bytes)
+
+    def status(self) -> Any:
+        return self._call("status")
+
+    def close(self) -> None:
+        for part in (self._daemon, self._local):
+            if part is not None:
+                part.close()
+
+
+def _argument(value: str) -> str:
+    """A command-line word as text: bytes that are not UTF-8 (a shell passes them through) become U+FFFD."""
+    return os.fsencode(value).decode("utf-8", "replace")
 
 
 def _global_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -138,30 +183,45 @@ def _index(ctx: Context, progress: bool | None, *, force: bool) -> None:
         return
     memory = ctx.index()
     show = sys.stderr.isatty() if progress is None else progress
-    with _ProgressBar(show, "indexing") as bar, _ProgressBar(show, "embedding") as ebar:
-        if force:
-            report = memory.reindex(progress=bar.update)
-        else:
-            report = memory.sync(progress=bar.update, embed_progress=ebar.update)
-    memory.close()
-    parts = [f"{report.files_seen} files", f"{report.added} added", f"{report.updated} updated",
-             f"{report.removed} removed", f"{report.chunks_added} chunks added"]
-    if report.embedded:
-        parts.append(f"{report.embedded} embedded")
-    click.echo(f"indexed {memory.settings.workspace} in {report.duration:.2f}s: " + ", ".join(parts), err=True)
-    for error in report.errors:
-        click.echo(f"clawmem: warning: {error}", err=True)
-    if report.embed_error:
-        click.echo(f"clawmem: warning: embeddings pending: {report.embed_error}", err=True)
+    try:
+        with _ProgressBar(show, "indexing", "files") as bar, _ProgressBar(show, "embedding", "chunks") as ebar:
+            run = memory.reindex if force else memory.sync
+            report = run(progress=bar.update, embed_progress=ebar.update)
+        waiting = memory.reader().pending_embeddings() if report.embed_error else 0
+    finally:
+        memory.close()
+    _summary(f"indexed {memory.settings.workspace}", report.as_dict(), waiting)
+
+
+def _summary(head: str, report: dict[str, Any], waiting: int = 0) -> None:
+    """The one-line account of a whole run (embedding included), then what needs the user's eye."""
+    parts = [f"{report.get('files_seen', 0)} files", f"{report.get('added', 0)} added",
+             f"{report.get('updated', 0)} updated", f"{report.get('removed', 0)} removed",
+             f"{report.get('chunks_added', 0)} chunks added"]
+    if report.get("embedded"):
+        parts.append(f"{report['embedded']} embedded")
+    click.echo(f"{head} in {float(report.get('duration') or 0.0):.2f}s: " + ", ".join(parts), err=True)
+    for problem in [*report.get("errors", []), *report.get("skipped", [])]:
+        click.echo(f"clawmem: warning: {problem}", err=True)
+    if report.get("embed_error"):
+        click.echo(f"clawmem: warning: {waiting or 'some'} chunks wait for a vector ({report['embed_error']});"
+                   " the next `clawmem index`, or the daemon, completes them", err=True)
+    if not report.get("files_seen"):
+        click.echo("clawmem: warning: no memory files here (MEMORY.md, memory/**/*.md): is this the right"
+                   " workspace? `clawmem init DIR` creates a starter one", err=True)
 
 
 class _ProgressBar:
-    """click's progress bar, created on the first update so an empty phase prints nothing."""
+    """click's progress bar, created on the first update so an empty phase prints nothing.
 
-    def __init__(self, enabled: bool, label: str) -> None:
-        self.enabled, self.label = enabled, label
+    It moves once per batch and shows the measured rate; click derives the ETA from the same rate.
+    """
+
+    def __init__(self, enabled: bool, label: str, unit: str) -> None:
+        self.enabled, self.label, self.unit = enabled, label, unit
         self._bar: Any = None
         self._done = 0
+        self._started = 0.0
 
     def __enter__(self) -> _ProgressBar:
         return self
@@ -174,10 +234,18 @@ class _ProgressBar:
         if not self.enabled or total <= 0:
             return
         if self._bar is None:
-            self._bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
+            self._started = time.monotonic()
+            self._bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_eta=True,
+                                          item_show_func=self._rate)
             self._bar.__enter__()
-        self._bar.update(done - self._done)
+        self._bar.update(done - self._done, done)
         self._done = done
+
+    def _rate(self, done: int | None) -> str | None:
+        elapsed = time.monotonic() - self._started
+        if not done or elapsed <= 0:
+            return None
+        return f"{done / elapsed:,.0f} {self.unit}/s"
 
 
 @cli.command()
@@ -196,7 +264,8 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
     def action() -> None:
         from clawmem.search import SearchRequest
 
-        request = SearchRequest(" ".join(query), max_results, min_score, mode, path_prefix)
+        request = SearchRequest(" ".join(map(_argument, query)), max_results, min_score, mode,
+                                _argument(path_prefix) if path_prefix is not None else None)
         answer = ctx.backend().search(request)
         if as_json:
             click.echo(json.dumps(answer, ensure_ascii=False))
@@ -226,9 +295,22 @@ def get(path: str, start: int | None, lines: int | None, **kwargs: Any) -> None:
     ctx = _ctx(kwargs)
 
     def action() -> None:
-        answer = ctx.backend().get(path, start, lines)
-        text = str(answer["text"])
-        click.echo(text)
+        from clawmem.files import path_key
+
+        backend, key = ctx.backend(), path_key(path)
+        first, left = start or 1, lines
+        while True:  # a large file comes in bounded pieces: print each, ask for the next
+            answer = backend.get(key, first, left)
+            text = str(answer["text"])
+            if answer.get("lines"):
+                click.echo(text)
+            if not answer.get("truncated") or not answer.get("next_from"):
+                return
+            if left is not None:
+                left -= int(answer["next_from"]) - first
+                if left <= 0:
+                    return
+            first = int(answer["next_from"])
 
     _run(action)
 
@@ -251,15 +333,29 @@ def status(as_json: bool, **kwargs: Any) -> None:
 
 
 def _print_fields(data: dict[str, Any], indent: int = 0) -> None:
-    """`key: value` lines, nested objects (the daemon's section) indented under their key."""
+    """`key value` lines for people: nested objects and lists indented under their key, "-" for nothing."""
     for key, value in data.items():
-        if key == "fingerprint":
+        if key in ("fingerprint", "last") or value in ([], {}):
             continue
         if isinstance(value, dict):
             click.echo(f"{'':>{indent}}{key}:")
             _print_fields(value, indent + 2)
+        elif isinstance(value, list):
+            click.echo(f"{'':>{indent}}{key}:")
+            for item in value:
+                click.echo(f"{'':>{indent + 2}}- {_plain(item)}")
         else:
-            click.echo(f"{'':>{indent}}{key:<{22 - indent}} {value}")
+            click.echo(f"{'':>{indent}}{key:<{22 - indent}} {_plain(value)}")
+
+
+def _plain(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_plain(v)}" for k, v in value.items())
+    return str(value)
 
 
 def main() -> None:
@@ -273,17 +369,14 @@ def main() -> None:
 
 
 def _index_by_daemon(client: Any, *, force: bool) -> None:
-    """`index`/`reindex` while a daemon runs: it owns the writes, so ask it and wait for the run."""
+    """`index`/`reindex` while a daemon runs: it owns the writes, so ask it and wait for the run.
+
+    Its embedding thread makes the vectors afterwards; `clawmem status` shows how many wait.
+    """
     with client:
         run = client.reindex(wait=True) if force else client.sync(wait=True)
-    report = run.get("report") or {}
-    parts = [f"{report.get(k, 0)} {label}" for k, label in (
-        ("files_seen", "files"), ("added", "added"), ("updated", "updated"), ("removed", "removed"),
-        ("chunks_added", "chunks added"))]
-    click.echo(f"the daemon {'rebuilt' if force else 'synced'} the index in {run.get('duration', 0.0):.2f}s: "
-               + ", ".join(parts), err=True)
-    for error in report.get("errors", []):
-        click.echo(f"clawmem: warning: {error}", err=True)
+    report = {**(run.get("report") or {}), "duration": run.get("duration")}
+    _summary(f"the daemon {'rebuilt' if force else 'synced'} the index", report)
 
 
 @cli.command()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from clawmem import errors
-from clawmem.errors import ClawmemError, IndexUnavailable, ProtocolError, QueryError
+from clawmem.errors import ClawmemError, DaemonUnreachable, ProtocolError, QueryError
 
 if TYPE_CHECKING:
     from clawmem.config import Settings
@@ -35,7 +35,7 @@ _BY_CODE: dict[int, type[ClawmemError]] = {
     -32602: QueryError,
 }
 for _cls in (errors.ConfigError, errors.PathError, errors.QueryError, errors.ProviderError,
-             errors.IndexUnavailable, errors.ProtocolError):
+             errors.IndexUnavailable, errors.ServerBusy, errors.ProtocolError):
     _BY_CODE.setdefault(_cls.rpc_code, _cls)
 _BY_NAME: dict[str, type[ClawmemError]] = {
     name: cls for name in errors.__all__
@@ -75,10 +75,10 @@ class DaemonClient:
             sock.connect(str(self.path))
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
-            raise IndexUnavailable(f"no clawmem daemon is listening on {self.path} ({exc.strerror})") from None
+            raise DaemonUnreachable(f"no clawmem daemon is listening on {self.path} ({exc.strerror})") from None
         except OSError as exc:
             sock.close()
-            raise IndexUnavailable(f"cannot connect to the clawmem daemon at {self.path}: {exc}") from None
+            raise DaemonUnreachable(f"cannot connect to the clawmem daemon at {self.path}: {exc}") from None
         self._sock = sock
         self._file = sock.makefile("rb")
         return self
@@ -105,22 +105,31 @@ class DaemonClient:
             assert self._sock is not None
             request["id"] = next(self._ids)
             try:
+                # ASCII escapes: a lone surrogate (from a non-UTF-8 argument) reaches the daemon's
+                # parameter check as such, instead of failing to encode here.
+                payload = json.dumps(request, allow_nan=False).encode("ascii") + b"\n"
+            except ValueError as exc:
+                raise QueryError(f"cannot send {method!r}: {exc}") from None
+            try:
                 self._sock.settimeout(timeout)
-                self._sock.sendall(json.dumps(request, ensure_ascii=False).encode("utf-8") + b"\n")
+                self._sock.sendall(payload)
                 line = self._file.readline()
             except TimeoutError:
                 self.close()
-                raise IndexUnavailable(f"the clawmem daemon did not answer {method!r} within {timeout:g}s") from None
+                raise DaemonUnreachable(f"the clawmem daemon did not answer {method!r} within {timeout:g}s") from None
             except OSError as exc:
                 self.close()
-                raise IndexUnavailable(f"lost the connection to the clawmem daemon: {exc}") from None
+                raise DaemonUnreachable(f"lost the connection to the clawmem daemon: {exc}") from None
             if not line:
                 self.close()
-                raise IndexUnavailable("the clawmem daemon closed the connection")
+                raise DaemonUnreachable("the clawmem daemon closed the connection")
         try:
             answer = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ProtocolError(f"the daemon sent a line that is not JSON: {exc}") from None
+        if isinstance(answer, dict) and answer.get("id") is None and isinstance(answer.get("error"), dict):
+            self.close()  # an answer to no request: the daemon turned this connection away
+            raise error_for(answer["error"])
         if not isinstance(answer, dict) or answer.get("id") != request["id"]:
             raise ProtocolError("the daemon's answer does not match the request")
         if "error" in answer:
@@ -170,5 +179,5 @@ def find_daemon(settings: Settings, *, timeout: float | None = CALL_TIMEOUT) -> 
         return None
     try:
         return DaemonClient(path, timeout=timeout).connect()
-    except IndexUnavailable:
+    except DaemonUnreachable:
         return None

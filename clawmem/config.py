@@ -23,6 +23,7 @@ __all__ = [
     "EmbeddingSettings",
     "SearchSettings",
     "Settings",
+    "check_workspace",
     "load_settings",
 ]
 
@@ -146,6 +147,11 @@ class Settings:
         base = Path(runtime) / "clawmem" if runtime else _cache_dir() / "run"
         return base / f"{_workspace_key(self.workspace)}.sock"
 
+    @property
+    def daemon_lock_path(self) -> Path:
+        """The lock that admits one daemon per workspace, whatever socket or index each is given."""
+        return _cache_dir() / "daemons" / f"{_workspace_key(self.workspace)}.lock"
+
     def validate(self) -> None:
         _require(self.log_level in LOG_LEVELS, "log_level", f"must be one of {', '.join(LOG_LEVELS)}")
         for section in (self.chunking, self.embedding, self.search, self.daemon):
@@ -217,6 +223,14 @@ def load_settings(
         raise ConfigError(str(exc)) from exc
     settings.validate()
     return settings
+
+
+def check_workspace(workspace: Path) -> None:
+    """A workspace must be an existing folder: syncing a typo (or an unmounted disk) would empty the index."""
+    if not workspace.exists():
+        raise ConfigError(f"workspace {workspace} does not exist (create one with `clawmem init {workspace}`)")
+    if not workspace.is_dir():
+        raise ConfigError(f"workspace {workspace} is not a directory")
 
 
 def with_overrides(settings: Settings, **section_values: Mapping[str, Any]) -> Settings:

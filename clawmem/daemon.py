@@ -5,11 +5,13 @@ The start-up order is the design:
 
 1. the instance lock (flock, so the kernel releases it when a holder dies: a stale lock from a
    killed daemon is simply free, and its leftover socket file is known to be stale and replaced);
-2. the writer thread, idle;
-3. the watcher, before the first sync, so nothing written during that sync is missed (its events
+2. the embedding provider, so one named in the settings that cannot start (no key, no model) is
+   an error at once rather than a keyword-only index built in its place;
+3. the writer thread (keyword syncs and rebuilds) and the embedding thread, idle;
+4. the watcher, before the first sync, so nothing written during that sync is missed (its events
    coalesce into one follow-up run);
-4. the first sync, queued for the writer;
-5. the socket, listening (inherited from systemd socket activation when LISTEN_FDS says so), so
+5. the first sync, queued for the writer;
+6. the socket, listening (inherited from systemd socket activation when LISTEN_FDS says so), so
    queries are answered from the existing index while the first sync runs; then READY=1.
 
 Signals are turned into bytes on a pipe (`signal.set_wakeup_fd`) that the main thread reads, so
@@ -35,11 +37,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clawmem import __version__
-from clawmem.config import Settings
+from clawmem.config import Settings, check_workspace
+from clawmem.embedder import Embedder
 from clawmem.engine import MemoryIndex
 from clawmem.errors import ClawmemError, ConfigError, IndexBusy, IndexUnavailable
 from clawmem.search import SearchRequest
 from clawmem.server import RpcServer, bind_unix_socket, ensure_private_dir
+from clawmem.store import make_private_dirs
 from clawmem.systemd import Notifier, listen_fds
 from clawmem.watcher import ObserverFactory, WorkspaceWatcher
 from clawmem.writer import Run, Writer
@@ -55,29 +59,34 @@ _UNSET: Any = object()
 
 
 class InstanceLock:
-    """Exclusive flocks on a few files; a second daemon for the same socket or index is refused."""
+    """Exclusive flocks on a few files (workspace, socket, index): a second daemon for any of them is refused.
 
-    def __init__(self, paths: Sequence[Path]) -> None:
+    Each lock file holds the holder's pid and socket, so the refusal says where the first one answers.
+    """
+
+    def __init__(self, paths: Sequence[Path], socket_path: Path | None = None) -> None:
         self.paths = list(paths)
+        self.socket_path = socket_path
         self._fds: list[int] = []
 
     def acquire(self) -> None:
         try:
             for path in self.paths:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+                make_private_dirs(path.parent)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError as exc:
-                    holder = _read_pid(fd)
+                    holder, where = _read_holder(fd)
                     os.close(fd)
                     if exc.errno not in (errno.EAGAIN, errno.EACCES):
                         raise IndexUnavailable(f"cannot lock {path}: {exc.strerror}") from None
                     who = f"pid {holder}" if holder else "another process"
-                    raise IndexBusy(f"another clawmem daemon ({who}) is already running for this workspace"
+                    at = f", socket {where}" if where else ""
+                    raise IndexBusy(f"another clawmem daemon ({who}{at}) is already running for this workspace"
                                     f" (lock {path}); stop it first, or query it with `clawmem status`") from None
                 os.ftruncate(fd, 0)
-                os.write(fd, f"{os.getpid()}\n".encode())
+                os.write(fd, f"{os.getpid()}\n{self.socket_path or ''}\n".encode())
                 self._fds.append(fd)
         except BaseException:
             self.release()
@@ -90,12 +99,13 @@ class InstanceLock:
         self._fds.clear()
 
 
-def _read_pid(fd: int) -> int | None:
+def _read_holder(fd: int) -> tuple[int | None, str]:
+    """(pid, socket) written by the lock's holder; (None, "") when unreadable."""
     try:
-        text = os.pread(fd, 32, 0).decode().strip()
-        return int(text) if text else None
+        lines = os.pread(fd, 4096, 0).decode("utf-8", "replace").splitlines()
+        return (int(lines[0]) if lines and lines[0].strip() else None), (lines[1] if len(lines) > 1 else "")
     except (OSError, ValueError):
-        return None
+        return None, ""
 
 
 class Daemon:
@@ -120,6 +130,9 @@ class Daemon:
         self.index = self._new_index(settings)
         self._retired: list[MemoryIndex] = []
         self.writer = Writer(lambda: self.index, log=self.log, on_run=self._on_run)
+        self.embedder = Embedder(lambda: self.index, log=self.log, on_run=self._on_run)
+        self._on_disk: int | None = None
+        self._scanned: tuple[int, tuple[int, int]] | None = None  # (full passes seen, disk state) of the last scan
         self.server: RpcServer | None = None
         self.watcher: WorkspaceWatcher | None = None
         self.socket_path: Path | None = None
@@ -135,8 +148,8 @@ class Daemon:
     def start(self) -> None:
         """Everything but the signal handling (see `serve_forever`); raises IndexBusy if already running."""
         settings = self.settings
-        if not settings.workspace.is_dir():
-            raise ConfigError(f"workspace {settings.workspace} is not a directory")
+        check_workspace(settings.workspace)
+        self.index.provider  # noqa: B018 - a provider named in the settings that cannot start stops us here
         inherited = listen_fds(self._environ)
         try:
             listener, path = self._listener(inherited)
@@ -147,6 +160,7 @@ class Daemon:
         self.socket_path = path
         try:
             self.writer.start()
+            self.embedder.start()
             self.watcher = self._new_watcher(settings)
             self.watcher.start()
             self.writer.request_sync("startup")
@@ -176,13 +190,13 @@ class Daemon:
             if listener.family != socket.AF_UNIX or not isinstance(name, str) or not name:
                 raise ConfigError("the socket passed by systemd must be a Unix stream socket with a path")
             path = Path(name)
-            self._lock = InstanceLock(self._lock_paths(path))
+            self._lock = InstanceLock(self._lock_paths(path), path)
             self._lock.acquire()
             self.socket_activated = True
             return listener, path
         path = self.settings.socket_path
         ensure_private_dir(path.parent, enforce=self.settings.socket is None)
-        self._lock = InstanceLock(self._lock_paths(path))
+        self._lock = InstanceLock(self._lock_paths(path), path)
         self._lock.acquire()
         try:
             return bind_unix_socket(path, private_dir=self.settings.socket is None), path
@@ -192,7 +206,8 @@ class Daemon:
 
     def _lock_paths(self, socket_path: Path) -> list[Path]:
         index = self.settings.index_path
-        return [socket_path.with_name(socket_path.name + ".lock"), index.with_name(index.name + ".daemon.lock")]
+        return [self.settings.daemon_lock_path, socket_path.with_name(socket_path.name + ".lock"),
+                index.with_name(index.name + ".daemon.lock")]
 
     def stop(self) -> None:
         """Stop serving: idempotent, and safe after a partial start."""
@@ -207,6 +222,8 @@ class Daemon:
             self.watcher.stop()
         if not self.writer.stop(STOP_TIMEOUT):
             self.log.warning("writer_still_running", action="exiting anyway; the index stays consistent")
+        if not self.embedder.stop(STOP_TIMEOUT / 4):
+            self.log.warning("provider_call_in_flight", action="exiting anyway; pending vectors stay pending")
         if self.server is not None:
             self.server.close()
         for index in (*self._retired, self.index):
@@ -263,6 +280,13 @@ class Daemon:
             self.notifier.send("READY=1", "STATUS=reload failed: keeping the previous configuration")
             return
         kept = replace(fresh, workspace=old.workspace, index=old.index_path, socket=old.socket)
+        index = self._new_index(kept)
+        try:
+            index.provider  # noqa: B018 - a named provider that cannot start keeps the previous configuration
+        except ClawmemError as exc:
+            self.log.error("reload_failed", error=str(exc), action="keeping the previous configuration")
+            self.notifier.send("READY=1", "STATUS=reload failed: keeping the previous configuration")
+            return
         for name, before, after in (("workspace", old.workspace, fresh.workspace),
                                     ("index", old.index_path, fresh.index_path),
                                     ("socket", old.socket_path, fresh.socket_path)):
@@ -272,7 +296,7 @@ class Daemon:
 
         configure(kept.log_level)
         self._retired.append(self.index)
-        self.index = self._new_index(kept)
+        self.index = index
         self.settings = kept
         if self.server is not None:
             self.server.idle_timeout = kept.daemon.idle_timeout
@@ -289,22 +313,34 @@ class Daemon:
     # -- parts -------------------------------------------------------------------------------
 
     def _new_index(self, settings: Settings) -> MemoryIndex:
-        if self._provider is _UNSET:
-            return MemoryIndex(settings, pending_files=self._pending_files)
-        return MemoryIndex(settings, provider=self._provider, pending_files=self._pending_files)
+        provider = {} if self._provider is _UNSET else {"provider": self._provider}
+        return MemoryIndex(settings, pending_files=self._pending_files, files_on_disk=self._files_on_disk,
+                           **provider)
 
     def _pending_files(self) -> int:
         """Files changed since the last sync, from what the watcher and the writer know.
 
         Asked on every query, so it must not scan: only while a full pass is due (start-up, lost
-        events, a new folder) is the answer unknown, and then the engine's own stat scan counts.
+        events, a new folder) is the answer unknown, and then one stat scan per full pass counts.
         """
         seen = self.watcher.pending() if self.watcher is not None else None
         queued = self.writer.pending()
         if seen is not None and queued is not None:
             return len(seen | queued)
-        index = self.index
-        return MemoryIndex(index.settings).pending_files(index.reader())
+        return self._scan()[1]
+
+    def _files_on_disk(self) -> int:
+        """Memory files on disk as the last full pass counted them, moved by the targeted passes since."""
+        return self._on_disk if self._on_disk is not None else self._scan()[0]
+
+    def _scan(self) -> tuple[int, int]:
+        """(files on disk, changed files) by a stat scan, at most once between two full passes."""
+        epoch = self.writer.counts["sync"] + self.writer.counts["reindex"]
+        if self._scanned is None or self._scanned[0] != epoch:
+            index = self.index
+            store = index.reader() if index.path.exists() else None
+            self._scanned = (epoch, index.disk_state(store))
+        return self._scanned[1]
 
     def _new_watcher(self, settings: Settings) -> WorkspaceWatcher:
         d = settings.daemon
@@ -315,6 +351,12 @@ class Daemon:
 
     def _on_run(self, run: Run) -> None:
         report = run.report
+        if run.kind != "embed" and run.error is None and not run.cancelled:
+            self.embedder.wake()  # the new chunks' vectors
+            if report is not None:
+                full = run.targeted is None
+                base = 0 if full else (self._on_disk or 0)
+                self._on_disk = (report.files_seen if full else base + report.added - report.removed)
         if run.kind == "embed" and run.error is None:
             if run.embedded:
                 self.notifier.status(f"embedded {run.embedded} chunks; {run.pending_embeddings or 0} pending")
@@ -327,7 +369,8 @@ class Daemon:
 
     def _watchdog_loop(self, interval: float) -> None:
         while not self._stopped.wait(interval):
-            healthy = self.writer.alive() and self.server is not None and self.server.alive()
+            healthy = (self.writer.alive() and self.embedder.alive() and self.server is not None
+                       and self.server.alive())
             if healthy:
                 self.notifier.watchdog()
             else:
@@ -349,22 +392,30 @@ class Daemon:
         return self.index.get(path, start, lines, max_bytes)
 
     def status(self) -> dict[str, object]:
-        data = self.index.status()
-        data["uptime"] = round(time.monotonic() - self._started_at, 3)
+        """The index's status from what the daemon knows: no scan, no provider call."""
         writer = self.writer.state()
+        embedder = self.embedder.state()
+        data = self.index.status(last_error=writer["last_error"])  # type: ignore[arg-type]
+        data["uptime"] = round(time.monotonic() - self._started_at, 1)
         queued = writer["queued"]
+        running = writer["running"] or ("embed" if embedder["running"] else None)
         data["daemon"] = {
             "pid": os.getpid(),
             "socket": str(self.socket_path),
             "socket_activated": self.socket_activated,
             "watcher": self.watcher.mode if self.watcher is not None else "stopped",
-            "running": writer["running"],
+            "running": running,
             "queued": [kind for kind, wanted in queued.items() if wanted] if isinstance(queued, dict) else [],
-            "runs": writer["runs"],
+            "runs": {**writer["runs"], "embed": embedder["runs"]["embed"]},  # type: ignore[dict-item]
             "last_error": writer["last_error"],
+            "embedding_error": embedder["last_error"],
+            "embedding_retry_in": embedder["retry_in"],
             "requests_served": self.server.served if self.server is not None else 0,
             "reloads": self.reloads,
         }
+        if embedder["last_error"] and isinstance(data.get("stale_reasons"), list):
+            data["stale_reasons"].append(f"the embedding provider failed: {embedder['last_error']}")
+            data["fresh"] = False
         return data
 
     def sync(self, wait: bool) -> dict[str, object]:

@@ -6,7 +6,12 @@ Writers (sync, rebuild) serialise on an flock beside the index file. A rebuild (
 changed, or `reindex`) is written into a private file next to the index and copied into the live
 file with SQLite's backup API in a single write transaction: readers see the old index until the
 new one is complete, and a rebuild killed at any point leaves the old index untouched. Its private
-file is removed by the next writer.
+file is removed by the next writer. Before its swap a rebuild takes the vectors the embedding cache
+knows and makes no provider call, so the keyword index never waits for a provider (a `reindex` or a
+return to an earlier model keeps every vector); the other vectors follow, as for a new note.
+
+Searches never wait long for a provider either: a query vector has `search.query_timeout` seconds,
+after which the answer is keyword-only and says so.
 """
 
 from __future__ import annotations
@@ -23,32 +28,44 @@ from pathlib import Path
 from typing import Any
 
 from clawmem import __version__
-from clawmem.chunking import split_lines
-from clawmem.config import Settings
+from clawmem.config import Settings, check_workspace
 from clawmem.embeddings.base import EmbeddingProvider
-from clawmem.errors import IndexBusy, IndexCorrupt, IndexUnavailable, QueryError
+from clawmem.errors import (
+    ClawmemError,
+    IndexBusy,
+    IndexCorrupt,
+    IndexUnavailable,
+    ProviderError,
+    QueryError,
+)
 from clawmem.search import SearchRequest, run_search
-from clawmem.store import SCHEMA_VERSION, Store
+from clawmem.store import SCHEMA_VERSION, Store, make_private_dirs, make_private_file
 from clawmem.sync import Progress, SyncReport, embed_pending, sync_workspace
-from clawmem.workspace import resolve_memory_path, scan
+from clawmem.timefmt import iso_time, seconds
+from clawmem.files import GET_MAX_BYTES, read_window
+from clawmem.workspace import open_memory_file, scan
 
 __all__ = ["MemoryIndex"]
 
 KEYWORD_FORMAT = "porter-unicode61+cjk-1"
 _UNRESOLVED: Any = object()
+_REPORTED_PROBLEMS = 20  # per sync, kept in meta for `status`
 
 
 class MemoryIndex:
     def __init__(self, settings: Settings, *, provider: EmbeddingProvider | None = _UNRESOLVED,
-                 lock_timeout: float = 30.0, pending_files: Callable[[], int] | None = None) -> None:
-        """`pending_files` counts files changed since the last sync; a watcher knows that without a scan."""
+                 lock_timeout: float = 30.0, pending_files: Callable[[], int] | None = None,
+                 files_on_disk: Callable[[], int] | None = None) -> None:
+        """`pending_files` and `files_on_disk` are answered by a watcher without a scan (the daemon's)."""
         self.settings = settings
         self._pending_files = pending_files
+        self._files_on_disk = files_on_disk
         self.path = settings.index_path
         self.lock_timeout = lock_timeout
         self._provider = provider
-        self._provider_note = "" if provider is not _UNRESOLVED else None
-        self._fallback_used = False
+        self.provider_note = ""
+        self.fallback_used = False
+        self._queries: Any = None
         self._local = threading.local()
         self._stores: list[Store] = []
         self._stores_lock = threading.Lock()
@@ -58,6 +75,11 @@ class MemoryIndex:
 
     @property
     def provider(self) -> EmbeddingProvider | None:
+        """The embedding provider, None for keyword search only.
+
+        Raises ProviderUnavailable when a provider named in the settings cannot start (and no
+        fallback is set); that is not remembered, so a key set later is picked up.
+        """
         if self._provider is _UNRESOLVED:
             with self._provider_lock:
                 if self._provider is _UNRESOLVED:
@@ -68,12 +90,12 @@ class MemoryIndex:
         try:
             from clawmem.embeddings.registry import resolve_provider
         except ImportError:
-            self._provider, self._provider_note = None, "embedding providers are not installed: keyword search only"
+            self._provider, self.provider_note = None, "embedding providers are not installed: keyword search only"
             return
         resolved = resolve_provider(self.settings.embedding, cache_dir=self.settings.cache_dir)
         self._provider = resolved.provider
-        self._provider_note = resolved.reason
-        self._fallback_used = resolved.fallback_used
+        self.provider_note = resolved.reason
+        self.fallback_used = resolved.fallback_used
 
     def fingerprint(self) -> dict[str, object]:
         info = self.provider.info if self.provider is not None else None
@@ -89,6 +111,10 @@ class MemoryIndex:
             "chunk_tokens": chunking.tokens,
             "chunk_overlap": chunking.overlap,
         }
+
+    def fingerprint_json(self) -> str:
+        """The fingerprint as stored in `meta` (and compared with it)."""
+        return json.dumps(self.fingerprint(), sort_keys=True)
 
     # -- connections ------------------------------------------------------------------------
 
@@ -114,9 +140,17 @@ class MemoryIndex:
 
     @contextlib.contextmanager
     def write_lock(self) -> Iterator[None]:
-        """The workspace's writer lock (flock: released by the kernel if the holder dies)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        """The workspace's writer lock (flock: released by the kernel if the holder dies).
+
+        Every writer also keeps the index private: the file and its journals 0600, and the default
+        location's folders (clawmem's own) 0700, whatever the umask or an older version left.
+        """
+        ours = self.settings.index is None
+        if ours:
+            make_private_dirs(self.settings.cache_dir, tighten=True)
+        make_private_dirs(self.path.parent, tighten=ours)
+        make_private_file(self.path, create=False)
+        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             deadline = time.monotonic() + self.lock_timeout
             while True:
@@ -144,47 +178,81 @@ class MemoryIndex:
         """Bring the index in step with the files, rebuilding first if the fingerprint changed.
 
         `paths` limits the pass to those index keys (what a watcher saw change), so one edit costs
-        the same in a workspace of any size.
+        the same in a workspace of any size. The report's duration covers the whole run, embedding
+        included.
         """
-        with self.write_lock():
-            fingerprint = json.dumps(self.fingerprint(), sort_keys=True)
-            store = self._open_live()
-            if store is not None and store.get_meta("fingerprint") == fingerprint:
-                report = sync_workspace(store, self.settings, progress=progress, paths=paths)
-            else:
-                if store is not None:
-                    store.close()
-                report = self._rebuild(fingerprint, progress, embed)
-                store = self._open_live()
-                assert store is not None
-                follow = sync_workspace(store, self.settings)  # what changed while it was built
-                report.added += follow.added
-                report.updated += follow.updated
-                report.removed += follow.removed
-            return self._finish(store, report, embed, embed_progress)
+        return self._write(lambda fingerprint, store: self._sync_or_rebuild(fingerprint, store, progress, paths),
+                           embed, embed_progress)
 
     def reindex(self, *, progress: Progress | None = None, embed: bool = True,
                 embed_progress: Progress | None = None) -> SyncReport:
         """Rebuild from scratch whatever the fingerprint says (old index serves until the swap)."""
+        return self._write(lambda fingerprint, store: self._rebuild(fingerprint, progress, store), embed,
+                           embed_progress)
+
+    def _write(self, work: Callable[[str, Store | None], SyncReport], embed: bool,
+               embed_progress: Progress | None) -> SyncReport:
+        """Run `work` under the writer lock, embed what is pending, and record how it went in `meta`."""
+        check_workspace(self.settings.workspace)
+        started = time.perf_counter()
         with self.write_lock():
-            report = self._rebuild(json.dumps(self.fingerprint(), sort_keys=True), progress, embed)
+            try:
+                fingerprint = self.fingerprint_json()
+                report = work(fingerprint, self._open_live())
+            except ClawmemError as exc:
+                self._record_failure(exc)
+                raise
             store = self._open_live()
             assert store is not None
-            return self._finish(store, report, embed, embed_progress)
-
-    def _finish(self, store: Store, report: SyncReport, embed: bool, embed_progress: Progress | None) -> SyncReport:
-        """Embed what is pending (vectors follow the keyword rows), record the sync, close."""
-        try:
-            if embed and self.provider is not None:
-                embedded, error = embed_pending(
-                    store, self.provider, cache_max_entries=self.settings.embedding.cache_max_entries,
-                    progress=embed_progress)
-                report.embedded += embedded
-                report.embed_error = error
-            store.set_meta("last_sync", json.dumps({"at": time.time(), "duration": report.duration}))
-        finally:
-            store.close()
+            try:
+                if embed and self.provider is not None:
+                    embedded, report.embed_error = embed_pending(
+                        store, self.provider, cache_max_entries=self.settings.embedding.cache_max_entries,
+                        progress=embed_progress, fingerprint=fingerprint)
+                    report.embedded += embedded
+                report.duration = time.perf_counter() - started
+                self._record(store, report)
+            finally:
+                store.close()
         return report
+
+    def _sync_or_rebuild(self, fingerprint: str, store: Store | None, progress: Progress | None,
+                         paths: Iterable[str] | None) -> SyncReport:
+        if store is not None and store.get_meta("fingerprint") == fingerprint:
+            try:
+                return sync_workspace(store, self.settings, progress=progress, paths=paths)
+            finally:
+                store.close()
+        report = self._rebuild(fingerprint, progress, store)
+        live = self._open_live()
+        assert live is not None
+        try:
+            follow = sync_workspace(live, self.settings)  # what changed while it was built
+        finally:
+            live.close()
+        report.added += follow.added
+        report.updated += follow.updated
+        report.removed += follow.removed
+        report.errors += [e for e in follow.errors if e not in report.errors]
+        report.skipped += [s for s in follow.skipped if s not in report.skipped]
+        return report
+
+    @staticmethod
+    def _record(store: Store, report: SyncReport) -> None:
+        problems = [*report.errors, *report.skipped]
+        store.set_meta("last_sync", json.dumps({
+            "at": time.time(), "duration": report.duration, "problems": problems[:_REPORTED_PROBLEMS],
+            "problem_count": len(problems), "embed_error": report.embed_error}))
+        store.conn.execute("DELETE FROM meta WHERE key = 'last_error'")
+
+    def _record_failure(self, exc: ClawmemError) -> None:
+        """Remember a failed sync in the index, so `status` cannot call the index fresh (best effort)."""
+        store = self._open_live()
+        if store is None:
+            return
+        with contextlib.suppress(Exception):
+            store.set_meta("last_error", json.dumps({"at": time.time(), "error": str(exc)}))
+        store.close()
 
     def _open_live(self) -> Store | None:
         """The live index, or None when there is none worth keeping (missing or damaged)."""
@@ -195,16 +263,11 @@ class MemoryIndex:
         except IndexCorrupt:
             return None
 
-    def _rebuild(self, fingerprint: str, progress: Progress | None, embed: bool) -> SyncReport:
-        """Build a new index privately and swap it in.
-
-        With an old index serving, vectors are made before the swap so searches keep their vectors
-        throughout; with none, the keyword index goes live first and vectors follow in `sync`.
-        """
-        started = time.perf_counter()
-        replacing = self._open_live()
+    def _rebuild(self, fingerprint: str, progress: Progress | None, replacing: Store | None) -> SyncReport:
+        """Build a new index privately (keyword rows, and the vectors the cache has) and swap it in."""
         if replacing is not None:
             replacing.close()
+        started = time.perf_counter()
         tmp = self.path.with_name(f"{self.path.name}.rebuild-{os.getpid()}")
         tmp.unlink(missing_ok=True)
         try:
@@ -215,9 +278,8 @@ class MemoryIndex:
                         fresh.copy_cache_from(self.path)
                 fresh.set_meta("fingerprint", fingerprint)
                 report = sync_workspace(fresh, self.settings, progress=progress, bulk=True)
-                if embed and replacing is not None and self.provider is not None:
-                    report.embedded, report.embed_error = embed_pending(
-                        fresh, self.provider, cache_max_entries=self.settings.embedding.cache_max_entries)
+                if self.provider is not None:
+                    report.embedded, _ = embed_pending(fresh, self.provider, cache_only=True, cache_max_entries=0)
                 self._swap_in(fresh)
             finally:
                 fresh.close()
@@ -245,7 +307,7 @@ class MemoryIndex:
     def search(self, request: SearchRequest) -> dict[str, object]:
         store = self.reader()
         mode = request.mode or self.settings.search.mode
-        provider, mismatch = self._query_provider(store) if mode != "bm25" else (None, None)
+        provider, note = self._query_provider(store) if mode != "bm25" else (None, None)
         outcome = run_search(store, provider, request, self.settings.search)
         info = provider.info if provider is not None else None
         answer: dict[str, object] = {
@@ -254,93 +316,166 @@ class MemoryIndex:
             "model": info.model if info else "",
             "mode": outcome.mode,
             "index": {"pending_files": self.pending_files(store),
-                      "pending_embeddings": store.pending_embeddings() if self._index_has_vectors(store) else 0},
+                      "pending_embeddings": store.pending_embeddings() if _has_vectors(store) else 0},
         }
-        if self._fallback_used:
+        if self.fallback_used:
             answer["fallback"] = True
-        if mismatch or outcome.degraded:
-            answer["warning"] = mismatch or outcome.degraded
+            answer["fallback_reason"] = self.provider_note
+        if note or outcome.degraded:
+            answer["warning"] = note or outcome.degraded
         return answer
 
     def _query_provider(self, store: Store) -> tuple[EmbeddingProvider | None, str | None]:
-        """The provider for query vectors, only if it made the index's vectors (other models' vectors don't compare)."""
+        """The provider for query vectors, with a deadline, only if it made the index's vectors.
+
+        Vectors of other models do not compare; a provider that cannot start leaves keyword search.
+        """
         built = json.loads(store.get_meta("fingerprint") or "{}")
+        try:
+            provider = self.provider
+        except ProviderError as exc:
+            return None, f"{exc}: keyword results only"
         if built.get("provider", "none") == "none":
             return None, None
-        provider = self.provider
         if provider is None:
-            return None, "no embedding provider available: keyword results only"
+            return None, f"{self.provider_note or 'no embedding provider available'}: keyword results only"
         info = provider.info
-        if (info.provider, info.model, info.dims) != (built.get("provider"), built.get("model"), built.get("dims")):
+        if (info.provider, info.model, info.endpoint, info.dims) != (
+                built.get("provider"), built.get("model"), built.get("endpoint", info.endpoint), built.get("dims")):
             return None, (f"the index was built with {built.get('provider')}/{built.get('model')}, not "
-                          f"{info.provider}/{info.model}: keyword results only until the next `clawmem index`")
-        return provider, None
+                          f"{info.provider}/{info.model}: keyword results only until the next sync rebuilds it")
+        if self._queries is None:
+            from clawmem.embeddings.deadline import QueryDeadline
 
-    @staticmethod
-    def _index_has_vectors(store: Store) -> bool:
-        return '"provider": "none"' not in (store.get_meta("fingerprint") or '"provider": "none"')
+            self._queries = QueryDeadline(provider, self.settings.search.query_timeout)
+        return self._queries, None
 
     def get(self, path: str, start: int | None = None, lines: int | None = None,
             max_bytes: int | None = None) -> dict[str, object]:
-        if start is not None and (not isinstance(start, int) or isinstance(start, bool) or start < 1):
-            raise QueryError("'from' must be a line number >= 1")
-        if lines is not None and (not isinstance(lines, int) or isinstance(lines, bool) or lines < 1):
-            raise QueryError("'lines' must be a count >= 1")
-        real = resolve_memory_path(self.settings.workspace, path, self.settings.extra_paths)
-        all_lines = split_lines(real.read_bytes().decode("utf-8", errors="replace"))
+        """Lines of one memory file, read from a descriptor opened beneath the workspace (see clawmem.files).
+
+        The text is at most `max_bytes` (GET_MAX_BYTES by default) of whole lines, streamed, so a
+        huge file costs only what is returned; a cut answer says `truncated` and where to go on.
+        """
+        for name, value, what in (("from", start, "a line number"), ("lines", lines, "a count"),
+                                  ("max_bytes", max_bytes, "a byte count")):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise QueryError(f"'{name}' must be {what} >= 1")
         first = start or 1
-        picked = all_lines[first - 1:] if lines is None else all_lines[first - 1:first - 1 + lines]
-        return {"path": path, "text": "\n".join(picked), "from": first, "lines": len(picked)}
+        with open_memory_file(self.settings.workspace, path, self.settings.extra_paths,
+                              refuse_hardlinks=self.settings.refuse_hardlinks) as opened:
+            window = read_window(opened.fd, first, lines, GET_MAX_BYTES if max_bytes is None else max_bytes)
+        answer: dict[str, object] = {"path": opened.path, "text": window.text, "from": first, "lines": window.lines,
+                                     "truncated": window.truncated}
+        if window.next_from is not None:
+            answer["next_from"] = window.next_from
+        return answer
 
     def pending_files(self, store: Store) -> int:
         """Files added, changed or deleted on disk since the last sync (stat only, nothing read)."""
         if self._pending_files is not None:
             return self._pending_files()
-        indexed = store.files()
-        pending = 0
-        present = 0
+        return self.disk_state(store)[1]
+
+    def disk_state(self, store: Store | None) -> tuple[int, int]:
+        """(memory files on disk, files changed since the last sync), by one stat scan."""
+        indexed = store.files() if store is not None else {}
+        on_disk = pending = present = 0
         for f in scan(self.settings.workspace, self.settings.extra_paths):
+            on_disk += 1
             row = indexed.get(f.path)
             if row is None or (row.mtime, row.size) != (f.mtime_ns, f.size):
                 pending += 1
             if row is not None:
                 present += 1
-        return pending + len(indexed) - present
+        return on_disk, pending + len(indexed) - present
 
-    def status(self) -> dict[str, object]:
-        on_disk = sum(1 for _ in scan(self.settings.workspace, self.settings.extra_paths))
+    def status(self, *, last_error: str | None = None) -> dict[str, object]:
+        """What is indexed, with which model, how fresh it is, and every reason it is not.
+
+        `fresh` is true only when nothing waits (files, vectors), the configured provider is the
+        one the index was built with, and the last sync succeeded; `stale_reasons` says why not.
+        `last_error` is the daemon's last failed run (in-process, the index's own record).
+        """
         data: dict[str, object] = {
             "version": __version__,
             "workspace": str(self.settings.workspace),
             "index_path": str(self.path),
             "socket": str(self.settings.socket_path),
-            "files_on_disk": on_disk,
             "index_exists": self.path.exists(),
         }
+        reasons: list[str] = []
         if not self.path.exists():
-            data.update(files_indexed=0, chunks_indexed=0, fresh=False)
+            on_disk = self._files_on_disk() if self._files_on_disk else self.disk_state(None)[0]
+            data.update(files_on_disk=on_disk, files_indexed=0, chunks_indexed=0, fresh=False,
+                        stale_reasons=["no index yet: run `clawmem index` (or start `clawmem serve`)"])
             return data
         store = self.reader()
         files, chunks = store.counts()
         meta = store.all_meta()
         fingerprint = json.loads(meta.get("fingerprint", "{}"))
-        last = json.loads(meta.get("last_sync", "null") or "null")
-        pending_files = self.pending_files(store)
-        pending_embeddings = store.pending_embeddings() if fingerprint.get("provider", "none") != "none" else 0
+        last = json.loads(meta.get("last_sync", "null") or "null") or {}
+        failure = json.loads(meta.get("last_error", "null") or "null") or {}
+        last_error = last_error or failure.get("error")
+        if self._pending_files is not None:
+            pending_files = self._pending_files()
+            on_disk = self._files_on_disk() if self._files_on_disk else files
+        else:
+            on_disk, pending_files = self.disk_state(store)
+        pending_embeddings = store.pending_embeddings() if _has_vectors(store) else 0
+        provider, mismatch = self._provider_state(fingerprint)
+        if on_disk == 0:
+            reasons.append("no memory files in the workspace (MEMORY.md or memory/**/*.md): is it the right folder?")
+        if pending_files:
+            reasons.append(f"{pending_files} file{'s' if pending_files != 1 else ''} changed since the last sync")
+        if pending_embeddings:
+            reasons.append(f"{pending_embeddings} chunk{'s' if pending_embeddings != 1 else ''} wait for a vector")
+        if mismatch:
+            reasons.append(mismatch)
+        if last_error:
+            reasons.append(f"the last sync failed: {last_error}")
         data.update(
+            files_on_disk=on_disk,
             files_indexed=files,
             chunks_indexed=chunks,
             fingerprint=fingerprint,
             provider=fingerprint.get("provider", "none"),
             model=fingerprint.get("model", ""),
-            dims=fingerprint.get("dims", 0),
+            dims=int(meta.get("vector_dims") or fingerprint.get("dims", 0) or 0),
+            configured_provider=provider,
             sqlite_vec_loaded=store.vec_loaded,
             vector_search="sqlite-vec" if store.vec_loaded else "in-process cosine (sqlite-vec not loaded)",
             pending_files=pending_files,
             pending_embeddings=pending_embeddings,
-            last_sync_at=last.get("at") if last else None,
-            last_sync_duration=last.get("duration") if last else None,
-            fresh=pending_files == 0,
+            last_sync_at=iso_time(last.get("at")),
+            last_sync_duration=seconds(last.get("duration")),
+            last_sync_problems=last.get("problems", []),
+            last_error=last_error,
+            fresh=not reasons,
+            stale_reasons=reasons,
             schema_version=int(meta.get("schema_version", "0")),
         )
+        if self.provider_note:
+            data["provider_note"] = self.provider_note
         return data
+
+    def _provider_state(self, built: dict[str, Any]) -> tuple[str, str | None]:
+        """The configured provider/model, and why it differs from the index's (None when it does not)."""
+        try:
+            provider = self.provider
+        except ProviderError as exc:
+            return "unavailable", str(exc)
+        if provider is None:
+            current = {"provider": "none", "model": "", "endpoint": "", "dims": 0}
+        else:
+            info = provider.info
+            current = {"provider": info.provider, "model": info.model, "endpoint": info.endpoint, "dims": info.dims}
+        name = f"{current['provider']}/{current['model']}" if current["model"] else str(current["provider"])
+        if any(built.get(k) != v for k, v in current.items()):
+            return name, (f"the index was built with {built.get('provider')}/{built.get('model')} but the"
+                          f" configured provider is {name}: the next sync rebuilds it")
+        return name, None
+
+
+def _has_vectors(store: Store) -> bool:
+    return '"provider": "none"' not in (store.get_meta("fingerprint") or '"provider": "none"')

@@ -13,6 +13,7 @@ import json
 import math
 import operator
 import os
+import stat
 import time
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -24,7 +25,7 @@ import apsw
 
 from clawmem.errors import IndexCorrupt, IndexUnavailable
 
-__all__ = ["ChunkRow", "FileRow", "Store", "TextHit", "VectorHit"]
+__all__ = ["ChunkRow", "FileRow", "Store", "TextHit", "VectorHit", "make_private_dirs", "make_private_file"]
 
 SCHEMA_VERSION = 2  # 2: float32 vectors in a plain table, sign bits in a partitioned vec0 table
 
@@ -146,7 +147,7 @@ class Store:
         flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if create else 0)
         try:
             if create:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                make_private_file(path)
             self.conn = apsw.Connection(str(path), flags=flags)
             self.conn.set_busy_timeout(10_000)
             if fast_unsafe:
@@ -397,9 +398,10 @@ class Store:
                     self.set_meta(_BITS_STALE, "1")
         self.conn.execute("UPDATE chunks SET embedded = 1, model = ? WHERE seq = ?", (model, seq))
 
-    def pending_chunks(self, limit: int) -> list[tuple[int, str, str]]:
+    def pending_chunks(self, limit: int, after: int = 0) -> list[tuple[int, str, str]]:
+        """Up to `limit` chunks waiting for a vector, in seq order from `after` (a cursor, so a pass ends)."""
         return [(int(r[0]), str(r[1]), str(r[2])) for r in self.conn.execute(
-            "SELECT seq, hash, text FROM chunks WHERE embedded = 0 ORDER BY seq LIMIT ?", (limit,))]
+            "SELECT seq, hash, text FROM chunks WHERE embedded = 0 AND seq > ? ORDER BY seq LIMIT ?", (after, limit))]
 
     def vector_search(self, query_blob: bytes, limit: int, path_prefix: str | None = None) -> list[VectorHit]:
         """The `limit` chunks nearest by cosine distance (exact distances), nearest first."""
@@ -502,19 +504,32 @@ class Store:
 
     # -- embedding cache ----------------------------------------------------------------------
 
-    def cached_embeddings(self, provider: str, model: str, key: str, hashes: Iterable[str]) -> dict[str, bytes]:
+    def cached_embeddings(self, provider: str, model: str, key: str, hashes: Iterable[str], *,
+                          touch: bool = True) -> dict[str, bytes]:
+        """Cached vectors by chunk hash; `touch` marks them used (a write: see `touch_cached`)."""
         found: dict[str, bytes] = {}
-        now = time.time()
         for h in set(hashes):
             row = self.conn.execute(
                 "SELECT embedding FROM embedding_cache WHERE provider = ? AND model = ? AND provider_key = ? AND hash = ?",
                 (provider, model, key, h)).fetchone()
             if row is not None:
                 found[h] = bytes(row[0])
-                self.conn.execute(
-                    "UPDATE embedding_cache SET updated_at = ? WHERE provider = ? AND model = ? AND provider_key = ?"
-                    " AND hash = ?", (now, provider, model, key, h))
+        if touch:
+            self.touch_cached(provider, model, key, found)
         return found
+
+    def touch_cached(self, provider: str, model: str, key: str, hashes: Iterable[str]) -> None:
+        """Mark cache entries as just used, so pruning (oldest used first) keeps them."""
+        now = time.time()
+        for h in hashes:
+            self.conn.execute(
+                "UPDATE embedding_cache SET updated_at = ? WHERE provider = ? AND model = ? AND provider_key = ?"
+                " AND hash = ?", (now, provider, model, key, h))
+
+    def still_pending(self, seq: int, hash: str) -> bool:
+        """Whether chunk `seq` still waits for a vector of this text (it may have changed while one was made)."""
+        row = self.conn.execute("SELECT 1 FROM chunks WHERE seq = ? AND hash = ? AND embedded = 0", (seq, hash))
+        return row.fetchone() is not None
 
     def cache_embedding(self, provider: str, model: str, key: str, hash: str, blob: bytes, dims: int) -> None:
         self.conn.execute(
@@ -544,6 +559,48 @@ class Store:
     def execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Escape hatch for diagnostics and tests."""
         return [tuple(row) for row in self.conn.execute(sql, args)]
+
+
+def make_private_dirs(directory: Path, *, tighten: bool = False) -> None:
+    """Create `directory` and any missing parents 0700, whatever the umask.
+
+    Existing folders are left as they are unless `tighten` (folders that are clawmem's own, such as
+    its cache, which older versions created 0755): then `directory` itself is made 0700 if we own it.
+    """
+    missing: list[Path] = []
+    current = directory
+    while not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+            os.chmod(folder, 0o700)
+    if tighten and not missing:
+        _make_private(directory, 0o700)
+
+
+def make_private_file(path: Path, *, create: bool = True) -> None:
+    """The index file and its journals 0600 (created so when missing and `create`), before SQLite opens it.
+
+    The index holds the memory's text, so no other local user may read it. SQLite gives the -wal
+    and -shm files it creates the database file's mode; existing ones are tightened here too.
+    """
+    make_private_dirs(path.parent)
+    if create:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
+    for suffix in ("", "-wal", "-shm"):
+        _make_private(Path(f"{path}{suffix}"), 0o600)
+
+
+def _make_private(path: Path, mode: int) -> None:
+    """chmod `path` to `mode` if we own it and others have any access (never following a symlink)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if st.st_uid == os.getuid() and not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, mode, follow_symlinks=False)
 
 
 def _load_sqlite_vec(conn: apsw.Connection) -> tuple[bool, str]:

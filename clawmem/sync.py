@@ -18,15 +18,17 @@ import xxhash
 from clawmem.chunking import Chunk, chunk_markdown
 from clawmem.config import Settings
 from clawmem.embeddings.base import EmbeddingProvider, normalize, pack
-from clawmem.errors import ProviderError
+from clawmem.errors import PathError, ProviderError
+from clawmem.files import hardlink_reason, open_beneath, read_all, refusal_of
 from clawmem.keywords import index_text
 from clawmem.store import FileRow, Store
-from clawmem.workspace import MemoryFile, scan, stat_memory_file
+from clawmem.workspace import MemoryFile, Skipped, path_key, scan, stat_memory_file
 
 __all__ = ["SyncReport", "embed_pending", "sync_workspace"]
 
 Progress = Callable[[int, int], None]
 
+EMBED_BATCH = 64  # chunks per provider call and per vector transaction (progress moves once per batch)
 PARALLEL_MIN_BYTES = 12 << 20  # measured: below ~10 MB, starting the workers costs more than they save
 
 
@@ -45,6 +47,7 @@ class SyncReport:
     embedded: int = 0
     embed_error: str | None = None
     errors: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "path: reason": looks like memory, not indexed
     duration: float = 0.0
 
     @property
@@ -52,7 +55,7 @@ class SyncReport:
         return bool(self.added or self.updated or self.removed)
 
     def as_dict(self) -> dict[str, object]:
-        return {k: v for k, v in self.__dict__.items()}
+        return {k: list(v) if isinstance(v, list) else v for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class ParsedFile:
     chunks: list[Chunk]
     size: int
     error: str | None = None
+    refused: bool = False  # may not be read (now a symlink, FIFO...): `error` says why, None if it is just gone
 
 
 def sync_workspace(store: Store, settings: Settings, *, progress: Progress | None = None,
@@ -72,14 +76,20 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
     """
     started = time.perf_counter()
     report = SyncReport()
+    skipped: list[Skipped] = []
     if paths is None:
-        on_disk = {f.path: f for f in scan(settings.workspace, settings.extra_paths)}
+        on_disk = {f.path: f for f in scan(settings.workspace, settings.extra_paths, skipped)}
         indexed = store.files()
     else:
-        wanted = set(paths)
-        found = (stat_memory_file(settings.workspace, p, settings.extra_paths) for p in wanted)
+        wanted = {path_key(p) for p in paths}
+        found = (stat_memory_file(settings.workspace, p, settings.extra_paths, skipped) for p in sorted(wanted))
         on_disk = {f.path: f for f in found if f is not None}
         indexed = {p: row for p in wanted if (row := store.file_row(p)) is not None}
+    if settings.refuse_hardlinks:
+        for f in [f for f in on_disk.values() if f.nlink > 1]:
+            skipped.append(Skipped(f.path, hardlink_reason(f.nlink)))
+            del on_disk[f.path]
+    report.skipped = [str(s) for s in skipped]
     report.files_seen = len(on_disk)
 
     for path in sorted(indexed.keys() - on_disk.keys()):
@@ -116,8 +126,13 @@ def _apply_batch(store: Store, batch: Sequence[ParsedFile], indexed: dict[str, F
 
 def _apply_file(store: Store, item: ParsedFile, previous: FileRow | None, report: SyncReport) -> None:
     f = item.file
-    if item.error is not None:
-        report.errors.append(f"{f.path}: {item.error}")
+    if item.refused or item.error is not None:
+        # Not readable as a regular file now: whatever the index held for it can no longer be served.
+        if item.error is not None:
+            (report.skipped if item.refused else report.errors).append(f"{f.path}: {item.error}")
+        if previous is not None:
+            report.chunks_removed += store.delete_file(f.path)
+            report.removed += 1
         return
     report.bytes_read += item.size
     row = FileRow(f.path, f.source, item.hash, f.mtime_ns, f.size)
@@ -167,7 +182,8 @@ def _chunk_id(path: str, chunk_hash: str, taken: set[str]) -> str:
 
 
 def _parse_all(files: Sequence[MemoryFile], settings: Settings, indexed: dict[str, FileRow]) -> Iterator[ParsedFile]:
-    args = (settings.chunking.tokens, settings.chunking.overlap, settings.chunking.tokenizer)
+    args = (settings.chunking.tokens, settings.chunking.overlap, settings.chunking.tokenizer,
+            settings.refuse_hardlinks)
     total = sum(f.size for f in files)
     workers = min(os.cpu_count() or 1, 8)
     if workers > 1 and total >= PARALLEL_MIN_BYTES and len(files) >= 64:
@@ -190,11 +206,18 @@ def _warm_up(tokenizer: str) -> None:
     chunk_markdown("# warm\n- up", tokenizer=tokenizer)
 
 
-def _parse_one(f: MemoryFile, args: tuple[int, int, str], previous: FileRow | None) -> ParsedFile:
-    max_tokens, overlap, tokenizer = args
+def _parse_one(f: MemoryFile, args: tuple[int, int, str, bool], previous: FileRow | None) -> ParsedFile:
+    """Read one file through a descriptor opened beneath its root, and keep the stat of what was read."""
+    max_tokens, overlap, tokenizer, refuse_hardlinks = args
     try:
-        with open(f.abs_path, "rb") as fh:
-            data = fh.read()
+        with open_beneath(f.root, f.names, display=f.path, refuse_hardlinks=refuse_hardlinks) as opened:
+            data = read_all(opened.fd)
+            f = f.as_read(opened.stat)
+    except PathError as exc:
+        why = refusal_of(exc)
+        if why is not None and why.missing:
+            return ParsedFile(f, "", [], 0, refused=True)  # gone since the scan: just unindex it
+        return ParsedFile(f, "", [], 0, error=why.reason if why else str(exc), refused=True)
     except OSError as exc:
         return ParsedFile(f, "", [], 0, error=f"cannot read: {exc.strerror or exc}")
     digest = xxhash.xxh3_128_hexdigest(data)
@@ -205,46 +228,63 @@ def _parse_one(f: MemoryFile, args: tuple[int, int, str], previous: FileRow | No
     return ParsedFile(f, digest, chunks, len(data))
 
 
-def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entries: int, batch: int = 256,
-                  progress: Progress | None = None, should_stop: Callable[[], bool] | None = None) -> tuple[int, str | None]:
+def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entries: int, batch: int = EMBED_BATCH,
+                  progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
+                  fingerprint: str | None = None, cache_only: bool = False) -> tuple[int, str | None]:
     """Give every chunk without a vector one, cache first. Returns (embedded, error or None).
 
-    A provider failure stops the pass and leaves the rest pending (kept in the index, retried on the
-    next pass): nothing is lost, and keyword search is unaffected.
+    The provider is called outside any transaction, so other writers (keyword syncs) never wait for
+    it; each batch is then written in one short transaction that first checks the index still has
+    `fingerprint` (a rebuild may have replaced it) and stores a vector only for a chunk that still
+    waits for that very text. A provider failure stops the pass and leaves the rest pending (kept in
+    the index, retried by the next pass): nothing is lost, and keyword search is unaffected.
+    `cache_only` fills what the embedding cache knows and makes no provider call. `progress` is
+    told after each batch (EMBED_BATCH chunks, about one provider request).
     """
     info = provider.info
     key = info.provider_key
     done = 0
+    cursor = 0
     total = store.pending_embeddings()
+    error: str | None = None
     while not (should_stop and should_stop()):
-        pending = store.pending_chunks(batch)
+        pending = store.pending_chunks(batch, after=cursor)
         if not pending:
             break
-        cached = store.cached_embeddings(info.provider, info.model, key, (h for _, h, _ in pending))
+        cursor = pending[-1][0]
+        cached = store.cached_embeddings(info.provider, info.model, key, (h for _, h, _ in pending), touch=False)
         missing: dict[str, str] = {}
         for _, h, text in pending:
             if h not in cached:
                 missing.setdefault(h, text)
         fresh: dict[str, bytes | None] = {}
-        if missing:
+        if missing and not cache_only:
             try:
                 vectors = provider.embed_documents(list(missing.values()))
             except ProviderError as exc:
-                return done, str(exc)
+                error = str(exc)
+                break
             for h, vec in zip(missing, vectors, strict=True):
                 unit = normalize(vec)
                 fresh[h] = pack(unit) if unit is not None else None
+        known = {**cached, **fresh}
         with store.transaction():
-            store.ensure_vector_table(info.dims)
+            if fingerprint is not None and store.get_meta("fingerprint") != fingerprint:
+                break  # replaced by a rebuild for another model: these vectors belong to no chunk of it
+            store.touch_cached(info.provider, info.model, key, cached)
+            dims = next((len(blob) // 4 for blob in known.values() if blob is not None), 0)
+            if dims:
+                store.ensure_vector_table(dims)
             for h, blob in fresh.items():
                 if blob is not None:
-                    store.cache_embedding(info.provider, info.model, key, h, blob, info.dims)
+                    store.cache_embedding(info.provider, info.model, key, h, blob, len(blob) // 4)
             for seq, h, _ in pending:
-                store.store_vector(seq, cached.get(h, fresh.get(h)), info.model)
-        done += len(pending)
+                if h in known and store.still_pending(seq, h):
+                    store.store_vector(seq, known[h], info.model)
+                    done += 1
         if progress:
             progress(done, total)
     if cache_max_entries:
         with store.transaction():
             store.prune_cache(cache_max_entries)
-    return done, None
+    return done, error

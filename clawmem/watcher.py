@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from clawmem.workspace import MEMORY_DIR, SKIPPED_DIRS, is_memory_path
+from clawmem.workspace import MEMORY_DIR, SKIPPED_DIRS, is_memory_path, path_key
 
 if TYPE_CHECKING:
     from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -226,7 +226,11 @@ class WorkspaceWatcher:
         return frozenset(keys)
 
     def _key(self, path: str, is_directory: bool) -> frozenset[str] | None:
-        """The index key of one path: empty if not memory, None if it needs a full pass to know."""
+        """The index key of one path: empty if not memory, None if it needs a full pass to know.
+
+        Keys are made as the scanner makes them (`path_key`), so a name that is not valid UTF-8
+        names the same key here as in the index.
+        """
         rel = os.path.relpath(path, self.workspace)
         if rel.startswith(".."):
             # Outside the workspace (an extra path): index keys are absolute there; scan it all.
@@ -235,7 +239,7 @@ class WorkspaceWatcher:
         if is_directory:
             # Files may already be inside a folder created or moved in: only a full pass finds them.
             return None if _memory_dir(rel, self._rel_extras) else frozenset()
-        return frozenset({rel}) if is_memory_path(rel, self._rel_extras) else frozenset()
+        return frozenset({path_key(rel)}) if is_memory_path(rel, self._rel_extras) else frozenset()
 
     def _touched_roots(self, event: FileSystemEvent) -> frozenset[str]:
         """The paths of an event that are a memory root or one of its parents (the roots to redo)."""

@@ -1,72 +1,112 @@
 """Which files are memory, and which paths `get` may read.
 
 The rules live here once so the scanner, the watcher and `get` can never disagree about what a
-memory file is.
+memory file is. Reading goes through `clawmem.files.open_beneath`, which re-checks every step on
+descriptors: what the scan saw is only a hint, since the files can change under it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 from clawmem.errors import PathError
+from clawmem.files import OpenFile, describe_mode, open_beneath, path_key, refusal_of, unescape_key
 
-__all__ = ["MemoryFile", "is_memory_path", "resolve_memory_path", "scan", "stat_memory_file"]
+__all__ = [
+    "MemoryFile",
+    "Skipped",
+    "is_memory_path",
+    "memory_key",
+    "open_memory_file",
+    "path_key",
+    "resolve_memory_path",
+    "scan",
+    "stat_memory_file",
+]
 
 ROOT_FILES = ("MEMORY.md", "memory.md")
 MEMORY_DIR = "memory"
 SKIPPED_DIRS = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__"})
+_LIST_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True, slots=True)
 class MemoryFile:
-    """A memory file as the scanner saw it; `path` is the index key (workspace-relative, '/'-separated)."""
+    """A memory file as the scanner saw it.
+
+    `path` is the index key (workspace-relative and '/'-separated, absolute for an extra path
+    outside the workspace; always valid UTF-8). `root` and `names` say how to open it: the folder to
+    start from and the file system names below it.
+    """
 
     path: str
     abs_path: str
     mtime_ns: int
     size: int
     source: str = "memory"
+    root: str = ""
+    names: tuple[str, ...] = ()
+    nlink: int = 1
+
+    def as_read(self, st: os.stat_result) -> MemoryFile:
+        """This file with the stat of the descriptor that was read (the scan's may already be stale)."""
+        return replace(self, mtime_ns=st.st_mtime_ns, size=st.st_size, nlink=st.st_nlink)
 
 
-def scan(workspace: Path, extra_paths: Sequence[str] = ()) -> Iterator[MemoryFile]:
-    """Every memory file of the workspace, symlinks never followed, hidden and tool folders skipped."""
-    root = str(workspace)
-    seen: set[tuple[int, int]] = set()
-    for name in ROOT_FILES:
-        found = _regular_file(os.path.join(root, name))
-        if found is not None:
-            # On a case-insensitive file system both names are one file: keep the first.
-            key = (found.st_dev, found.st_ino)
-            if key not in seen:
-                seen.add(key)
-                yield MemoryFile(name, os.path.join(root, name), found.st_mtime_ns, found.st_size)
-    memory_dir = os.path.join(root, MEMORY_DIR)
-    if _is_real_dir(memory_dir):
-        yield from _walk(root, memory_dir)
-    for extra in extra_paths:
-        target = Path(extra).expanduser()
-        target = target if target.is_absolute() else workspace / target
-        if _is_real_dir(str(target)):
-            if not _inside(str(target), memory_dir):
-                yield from _walk(root, str(target))
-        elif target.suffix.lower() == ".md":
-            found = _regular_file(str(target))
-            if found is not None:
-                yield MemoryFile(_key(root, str(target)), str(target), found.st_mtime_ns, found.st_size)
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A path that looks like memory but is not indexed, and why (so nothing is left out silently)."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
 
 
-def stat_memory_file(workspace: Path, rel: str, extra_paths: Sequence[str] = ()) -> MemoryFile | None:
-    """One memory file by its index key, or None if it is gone or no longer a memory file (for targeted syncs)."""
+Note = Callable[[Skipped], object]
+_Found = tuple[MemoryFile, tuple[int, int]]
+
+
+def scan(workspace: Path, extra_paths: Sequence[str] = (),
+         skipped: list[Skipped] | None = None) -> Iterator[MemoryFile]:
+    """Every memory file of the workspace, symlinks never followed, hidden and tool folders skipped.
+
+    What looks like memory but cannot be indexed (a symlink, FIFO or device, an unreadable or too
+    long path, a name whose key another file already has) is appended to `skipped` with the reason.
+    """
+    note: Note = skipped.append if skipped is not None else _ignore
+    seen: dict[str, tuple[int, int]] = {}
+    for found, identity in _candidates(str(workspace), extra_paths, note):
+        known = seen.get(found.path)
+        if known is None:
+            seen[found.path] = identity
+            yield found
+        elif known != identity:
+            note(Skipped(found.path, "another file already has this index key"))
+
+
+def stat_memory_file(workspace: Path, rel: str, extra_paths: Sequence[str] = (),
+                     skipped: list[Skipped] | None = None) -> MemoryFile | None:
+    """One memory file by its index key, or None if it is gone or no longer a memory file (for targeted syncs).
+
+    A file that is there but may not be read is appended to `skipped` with the reason.
+    """
     try:
-        real = resolve_memory_path(workspace, rel, extra_paths)
-        st = os.lstat(real)
-    except (PathError, OSError):
+        with open_memory_file(workspace, rel, extra_paths) as opened:
+            st = opened.stat
+            return MemoryFile(opened.path, os.path.join(str(workspace), *opened.names), st.st_mtime_ns, st.st_size,
+                              root=str(workspace), names=opened.names, nlink=st.st_nlink)
+    except PathError as exc:
+        why = refusal_of(exc)  # None: not a memory file by name, so not one a targeted sync may look at
+        if why is not None and not why.missing and skipped is not None:
+            skipped.append(Skipped(why.path, why.reason))
         return None
-    return MemoryFile(rel, str(real), st.st_mtime_ns, st.st_size)
 
 
 def is_memory_path(rel: str, extra_paths: Sequence[str] = ()) -> bool:
@@ -87,86 +127,197 @@ def is_memory_path(rel: str, extra_paths: Sequence[str] = ()) -> bool:
     return False
 
 
-def resolve_memory_path(workspace: Path, requested: str, extra_paths: Sequence[str] = ()) -> Path:
-    """The real file behind a path a client asked for, or a PathError saying why not.
+def memory_key(requested: str, extra_paths: Sequence[str] = ()) -> str:
+    """The index key a client's path names, or a PathError saying why it may not name one.
 
-    Refuses absolute paths, any `..`, symlinks at any depth and anything that is not a memory file,
-    so no request can read outside the memory of this workspace.
+    A path straight from the file system (undecodable bytes as surrogate escapes) becomes its key.
+    Refuses absolute paths, any `..` and anything that is not a memory file by name.
     """
-    if not requested or "\0" in requested:
+    if not isinstance(requested, str) or not requested or "\0" in requested:
         raise PathError("path must be a non-empty workspace-relative path")
-    if requested.startswith(("/", "\\", "~")) or os.path.isabs(requested):
-        raise PathError(f"absolute paths are refused: {requested!r} (give a path relative to the workspace)")
-    rel = PurePosixPath(requested.replace("\\", "/"))
-    if ".." in rel.parts:
-        raise PathError(f"'..' is refused in paths: {requested!r}")
-    rel_str = str(rel)
-    if not is_memory_path(rel_str, extra_paths):
-        raise PathError(f"not a memory file: {requested!r} (only MEMORY.md and memory/**/*.md are readable)")
-    current = workspace
-    for part in rel.parts:
-        current = current / part
-        try:
-            st = os.lstat(current)
-        except FileNotFoundError:
-            raise PathError(f"no such memory file: {rel_str!r}") from None
-        except OSError as exc:
-            raise PathError(f"cannot read {rel_str!r}: {exc.strerror}") from None
-        if stat.S_ISLNK(st.st_mode):
-            raise PathError(f"symlinks are refused: {rel_str!r}")
-    if not stat.S_ISREG(st.st_mode):
-        raise PathError(f"not a regular file: {rel_str!r}")
-    return current
+    key = path_key(requested)
+    if key.startswith(("/", "\\", "~")) or os.path.isabs(key):
+        raise PathError(f"absolute paths are refused: {key!r} (give a path relative to the workspace)")
+    parts = PurePosixPath(key).parts
+    if ".." in parts:
+        raise PathError(f"'..' is refused in paths: {key!r}")
+    key = "/".join(parts)
+    if not is_memory_path(key, extra_paths):
+        raise PathError(f"not a memory file: {key!r} (only MEMORY.md and memory/**/*.md are readable)")
+    return key
 
 
-def _walk(root: str, top: str) -> Iterator[MemoryFile]:
-    stack = [top]
+def open_memory_file(workspace: Path, requested: str, extra_paths: Sequence[str] = (), *,
+                     refuse_hardlinks: bool = False) -> OpenFile:
+    """A descriptor of the memory file a client asked for, opened beneath the workspace, or a PathError."""
+    key = memory_key(requested, extra_paths)
+    return open_beneath(str(workspace), key.split("/"), display=key, refuse_hardlinks=refuse_hardlinks)
+
+
+def resolve_memory_path(workspace: Path, requested: str, extra_paths: Sequence[str] = ()) -> Path:
+    """The file behind a path a client asked for, or a PathError saying why not.
+
+    Only a check: the answer can be stale by the time it is used, so readers use `open_memory_file`.
+    """
+    with open_memory_file(workspace, requested, extra_paths) as opened:
+        return Path(workspace, *opened.names)
+
+
+# -- scanning ---------------------------------------------------------------------------------
+
+
+def _candidates(root: str, extra_paths: Sequence[str], note: Note) -> Iterator[_Found]:
+    """Memory files with their (device, inode); the same key may come twice when extra paths overlap."""
+    yield from _root_files(root, note)
+    memory_dir = os.path.join(root, MEMORY_DIR)
+    if _real_dir(memory_dir, MEMORY_DIR, note):
+        yield from _walk(root, (MEMORY_DIR,), MEMORY_DIR, note)
+    for extra in extra_paths:
+        target = os.path.normpath(os.path.join(root, os.path.expanduser(extra)))
+        if not _inside(target, memory_dir):
+            yield from _extra(root, target, note)
+
+
+def _root_files(root: str, note: Note) -> Iterator[_Found]:
+    seen: set[tuple[int, int]] = set()
+    for name in ROOT_FILES:
+        st = _regular_file(os.path.join(root, name), name, note)
+        # On a case-insensitive file system both names are one file: keep the first.
+        if st is not None and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            yield _memory_file(root, (name,), name, st)
+
+
+def _extra(root: str, target: str, note: Note) -> Iterator[_Found]:
+    """An extra folder or file: opened from the workspace when inside it, else from its own parent."""
+    rel = os.path.relpath(target, root)
+    names: tuple[str, ...]
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        anchor, names, key = os.path.dirname(target), (os.path.basename(target),), path_key(target)
+    else:
+        anchor, names = root, tuple(p for p in rel.split(os.sep) if p != ".")
+        key = path_key("/".join(names))
+    try:
+        st = os.lstat(target)
+    except OSError as exc:
+        _note_error(note, key, exc)
+        return
+    if stat.S_ISDIR(st.st_mode):
+        yield from _walk(anchor, names, key, note)
+    elif (stat.S_ISLNK(st.st_mode) or target.lower().endswith(".md")) and _check_file(st, key, note):
+        yield _memory_file(anchor, names, key, st)
+
+
+def _walk(anchor: str, names: tuple[str, ...], key: str, note: Note) -> Iterator[_Found]:
+    """The memory files below `anchor/names`, a folder at a time (no descriptor is held between folders)."""
+    stack = [(names, key)]
     while stack:
-        directory = stack.pop()
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            continue
-        for entry in entries:
-            name = entry.name
-            if name.startswith(".") or entry.is_symlink():
+        dir_names, dir_key = stack.pop()
+        entries = _list_dir(os.path.join(anchor, *dir_names), dir_key, note)
+        siblings = {name for name, _ in entries}
+        for name, st in entries:
+            entry_key = f"{dir_key}/{path_key(name)}" if dir_key else path_key(name)
+            if isinstance(st, OSError):
+                _note_error(note, entry_key, st)
                 continue
-            if entry.is_dir(follow_symlinks=False):
-                if name not in SKIPPED_DIRS:
-                    stack.append(entry.path)
-            elif name.lower().endswith(".md") and entry.is_file(follow_symlinks=False):
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
+            if stat.S_ISLNK(st.st_mode):
+                note(Skipped(entry_key, "symlink, not followed"))
+                continue
+            is_dir = stat.S_ISDIR(st.st_mode)
+            if (is_dir and name in SKIPPED_DIRS) or (not is_dir and not name.lower().endswith(".md")):
+                continue
+            problem = _name_problem(name, siblings)
+            if problem is not None:
+                note(Skipped(entry_key, problem))
+            elif is_dir:
+                stack.append((dir_names + (name,), entry_key))
+            elif _check_file(st, entry_key, note):
+                yield _memory_file(anchor, dir_names + (name,), entry_key, st)
+
+
+def _list_dir(path: str, key: str, note: Note) -> list[tuple[str, os.stat_result | OSError]]:
+    """The visible entries of a folder, lstat'ed while it is open.
+
+    Opened O_NOFOLLOW, so a symlink swapped in for the folder since its check is not listed.
+    """
+    try:
+        fd = os.open(path, _LIST_FLAGS)
+    except OSError as exc:
+        _note_error(note, key or ".", exc)
+        return []
+    entries: list[tuple[str, os.stat_result | OSError]] = []
+    try:
+        with os.scandir(fd) as it:
+            for entry in it:
+                if entry.name.startswith("."):
                     continue
-                yield MemoryFile(_key(root, entry.path), entry.path, st.st_mtime_ns, st.st_size)
+                try:
+                    entries.append((entry.name, entry.stat(follow_symlinks=False)))
+                except OSError as exc:
+                    entries.append((entry.name, exc))
+    except OSError as exc:
+        _note_error(note, key or ".", exc)
+    finally:
+        os.close(fd)
+    return entries
 
 
-def _regular_file(path: str) -> os.stat_result | None:
+def _name_problem(name: str, siblings: set[str]) -> str | None:
+    """Why a name cannot have its own key: every key must open exactly the file it was given to."""
+    key = path_key(name)
+    if key == name:
+        return None
+    if unescape_key(key) != name:
+        return "its name mixes undecodable bytes with a literal '\\x..': it has no unambiguous index key"
+    if key in siblings:
+        return f"its index key is the name of another entry here ({key!r}), which is indexed instead"
+    return None
+
+
+def _memory_file(anchor: str, names: tuple[str, ...], key: str, st: os.stat_result) -> _Found:
+    found = MemoryFile(key, os.path.join(anchor, *names), st.st_mtime_ns, st.st_size, root=anchor, names=names,
+                       nlink=st.st_nlink)
+    return found, (st.st_dev, st.st_ino)
+
+
+def _regular_file(path: str, key: str, note: Note) -> os.stat_result | None:
     try:
         st = os.lstat(path)
-    except OSError:
+    except OSError as exc:
+        _note_error(note, key, exc)
         return None
-    return st if stat.S_ISREG(st.st_mode) else None
+    return st if _check_file(st, key, note) else None
 
 
-def _is_real_dir(path: str) -> bool:
+def _check_file(st: os.stat_result, key: str, note: Note) -> bool:
+    if stat.S_ISREG(st.st_mode):
+        return True
+    kind = "symlink, not followed" if stat.S_ISLNK(st.st_mode) else f"not a regular file ({describe_mode(st.st_mode)})"
+    note(Skipped(key, kind))
+    return False
+
+
+def _real_dir(path: str, key: str, note: Note) -> bool:
     try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
+        st = os.lstat(path)
+    except OSError as exc:
+        _note_error(note, key, exc)
         return False
+    if stat.S_ISDIR(st.st_mode):
+        return True
+    note(Skipped(key, "symlink, not followed" if stat.S_ISLNK(st.st_mode) else "not a folder"))
+    return False
+
+
+def _note_error(note: Note, key: str, exc: OSError) -> None:
+    """Report a path that could not be read; one that vanished while scanning is simply gone."""
+    if exc.errno != errno.ENOENT:
+        note(Skipped(key, f"cannot read: {(exc.strerror or str(exc)).lower()}"))
 
 
 def _inside(path: str, parent: str) -> bool:
     return os.path.commonpath([os.path.abspath(path), os.path.abspath(parent)]) == os.path.abspath(parent)
 
 
-def _key(root: str, path: str) -> str:
-    prefix = root.rstrip(os.sep) + os.sep
-    if path.startswith(prefix):
-        rel = path[len(prefix):]
-    else:
-        rel = os.path.relpath(path, root)
-        if rel.startswith(".."):
-            return path
-    return rel.replace(os.sep, "/")
+def _ignore(_: Skipped) -> None:
+    return None

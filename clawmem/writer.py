@@ -1,10 +1,10 @@
-"""The daemon's single writer thread: coalesced syncs, keyword rows first, vectors after.
+"""The daemon's single writer thread: coalesced keyword syncs and rebuilds.
 
-Every write to the index happens on this one thread, so "only one sync at a time" holds by
-construction, and requests that arrive during a run coalesce into one follow-up run. A sync is run
-with `embed=False` so a new note is keyword-searchable as soon as its rows land; the embedding
-pass follows as separate work that yields (between batches) to any new sync request, and after a
-provider failure is retried with backoff: pending vectors stay pending, never lost.
+Every keyword write to the index happens on this one thread, so "only one sync at a time" holds by
+construction, and requests that arrive during a run coalesce into one follow-up run. Syncs run
+with `embed=False`: a new note is keyword-searchable as soon as its rows land, and its vectors
+come from the embedding thread (`clawmem.embedder`), which never holds this one up. A failed run
+is retried with backoff as a full pass.
 
 Stopping is cooperative: the engine reports progress after each file's transaction commits, and the
 progress callback is where a stop request ends a run, so SIGTERM finishes the transaction in flight
@@ -13,7 +13,6 @@ and no more.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -21,12 +20,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clawmem.errors import ClawmemError, IndexUnavailable
+from clawmem.timefmt import iso_time, seconds
 
 if TYPE_CHECKING:
     from clawmem.engine import MemoryIndex
     from clawmem.sync import SyncReport
 
-__all__ = ["Run", "Writer"]
+__all__ = ["Backoff", "IndexSource", "Run", "Writer"]
 
 IndexSource = Callable[[], "MemoryIndex"]
 
@@ -51,8 +51,8 @@ class Run:
     targeted: int | None = None  # how many paths a targeted sync covered; None: a full pass
 
     def as_dict(self) -> dict[str, object]:
-        data: dict[str, object] = {"kind": self.kind, "reason": self.reason, "started_at": self.started_at,
-                                   "duration": round(self.duration, 6)}
+        data: dict[str, object] = {"kind": self.kind, "reason": self.reason, "started_at": iso_time(self.started_at),
+                                   "duration": seconds(self.duration)}
         if self.report is not None:
             data["report"] = self.report.as_dict()
         if self.kind == "sync":
@@ -69,16 +69,14 @@ class Run:
 
 
 class Writer:
-    """Runs syncs, rebuilds and embedding passes for the daemon, one at a time, on its own thread."""
+    """Runs keyword syncs and rebuilds for the daemon, one at a time, on its own thread."""
 
     def __init__(self, index: IndexSource, *, log: Any, on_run: Callable[[Run], None] | None = None,
-                 retry_delay: float = 5.0, max_retry_delay: float = 300.0, embed_retry: float = 30.0,
-                 max_embed_retry: float = 900.0) -> None:
+                 retry_delay: float = 5.0, max_retry_delay: float = 300.0) -> None:
         self._index = index
         self._log = log
         self._on_run = on_run
-        self._retry = _Backoff(retry_delay, max_retry_delay)
-        self._embed_retry = _Backoff(embed_retry, max_embed_retry)
+        self._retry = Backoff(retry_delay, max_retry_delay)
         self._cond = threading.Condition()
         self._stopping = False
         self._sync_wanted = False
@@ -89,13 +87,11 @@ class Writer:
         self._sync_not_before = 0.0
         self._reindex_wanted = False
         self._reindex_reason: set[str] = set()
-        self._embed_wanted = False
-        self._embed_not_before = 0.0
         self._sync_seq = self._sync_done = 0
         self._reindex_seq = self._reindex_done = 0
         self._running: str | None = None
         self._last: dict[str, Run] = {}
-        self.counts = {"sync": 0, "reindex": 0, "embed": 0, "failed": 0}
+        self.counts = {"sync": 0, "reindex": 0, "failed": 0}
         self._thread: threading.Thread | None = None
 
     # -- requests (any thread) ---------------------------------------------------------------
@@ -167,14 +163,14 @@ class Writer:
 
     def state(self) -> dict[str, object]:
         with self._cond:
-            failed = [run for run in self._last.values() if run.error is not None]
-            latest_failure = max(failed, key=lambda r: r.started_at) if failed else None
+            latest = max(self._last.values(), key=lambda r: r.started_at, default=None)
+            failed = latest is not None and latest.error is not None
             return {
                 "running": self._running,
-                "queued": {"sync": self._sync_wanted, "reindex": self._reindex_wanted, "embed": self._embed_wanted},
+                "queued": {"sync": self._sync_wanted, "reindex": self._reindex_wanted},
                 "runs": dict(self.counts),
                 "last": {kind: run.as_dict() for kind, run in self._last.items()},
-                "last_error": f"{latest_failure.kind}: {latest_failure.error}" if latest_failure else None,
+                "last_error": f"{latest.kind}: {latest.error}" if failed and latest is not None else None,
             }
 
     # -- the thread --------------------------------------------------------------------------
@@ -187,8 +183,7 @@ class Writer:
                     return
                 kind, reason, paths, sync_upto, reindex_upto = job
                 self._running = kind
-                if kind != "embed":
-                    self._inflight = paths
+                self._inflight = paths
             run = self._execute(kind, reason, paths)
             with self._cond:
                 self._running = None
@@ -206,7 +201,7 @@ class Writer:
                     self._log.error("run_report_failed", error=repr(exc))
 
     def _next_job(self) -> tuple[str, str, frozenset[str] | None, int, int] | None:
-        """Wait (under the lock) for runnable work: rebuild, then sync, then embedding."""
+        """Wait (under the lock) for runnable work: rebuild, then sync."""
         while not self._stopping:
             now = time.monotonic()
             if self._reindex_wanted:
@@ -219,12 +214,7 @@ class Writer:
                 reason = "+".join(sorted(self._sync_reason)) or "retry"
                 self._sync_wanted = False
                 return "sync", reason, self._take_sync_paths(), self._sync_seq, self._reindex_done
-            if self._embed_wanted and now >= self._embed_not_before:
-                self._embed_wanted = False
-                return "embed", "deferred", frozenset(), self._sync_done, self._reindex_done
-            deadlines = [t for wanted, t in ((self._sync_wanted, self._sync_not_before),
-                                             (self._embed_wanted, self._embed_not_before)) if wanted]
-            self._cond.wait(max(0.0, min(deadlines) - now) if deadlines else None)
+            self._cond.wait(max(0.0, self._sync_not_before - now) if self._sync_wanted else None)
         return None
 
     def _take_sync_paths(self) -> frozenset[str] | None:
@@ -235,45 +225,28 @@ class Writer:
         return paths
 
     def _after(self, run: Run, sync_upto: int, reindex_upto: int) -> None:
-        if run.kind in ("sync", "reindex"):
-            if run.cancelled:
-                return  # stopped half-way: its waiters hear "shutting down", not "done"
-            self._sync_done = max(self._sync_done, sync_upto)
-            if run.kind == "reindex":
-                self._reindex_done = max(self._reindex_done, reindex_upto)
-            if run.error is not None:
-                self._sync_wanted = True
-                self._sync_full = True  # whatever the failed run was to do, a full pass redoes it
-                self._sync_reason.add("retry")
-                self._sync_not_before = time.monotonic() + self._retry.next()
-            else:
-                self._retry.reset()
-                self._embed_wanted = self._embeds()
-                self._embed_not_before = 0.0
-        elif run.kind == "embed":
-            if run.error is not None:
-                self._embed_wanted = True
-                self._embed_not_before = time.monotonic() + self._embed_retry.next()
-            elif run.cancelled:
-                self._embed_wanted = True
-            else:
-                self._embed_retry.reset()
+        if run.cancelled:
+            return  # stopped half-way: its waiters hear "shutting down", not "done"
+        self._sync_done = max(self._sync_done, sync_upto)
+        if run.kind == "reindex":
+            self._reindex_done = max(self._reindex_done, reindex_upto)
+        if run.error is not None:
+            self._sync_wanted = True
+            self._sync_full = True  # whatever the failed run was to do, a full pass redoes it
+            self._sync_reason.add("retry")
+            self._sync_not_before = time.monotonic() + self._retry.next()
+        else:
+            self._retry.reset()
 
     def _execute(self, kind: str, reason: str, paths: frozenset[str] | None) -> Run:
         run = Run(kind, reason, targeted=None if paths is None else len(paths))
         started = time.perf_counter()
         try:
             index = self._index()
-            # A rebuild that replaces a live index embeds before its swap, so searches keep their
-            # vectors throughout (the old index serves meanwhile); every other write is keyword-first.
-            replacing = _live_fingerprint(index)
             if kind == "sync":
-                rebuild = replacing is not None and replacing != json.dumps(index.fingerprint(), sort_keys=True)
-                run.report = index.sync(embed=rebuild, progress=self._check_stop, paths=paths)
-            elif kind == "reindex":
-                run.report = index.reindex(embed=replacing is not None, progress=self._check_stop)
+                run.report = index.sync(embed=False, progress=self._check_stop, paths=paths)
             else:
-                self._embed(index, run)
+                run.report = index.reindex(embed=False, progress=self._check_stop)
         except _Cancelled:
             run.cancelled = True
         except ClawmemError as exc:
@@ -285,44 +258,9 @@ class Writer:
         self._log_run(run)
         return run
 
-    def _embed(self, index: MemoryIndex, run: Run) -> None:
-        from clawmem.store import Store
-        from clawmem.sync import embed_pending
-
-        provider = index.provider
-        if provider is None:
-            return
-        with index.write_lock():
-            store = Store(index.path, create=False)
-            try:
-                if store.get_meta("fingerprint") != json.dumps(index.fingerprint(), sort_keys=True):
-                    return  # the index was built for another model: the next sync rebuilds it first
-                run.embedded, error = embed_pending(
-                    store, provider, cache_max_entries=index.settings.embedding.cache_max_entries,
-                    should_stop=self._should_yield)
-                run.pending_embeddings = store.pending_embeddings()
-            finally:
-                store.close()
-        if error is not None:
-            from clawmem.errors import ProviderError
-
-            run.error = ProviderError(error)
-        elif run.pending_embeddings:
-            run.cancelled = True  # yielded to a sync or a stop: resume afterwards
-
-    def _embeds(self) -> bool:
-        """Whether the index has an embedding provider (resolved by the sync that just ran)."""
-        try:
-            return self._index().provider is not None
-        except ClawmemError:
-            return False
-
     def _check_stop(self, done: int, total: int) -> None:
         if self._stopping:
             raise _Cancelled
-
-    def _should_yield(self) -> bool:
-        return self._stopping or self._sync_wanted or self._reindex_wanted
 
     def _log_run(self, run: Run) -> None:
         fields: dict[str, object] = {"reason": run.reason, "duration": round(run.duration, 4)}
@@ -331,33 +269,17 @@ class Writer:
         if run.report is not None:
             fields.update(run.report.as_dict())
             fields["duration"] = round(run.duration, 4)
-        if run.kind == "embed":
-            fields.update(embedded=run.embedded, pending_embeddings=run.pending_embeddings)
         if run.cancelled:
             fields["cancelled"] = True
         if run.error is not None:
             self._log.warning(run.kind, error=str(run.error), error_type=type(run.error).__name__, **fields)
-        elif run.kind != "embed" or run.embedded or run.cancelled:
+        else:
             self._log.info(run.kind, **fields)
 
 
-def _live_fingerprint(index: MemoryIndex) -> str | None:
-    """The fingerprint of the index file in place, or None when there is none yet."""
-    from clawmem.store import Store
+class Backoff:
+    """Doubling delays from `base` up to `ceiling`, for retries after failures."""
 
-    if not index.path.exists():
-        return None
-    try:
-        store = Store(index.path, create=False)
-    except IndexUnavailable:
-        return None
-    try:
-        return store.get_meta("fingerprint") or ""
-    finally:
-        store.close()
-
-
-class _Backoff:
     def __init__(self, base: float, ceiling: float) -> None:
         self.base, self.ceiling, self.current = base, ceiling, 0.0
 

@@ -252,3 +252,70 @@ def test_cli_search_through_the_daemon_starts_light(live: Settings) -> None:
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["results"]
     assert out.stderr.strip().splitlines()[-1] == "[]"
+
+
+def refusing_daemon(path: Path, answer: bytes | None) -> tuple[socket.socket, threading.Thread]:
+    """A socket that turns every client away: with `answer` (a busy daemon) or by hanging up (a dying one)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+    listener.settimeout(10)
+
+    def serve() -> None:
+        try:
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    if answer is not None:
+                        conn.sendall(answer)
+        except OSError:
+            return
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+@pytest.mark.parametrize("answer", [
+    b'{"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"too many connections: try again later"}}\n',
+    None,
+], ids=["busy", "hangs-up"])
+def test_cli_answers_in_process_when_the_daemon_turns_it_away(workspace: Path, tmp_path: Path, sock_dir: Path,
+                                                              answer: bytes | None) -> None:
+    (workspace / "MEMORY.md").write_text("# Memory\nThe jaguarundi plan.\n")
+    flags = ["--workspace", str(workspace), "--socket", str(sock_dir / "busy.sock"),
+             "--index", str(tmp_path / "i.sqlite"), "--provider", "none"]
+    assert run_cli("index", *flags).exit_code == 0  # before the socket exists: in-process
+    listener, thread = refusing_daemon(sock_dir / "busy.sock", answer)
+    try:
+        out = run_cli("search", *flags, "--json", "--mode", "bm25", "jaguarundi")
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.stdout)["results"][0]["path"] == "MEMORY.md"
+        out = run_cli("get", *flags, "MEMORY.md", "--lines", "1")
+        assert (out.exit_code, out.stdout) == (0, "# Memory\n")
+        out = run_cli("status", *flags, "--json")
+        assert out.exit_code == 0 and json.loads(out.stdout)["files_indexed"] == 1
+    finally:
+        listener.close()
+        thread.join(5)
+
+
+def test_the_busy_code_is_its_own_class() -> None:
+    error = error_for({"code": -32001, "message": "too many connections"})
+    assert isinstance(error, errors.ServerBusy) and error.exit_code == 3
+
+
+def test_a_non_utf8_argument_through_the_daemon_is_a_clean_answer(live: Settings) -> None:
+    """A shell passes undecodable bytes through; they must not become a traceback."""
+    args = [sys.executable, "-m", "clawmem", "search", "--workspace", str(live.workspace), "--socket",
+            str(live.socket_path), "--json", "--mode", "bm25"]
+    out = subprocess.run([*args, b"ocelot\xff"], capture_output=True, timeout=60, check=False,
+                         env={**os.environ, "CLAWMEM_PROVIDER": "none"})
+    assert out.returncode == 0, out.stderr
+    assert b"Traceback" not in out.stderr
+    assert json.loads(out.stdout)["results"][0]["path"] == "MEMORY.md"
+    out = subprocess.run([sys.executable, "-m", "clawmem", "get", "--workspace", str(live.workspace), "--socket",
+                          str(live.socket_path), b"memory/nope\xff.md"], capture_output=True, timeout=60, check=False,
+                         env={**os.environ, "CLAWMEM_PROVIDER": "none"})
+    assert out.returncode == 1 and b"Traceback" not in out.stderr
+    assert b"no such memory file: 'memory/nope\\\\xff.md'" in out.stderr

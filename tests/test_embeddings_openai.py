@@ -77,11 +77,15 @@ def test_default_model_has_known_dims_and_no_dimensions_parameter(server: FakeSe
     assert "dimensions" not in server.requests[0].body
 
 
-def test_unknown_model_dims_are_discovered_from_a_response(server: FakeServer) -> None:
+def test_unknown_model_dims_are_learned_from_its_first_answer_not_a_probe(server: FakeServer) -> None:
+    """The identity needs no request (the index must build while the provider is down); the size follows."""
     server.default = functools.partial(openai_reply, dims=12)
     provider = make(server, dimensions=0, model="nomic-embed-text")
-    assert provider.info.dims == 12
+    assert provider.info.dims == 0 and provider.vector_dims == 0
+    assert server.requests == []
+    assert len(provider.embed_documents(["hello"])[0]) == 12
     assert server.requests[0].body["model"] == "nomic-embed-text"
+    assert provider.vector_dims == 12 and provider.info.dims == 0  # the fingerprint's identity stays put
 
 
 def test_a_vector_of_the_wrong_size_is_an_error(server: FakeServer) -> None:

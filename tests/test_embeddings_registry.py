@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from clawmem.config import EmbeddingSettings
-from clawmem.errors import ProviderError
+from clawmem.errors import ProviderError, ProviderUnavailable
 from clawmem.embeddings.base import ProviderInfo
 from clawmem.embeddings.gemini import GeminiProvider
 from clawmem.embeddings.openai import OpenAIProvider
@@ -160,9 +160,14 @@ def test_explicit_local(tmp_path: Path, local_model: Path) -> None:
     assert isinstance(result.provider, StubLocal) and result.provider.settings is settings
 
 
-def test_missing_key_without_fallback_is_keyword_only(tmp_path: Path) -> None:
-    result = resolve(tmp_path, {"GEMINI_API_KEY": GEMINI_KEY}, provider="openai")
-    assert result.provider is None and not result.fallback_used
+def test_a_named_provider_that_cannot_start_is_an_error_not_a_quiet_keyword_index(tmp_path: Path) -> None:
+    with pytest.raises(ProviderUnavailable, match="'openai' cannot start.*OPENAI_API_KEY.*embedding.fallback"):
+        resolve(tmp_path, {"GEMINI_API_KEY": GEMINI_KEY}, provider="openai")
+
+
+def test_fallback_none_means_keyword_search_and_says_why(tmp_path: Path) -> None:
+    result = resolve(tmp_path, {}, provider="openai", fallback="none")
+    assert result.provider is None and result.fallback_used
     assert "OPENAI_API_KEY" in result.reason and "keyword search only" in result.reason
 
 
@@ -212,14 +217,15 @@ def test_fallback_auto_tries_the_others(tmp_path: Path, no_local: None) -> None:
 
 
 def test_a_failing_fallback_is_reported_too(tmp_path: Path) -> None:
-    result = resolve(tmp_path, {}, provider="openai", fallback="voyage")
-    assert result.provider is None and not result.fallback_used
-    assert "OPENAI_API_KEY" in result.reason and "VOYAGE_API_KEY" in result.reason
+    with pytest.raises(ProviderUnavailable) as info:
+        resolve(tmp_path, {}, provider="openai", fallback="voyage")
+    assert "OPENAI_API_KEY" in str(info.value) and "VOYAGE_API_KEY" in str(info.value)
 
 
 def test_fallback_equal_to_the_request_is_not_retried(tmp_path: Path) -> None:
-    result = resolve(tmp_path, {}, provider="gemini", fallback="gemini")
-    assert result.provider is None and "fallback" not in result.reason
+    with pytest.raises(ProviderUnavailable) as info:
+        resolve(tmp_path, {}, provider="gemini", fallback="gemini")
+    assert "fallback gemini" not in str(info.value)
 
 
 def test_keys_never_reach_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -229,8 +235,9 @@ def test_keys_never_reach_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyP
         raise ProviderError(f"refused {settings.api_key} and {OPENAI_KEY}")
 
     monkeypatch.setattr("clawmem.embeddings.openai.OpenAIProvider", leaky)
-    result = resolve(tmp_path, {"OPENAI_API_KEY": OPENAI_KEY}, provider="openai", api_key=GEMINI_KEY)
-    assert result.provider is None and "***" in result.reason
+    with pytest.raises(ProviderUnavailable) as info:
+        resolve(tmp_path, {"OPENAI_API_KEY": OPENAI_KEY}, provider="openai", api_key=GEMINI_KEY)
+    assert "***" in str(info.value) and OPENAI_KEY not in str(info.value) and GEMINI_KEY not in str(info.value)
 
 
 def test_auto_with_no_keys_and_no_network_gets_the_local_default_model(tmp_path: Path) -> None:

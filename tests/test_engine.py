@@ -185,7 +185,8 @@ def test_only_one_writer_at_a_time(settings: Settings, write) -> None:
 def test_get_returns_line_ranges_and_refuses_bad_values(settings: Settings, write) -> None:
     write("memory/a.md", "l1\nl2\nl3\nl4\n")
     index = MemoryIndex(settings)
-    assert index.get("memory/a.md") == {"path": "memory/a.md", "text": "l1\nl2\nl3\nl4", "from": 1, "lines": 4}
+    assert index.get("memory/a.md") == {"path": "memory/a.md", "text": "l1\nl2\nl3\nl4", "from": 1, "lines": 4,
+                                        "truncated": False}
     assert index.get("memory/a.md", 2, 2)["text"] == "l2\nl3"
     assert index.get("memory/a.md", 9)["text"] == ""
     with pytest.raises(QueryError):

@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
-from clawmem.config import Settings
+import pytest
+
+from clawmem.config import Settings, load_settings
 from clawmem.engine import MemoryIndex
 from clawmem.search import SearchRequest
 
@@ -182,3 +187,188 @@ def test_a_targeted_sync_ignores_paths_that_are_not_memory(settings: Settings, w
     index = MemoryIndex(settings)
     index.sync(paths=["notes.md", "memory/link.md", "../outside.md"])
     assert paths_found(index, "turnip") == set()
+
+
+# -- any name, any file type, any race ---------------------------------------------------------
+
+
+def byte_file(directory: Path, name: bytes, content: bytes) -> None:
+    fd = os.open(os.fsencode(directory) + b"/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, content)
+    finally:
+        os.close(fd)
+
+
+def test_names_that_are_not_utf8_are_indexed_searchable_and_gettable(settings: Settings, write,
+                                                                     workspace: Path) -> None:
+    byte_file(workspace / "memory", b"b\xff.md", b"# B\nthe byte-named capybara")
+    os.mkdir(os.fsencode(workspace / "memory") + b"/d\xe9")
+    byte_file(workspace / "memory", b"d\xe9/deep.md", b"# D\na deeper capybara")
+    write("memory/plain.md", "# P\nplain capybara")
+    write("MEMORY.md", "# M\nroot capybara")
+    index = MemoryIndex(settings)
+    report = index.sync()
+    assert report.added == 4 and not report.errors and not report.skipped
+    assert paths_found(index, "capybara") == {"memory/b\\xff.md", "memory/d\\xe9/deep.md", "memory/plain.md",
+                                              "MEMORY.md"}
+    assert index.get("memory/b\\xff.md")["text"] == "# B\nthe byte-named capybara"
+    raw = os.fsdecode(b"memory/d\xe9/deep.md")
+    assert index.get(raw) == index.get("memory/d\\xe9/deep.md")
+    assert index.get(raw)["path"] == "memory/d\\xe9/deep.md"
+    assert index.sync(paths=["memory/b\\xff.md", raw]).unchanged == 2, "a watcher's keys name the same rows"
+    (workspace / "memory" / "plain.md").unlink()
+    assert index.sync().removed == 1
+
+
+def test_the_cli_indexes_a_workspace_with_a_byte_name(workspace: Path, write, tmp_path: Path) -> None:
+    byte_file(workspace / "memory", b"b\xff.md", b"# B\nbytes")
+    write("memory/a.md", "# A\nalpha")
+    result = subprocess.run([sys.executable, "-m", "clawmem", "index", "--workspace", str(workspace),
+                             "--index", str(tmp_path / "cli.sqlite"), "--provider", "none"],
+                            check=False, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "2 added" in result.stderr
+
+
+def test_a_key_taken_by_a_literal_name_is_reported_and_the_literal_file_indexed(settings: Settings, write,
+                                                                               workspace: Path) -> None:
+    write("memory/b\\xff.md", "# L\nliteral lemur")
+    byte_file(workspace / "memory", b"b\xff.md", b"# B\nbyte lemur")
+    index = MemoryIndex(settings)
+    report = index.sync()
+    assert report.added == 1 and len(report.skipped) == 1 and report.skipped[0].startswith("memory/b\\xff.md: ")
+    assert index.get("memory/b\\xff.md")["text"] == "# L\nliteral lemur"
+    assert "byte lemur" not in json.dumps(index.reader().execute("SELECT text FROM chunks"))
+
+
+@pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait here forever
+def test_a_fifo_does_not_block_a_sync_and_is_reported(settings: Settings, write, workspace: Path) -> None:
+    os.mkfifo(workspace / "memory" / "pipe.md")
+    write("memory/a.md", "# A\nalpha")
+    report = MemoryIndex(settings).sync()
+    assert report.added == 1
+    assert report.skipped == ["memory/pipe.md: not a regular file (FIFO)"]
+    json.dumps(report.as_dict())
+
+
+def test_long_paths_are_reported_and_everything_else_indexed(settings: Settings, write, workspace: Path) -> None:
+    from test_workspace import make_long_path
+
+    make_long_path(workspace / "memory")
+    write("memory/a.md", "# A\nalpha")
+    report = MemoryIndex(settings).sync()
+    assert report.added == 1
+    assert len(report.skipped) == 1 and report.skipped[0].endswith(": cannot read: file name too long")
+
+
+@pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait here forever
+def test_a_file_swapped_for_a_fifo_or_symlink_after_the_scan_is_refused_and_unindexed(
+        settings: Settings, write, workspace: Path, tmp_path: Path, monkeypatch) -> None:
+    import clawmem.sync as sync_module
+
+    secret = tmp_path / "secret.md"
+    secret.write_text("# S\nclassified mango")
+    write("memory/fifo.md", "# F\nfirst ferret")
+    write("memory/link.md", "# L\nfirst lynx")
+    write("memory/keep.md", "# K\nkept koala")
+    index = MemoryIndex(settings)
+    index.sync()
+    write("memory/fifo.md", "# F\nchanged ferret, longer")
+    write("memory/link.md", "# L\nchanged lynx, longer")
+    real_scan = sync_module.scan
+
+    def scan_then_swap(*args, **kwargs):  # type: ignore[no-untyped-def]
+        yield from real_scan(*args, **kwargs)
+        os.unlink(workspace / "memory" / "fifo.md")
+        os.mkfifo(workspace / "memory" / "fifo.md")
+        os.unlink(workspace / "memory" / "link.md")
+        os.symlink(secret, workspace / "memory" / "link.md")
+
+    monkeypatch.setattr(sync_module, "scan", scan_then_swap)
+    report = index.sync()
+    assert report.removed == 2 and not report.errors
+    assert sorted(report.skipped) == ["memory/fifo.md: not a regular file (FIFO)",
+                                      "memory/link.md: symlinks are refused"]
+    assert paths_found(index, "ferret lynx koala mango") == {"memory/keep.md"}
+
+
+@pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait here forever
+def test_an_indexed_file_that_becomes_a_fifo_is_removed_with_a_reason(settings: Settings, write,
+                                                                      workspace: Path) -> None:
+    write("memory/a.md", "# A\nalpha")
+    write("memory/b.md", "# B\nbravo")
+    index = MemoryIndex(settings)
+    index.sync()
+    (workspace / "memory" / "a.md").unlink()
+    os.mkfifo(workspace / "memory" / "a.md")
+    write("memory/c.md", "# C\ncharlie")
+    report = index.sync()
+    assert (report.added, report.removed) == (1, 1)
+    assert report.skipped == ["memory/a.md: not a regular file (FIFO)"]
+    assert paths_found(index, "alpha bravo charlie") == {"memory/b.md", "memory/c.md"}
+    report = index.sync(paths=["memory/a.md"])
+    assert report.skipped == ["memory/a.md: not a regular file (FIFO)"] and report.removed == 0
+
+
+def test_hard_links_are_indexed_unless_refused(workspace: Path, write, tmp_path: Path) -> None:
+    write("memory/a.md", "# A\nalpha")
+    write("memory/b.md", "# B\nbravo")
+    os.link(workspace / "memory" / "a.md", workspace / "memory" / "twin.md")
+    overrides = {"index": str(tmp_path / "i.sqlite"), "embedding.provider": "none"}
+    index = MemoryIndex(load_settings(workspace=workspace, overrides=overrides))
+    assert index.sync().added == 3
+    strict = MemoryIndex(load_settings(workspace=workspace, overrides={**overrides, "refuse_hardlinks": True}))
+    report = strict.sync()
+    assert report.removed == 2 and sorted(report.skipped) == [
+        "memory/a.md: hard-linked files are refused (2 links, refuse_hardlinks = true)",
+        "memory/twin.md: hard-linked files are refused (2 links, refuse_hardlinks = true)"]
+    assert paths_found(strict, "alpha bravo") == {"memory/b.md"}
+    assert strict.sync(paths=["memory/twin.md"]).skipped == [
+        "memory/twin.md: hard-linked files are refused (2 links, refuse_hardlinks = true)"]
+
+
+def test_the_stat_stored_is_that_of_the_file_read_not_of_the_scan(settings: Settings, write, workspace: Path,
+                                                                 monkeypatch) -> None:
+    import clawmem.sync as sync_module
+
+    write("memory/a.md", "# A\nalpha")
+    index = MemoryIndex(settings)
+    index.sync()
+    write("memory/a.md", "# A\nalpha, first edit")
+    real_scan = sync_module.scan
+
+    def scan_then_edit(*args, **kwargs):  # type: ignore[no-untyped-def]
+        yield from real_scan(*args, **kwargs)
+        write("memory/a.md", "# A\nalpha, edited between the scan and the read")
+        os.utime(workspace / "memory" / "a.md", ns=(1, 7_000_000_000))
+
+    monkeypatch.setattr(sync_module, "scan", scan_then_edit)
+    assert index.sync().updated == 1
+    monkeypatch.setattr(sync_module, "scan", real_scan)
+    st = os.stat(workspace / "memory" / "a.md")
+    assert index.reader().execute("SELECT mtime, size FROM files") == [(st.st_mtime_ns, st.st_size)]
+    report = index.sync()
+    assert report.unchanged == 1 and report.bytes_read == 0
+    assert paths_found(index, "edited") == {"memory/a.md"}
+
+
+def test_a_file_deleted_between_the_scan_and_the_read_is_just_removed(settings: Settings, write, workspace: Path,
+                                                                     monkeypatch) -> None:
+    import clawmem.sync as sync_module
+
+    write("memory/a.md", "# A\nalpha")
+    write("memory/b.md", "# B\nbravo")
+    index = MemoryIndex(settings)
+    index.sync()
+    write("memory/a.md", "# A\nalpha, changed")
+    real_scan = sync_module.scan
+
+    def scan_then_delete(*args, **kwargs):  # type: ignore[no-untyped-def]
+        yield from real_scan(*args, **kwargs)
+        (workspace / "memory" / "a.md").unlink()
+
+    monkeypatch.setattr(sync_module, "scan", scan_then_delete)
+    report = index.sync()
+    assert report.removed == 1 and not report.skipped and not report.errors
+    assert paths_found(index, "alpha bravo") == {"memory/b.md"}

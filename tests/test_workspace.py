@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
 from clawmem.errors import PathError
-from clawmem.workspace import is_memory_path, resolve_memory_path, scan
+from clawmem.workspace import Skipped, is_memory_path, memory_key, resolve_memory_path, scan
 
 
 def paths(ws: Path, extra: tuple[str, ...] = ()) -> set[str]:
@@ -101,3 +102,148 @@ def test_get_refuses_symlinks_at_any_depth(workspace: Path, write, tmp_path: Pat
 def test_get_resolves_a_real_memory_file(workspace: Path, write) -> None:
     path = write("memory/2026-11-22.md", "hello")
     assert resolve_memory_path(workspace, "memory/2026-11-22.md") == path
+
+
+# -- names that are not UTF-8, skipped paths ---------------------------------------------------
+
+
+def byte_file(directory: Path, name: bytes, content: bytes = b"x") -> None:
+    fd = os.open(os.fsencode(directory) + b"/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, content)
+    finally:
+        os.close(fd)
+
+
+def scan_with_skipped(ws: Path, extra: tuple[str, ...] = ()) -> tuple[set[str], dict[str, str]]:
+    skipped: list[Skipped] = []
+    found = {f.path for f in scan(ws, extra, skipped)}
+    return found, {s.path: s.reason for s in skipped}
+
+
+def test_names_that_are_not_utf8_get_escaped_keys_and_the_rest_keep_theirs(workspace: Path, write) -> None:
+    byte_file(workspace / "memory", b"b\xff.md")
+    os.mkdir(os.fsencode(workspace / "memory") + b"/d\xe9")
+    byte_file(workspace / "memory", b"d\xe9/n\xc3.md")
+    write("memory/été.md", "x")
+    found = paths(workspace)
+    assert found == {"memory/b\\xff.md", "memory/d\\xe9/n\\xc3.md", "memory/été.md"}
+    for key in found:
+        key.encode("utf-8")
+        resolve_memory_path(workspace, key)
+    assert resolve_memory_path(workspace, os.fsdecode(b"memory/b\xff.md")).name == os.fsdecode(b"b\xff.md")
+
+
+def test_an_outside_extra_path_with_a_byte_name_gets_a_utf8_absolute_key(workspace: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "notes"
+    outside.mkdir()
+    byte_file(outside, b"n\xff.md")
+    (key,) = paths(workspace, (str(outside),))
+    assert key == f"{outside}/n\\xff.md"
+    key.encode("utf-8")
+
+
+def test_two_files_with_one_key_index_the_literal_name_and_report_the_other(workspace: Path, write) -> None:
+    write("memory/b\\xff.md", "literal")
+    byte_file(workspace / "memory", b"b\xff.md", b"bytes")
+    found, skipped = scan_with_skipped(workspace)
+    assert found == {"memory/b\\xff.md"}
+    assert "index key" in skipped["memory/b\\xff.md"]
+    assert resolve_memory_path(workspace, "memory/b\\xff.md").read_text() == "literal"
+
+
+def test_a_name_mixing_bytes_and_a_literal_escape_is_reported(workspace: Path) -> None:
+    byte_file(workspace / "memory", b"\xff\\x80.md")
+    found, skipped = scan_with_skipped(workspace)
+    assert found == set()
+    assert "unambiguous" in skipped["memory/\\xff\\x80.md"]
+
+
+@pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait here forever
+def test_symlinks_fifos_and_sockets_that_look_like_memory_are_reported(workspace: Path, write, tmp_path: Path) -> None:
+    import socket
+
+    (tmp_path / "t.md").write_text("x")
+    os.symlink(tmp_path / "t.md", workspace / "memory" / "link.md")
+    os.symlink(tmp_path, workspace / "memory" / "linkdir")
+    os.mkfifo(workspace / "memory" / "pipe.md")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(workspace / "memory" / "sock.md"))
+    write("memory/ok.md", "x")
+    try:
+        found, skipped = scan_with_skipped(workspace)
+    finally:
+        sock.close()
+    assert found == {"memory/ok.md"}
+    assert skipped == {"memory/link.md": "symlink, not followed", "memory/linkdir": "symlink, not followed",
+                       "memory/pipe.md": "not a regular file (FIFO)", "memory/sock.md": "not a regular file (socket)"}
+
+
+def make_long_path(base: Path, levels: int = 20) -> str:
+    """A folder chain longer than PATH_MAX (made relative to descriptors, as only they can)."""
+    name = "d" * 250
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir(name, dir_fd=fd)
+            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        out = os.open("deep.md", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(out, b"# Deep\nunreachable")
+        os.close(out)
+    finally:
+        os.close(fd)
+    return name
+
+
+def test_paths_longer_than_path_max_are_reported_not_dropped_silently(workspace: Path, write) -> None:
+    make_long_path(workspace / "memory")
+    write("memory/ok.md", "x")
+    found, skipped = scan_with_skipped(workspace)
+    assert found == {"memory/ok.md"}
+    assert [reason for reason in skipped.values()] == ["cannot read: file name too long"]
+    assert next(iter(skipped)).startswith("memory/ddd")
+
+
+def test_unreadable_folders_are_reported(workspace: Path, write, monkeypatch) -> None:
+    write("memory/locked/a.md", "x")
+    write("memory/ok.md", "x")
+    locked = str(workspace / "memory" / "locked")
+    if os.geteuid() == 0:  # root reads any folder: make this one refuse as it would refuse anyone else
+        real_open = os.open
+
+        def refusing_open(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if path == locked:
+                raise PermissionError(errno.EACCES, "Permission denied", path)
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refusing_open)
+    os.chmod(locked, 0)
+    try:
+        found, skipped = scan_with_skipped(workspace)
+    finally:
+        monkeypatch.undo()
+        os.chmod(locked, 0o755)
+    assert found == {"memory/ok.md"}
+    assert skipped == {"memory/locked": "cannot read: permission denied"}
+
+
+def test_memory_key_turns_a_file_system_path_into_its_key() -> None:
+    assert memory_key(os.fsdecode(b"memory/b\xff.md")) == "memory/b\\xff.md"
+    assert memory_key("memory//./a.md") == "memory/a.md"
+    assert memory_key("memory/back\\slash.md") == "memory/back\\slash.md", "a backslash is part of a name"
+
+
+def test_the_watcher_keys_events_as_the_scanner_does(workspace: Path) -> None:
+    from watchdog.events import FileCreatedEvent, FileMovedEvent
+
+    from clawmem.watcher import WorkspaceWatcher
+
+    byte_file(workspace / "memory", b"b\xff.md")
+    watcher = WorkspaceWatcher(workspace, lambda reason, keys: None)
+    raw = os.fsencode(workspace / "memory") + b"/b\xff.md"
+    assert watcher.affected(FileCreatedEvent(raw)) == paths(workspace) == {"memory/b\\xff.md"}
+    assert watcher.affected(FileCreatedEvent(os.fsdecode(raw))) == {"memory/b\\xff.md"}
+    moved = FileMovedEvent(os.fsdecode(raw), f"{workspace}/memory/c.md")
+    assert watcher.affected(moved) == {"memory/b\\xff.md", "memory/c.md"}

@@ -1,4 +1,4 @@
-"""The single writer thread: coalescing, waiting, cooperative stop, retries, deferred embedding."""
+"""The single writer thread: coalescing, waiting, cooperative stop, retries."""
 
 from __future__ import annotations
 
@@ -11,10 +11,7 @@ from typing import Any
 import pytest
 from daemon_helpers import RecordingLog, wait_until
 
-from clawmem.config import Settings
-from clawmem.embeddings.fake import FakeProvider
-from clawmem.engine import MemoryIndex
-from clawmem.errors import IndexBusy, IndexUnavailable, ProviderError
+from clawmem.errors import IndexBusy, IndexUnavailable
 from clawmem.sync import SyncReport
 from clawmem.writer import Writer
 
@@ -190,69 +187,3 @@ def test_wait_with_a_timeout(writer: Writer, stub: StubIndex) -> None:
     with pytest.raises(IndexUnavailable, match="did not finish within"):
         writer.wait_sync(ticket, timeout=0.1)
     stub.gate.set()
-
-
-# -- deferred embedding, with the real engine -------------------------------------------------
-
-
-def test_embeddings_are_deferred_and_retried_after_a_provider_failure(settings: Settings, write: Any,
-                                                                      tmp_path: Path) -> None:
-    write("memory/a.md", "# A\nalpha beta\n")
-    write("memory/b.md", "# B\ngamma delta\n")
-    provider = FakeProvider(dims=16, fail=True)
-    index = MemoryIndex(settings, provider=provider)
-    log = RecordingLog()
-    writer = Writer(lambda: index, log=log, embed_retry=0.1, max_embed_retry=0.2)
-    writer.start()
-    try:
-        run = writer.wait_sync(writer.request_sync("startup"), timeout=10)
-        assert run.error is None and run.report is not None and run.report.added == 2
-        assert index.status()["pending_embeddings"] == 2  # keyword rows first
-        wait_until(lambda: writer.counts["failed"] >= 1, message="the failing embedding pass")
-        assert isinstance(writer._last["embed"].error, ProviderError)
-        assert index.status()["pending_embeddings"] == 2  # nothing lost
-        provider.fail = False
-        wait_until(lambda: index.status()["pending_embeddings"] == 0, message="the retried embedding pass")
-        assert provider.documents_embedded == 2
-        assert any(e.get("embedded") == 2 for e in log.events("embed"))
-    finally:
-        writer.stop(5)
-        index.close()
-
-
-def test_a_model_change_rebuilds_with_vectors_before_the_swap(settings: Settings, write: Any) -> None:
-    """Keyword-first is for new notes; a rebuild replacing a live index keeps searches' vectors."""
-    write("memory/a.md", "# A\nalpha beta\n")
-    MemoryIndex(settings, provider=FakeProvider(dims=16, model="old")).sync()
-    index = MemoryIndex(settings, provider=FakeProvider(dims=16, model="new"))
-    at_swap: list[object] = []
-
-    def on_run(run: Any) -> None:  # runs on the writer thread before it picks its next job
-        if run.kind == "sync":
-            at_swap.append(index.status()["pending_embeddings"])
-
-    writer = Writer(lambda: index, log=RecordingLog(), on_run=on_run)
-    writer.start()
-    try:
-        run = writer.wait_sync(writer.request_sync("reload"), timeout=20)
-        assert run.error is None
-        wait_until(lambda: at_swap, message="the sync report")
-        assert at_swap == [0]
-        assert index.status()["model"] == "new"
-    finally:
-        writer.stop(5)
-        index.close()
-
-
-def test_no_embedding_pass_without_a_provider(settings: Settings, write: Any) -> None:
-    write("memory/a.md", "# A\nalpha\n")
-    index = MemoryIndex(settings)
-    writer = Writer(lambda: index, log=RecordingLog())
-    writer.start()
-    try:
-        writer.wait_sync(writer.request_sync("startup"), timeout=10)
-        assert writer.state()["queued"] == {"sync": False, "reindex": False, "embed": False}
-        assert writer.counts["embed"] == 0
-    finally:
-        writer.stop(5)
-        index.close()

@@ -20,7 +20,9 @@ class ProviderInfo:
     """What identifies a provider's vectors: two equal infos give interchangeable vectors.
 
     `endpoint` is the base URL plus the names and values of non-secret headers (never an API key);
-    it is part of the index fingerprint and of the embedding cache key (`provider_key`).
+    it is part of the index fingerprint and of the embedding cache key (`provider_key`). `dims` is
+    the declared vector size, 0 for a model whose size only its first answer tells: an identity must
+    be known without a network request, so that an index can be built while its provider is down.
     """
 
     provider: str

@@ -1,10 +1,12 @@
 """Which embedding provider serves this workspace (SPEC §5), and why.
 
 `none` means keyword search only. `auto` takes the local model when its file is available, else
-the first remote provider whose API key is set (OpenAI, Gemini, Voyage), else none; having tried
-them all, it needs no fallback. An explicitly requested provider that cannot be created (no key, no
-model, an SDK that will not import) gives way to the `fallback` provider when one is named, and
-the result says so.
+the first remote provider whose API key is set (OpenAI, Gemini, Voyage), else none (keyword search,
+with the reason said in `status` and in answers); having tried them all, it needs no fallback. A
+provider the user named that cannot be created (no key, no model, an SDK that will not import) is
+an error (`ProviderUnavailable`) unless a `fallback` is set: then the fallback serves (`none`
+meaning keyword search) and the result says so and why. Quietly building a keyword-only index in
+place of the vector index the user asked for is what this rule prevents.
 
 The connection settings (`api_key`, `base_url`, `headers`) belong to the requested provider; under
 `auto` they describe an OpenAI-compatible server. They are never handed to another vendor: a
@@ -24,7 +26,7 @@ from clawmem.config import EmbeddingSettings
 from clawmem.embeddings.base import EmbeddingProvider
 from clawmem.embeddings.remote import secret_values
 from clawmem.embeddings.retry import redact
-from clawmem.errors import ClawmemError
+from clawmem.errors import ClawmemError, ProviderUnavailable
 
 __all__ = ["KEY_VARIABLES", "REMOTE_PROVIDERS", "ResolvedProvider", "create_provider", "resolve_provider"]
 
@@ -46,7 +48,7 @@ class ResolvedProvider:
 
 
 class Unavailable(ClawmemError):
-    """A provider that cannot be created here; the message says why (and never holds a key)."""
+    """A provider that cannot be created here (internal: resolution turns it into a reason or an error)."""
 
 
 def resolve_provider(settings: EmbeddingSettings, *, cache_dir: Path,
@@ -65,7 +67,9 @@ def resolve_provider(settings: EmbeddingSettings, *, cache_dir: Path,
         failure = str(exc)
 
     fallback = settings.fallback
-    if fallback not in ("none", requested):
+    if fallback == "none":
+        return ResolvedProvider(None, requested, True, redact(f"{failure}; fallback: keyword search only", hide))
+    if fallback not in ("", requested):
         spare = _without_connection(settings)
         if fallback == "auto":
             chosen, why = _auto(spare, cache_dir, environ, skip=(requested,))
@@ -78,7 +82,8 @@ def resolve_provider(settings: EmbeddingSettings, *, cache_dir: Path,
                 return ResolvedProvider(chosen, requested, True, redact(f"{failure}; using fallback {fallback}", hide))
             except Unavailable as exc:
                 failure = f"{failure}; fallback {fallback} unavailable too: {exc}"
-    return ResolvedProvider(None, requested, False, redact(f"{failure}: keyword search only", hide))
+    advice = "" if fallback else " (or set embedding.fallback, e.g. to none for keyword search meanwhile)"
+    raise ProviderUnavailable(redact(f"embedding provider {requested!r} cannot start: {failure}{advice}", hide))
 
 
 def create_provider(name: str, settings: EmbeddingSettings, *, cache_dir: Path,

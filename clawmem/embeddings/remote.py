@@ -90,15 +90,23 @@ class RemoteProvider(abc.ABC):
         self._batch_size = min(settings.batch_size, limits.max_batch_inputs)
         self._batch_tokens = min(settings.batch_tokens, limits.max_batch_tokens)
         self._max_input_tokens = limits.max_input_tokens
-        self._dims = settings.dimensions or self.known_dims.get(model, 0)
+        self._declared_dims = settings.dimensions or self.known_dims.get(model, 0)
+        self._dims = self._declared_dims
         self._lock = threading.Lock()
 
     @property
     def info(self) -> ProviderInfo:
-        """The provider's identity; for a model of unknown size, one short probe request finds `dims`."""
-        if not self._dims:
-            self.embed_query("dimension probe")
-        return ProviderInfo(provider=self.name, model=self._model, dims=self._dims, endpoint=self._endpoint)
+        """The provider's identity, known without a request (the index must build while the provider is down).
+
+        `dims` is the size the settings or the model table declare, 0 when only the first answer will
+        tell; it stays so, since it is part of the fingerprint (`vector_dims` says what was learned).
+        """
+        return ProviderInfo(provider=self.name, model=self._model, dims=self._declared_dims, endpoint=self._endpoint)
+
+    @property
+    def vector_dims(self) -> int:
+        """The size of this model's vectors: declared, or learned from its first answer (0 before that)."""
+        return self._dims
 
     def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
         return self._embed(texts, "document")

@@ -1,0 +1,135 @@
+"""The daemon's embedding thread: vectors after keyword rows, retries, and never in the writer's way."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from daemon_helpers import RecordingLog, wait_until
+
+from clawmem.config import Settings
+from clawmem.embedder import Embedder
+from clawmem.embeddings.fake import FakeProvider
+from clawmem.engine import MemoryIndex
+from clawmem.errors import ProviderError
+from clawmem.writer import Run, Writer
+
+
+@contextmanager
+def threads(index: MemoryIndex, **embedder_options: Any) -> Iterator[tuple[Writer, Embedder, RecordingLog]]:
+    """A writer and an embedder wired as the daemon wires them: every good keyword run wakes the embedder."""
+    log = RecordingLog()
+    embedder = Embedder(lambda: index, log=log, **embedder_options)
+
+    def on_run(run: Run) -> None:
+        if run.error is None:
+            embedder.wake()
+
+    writer = Writer(lambda: index, log=log, on_run=on_run)
+    writer.start()
+    embedder.start()
+    try:
+        yield writer, embedder, log
+    finally:
+        writer.stop(5)
+        embedder.stop(5)
+        index.close()
+
+
+def test_embeddings_follow_the_keyword_rows_and_are_retried_after_a_failure(settings: Settings, write: Any) -> None:
+    write("memory/a.md", "# A\nalpha beta\n")
+    write("memory/b.md", "# B\ngamma delta\n")
+    provider = FakeProvider(dims=16, fail=True)
+    index = MemoryIndex(settings, provider=provider)
+    with threads(index, retry_delay=0.1, max_retry_delay=0.2) as (writer, embedder, log):
+        run = writer.wait_sync(writer.request_sync("startup"), timeout=10)
+        assert run.error is None and run.report is not None and run.report.added == 2
+        assert index.status()["pending_embeddings"] == 2  # keyword rows first
+        wait_until(lambda: embedder.counts["failed"] >= 1, message="the failing embedding pass")
+        assert "fake provider is down" in str(embedder.state()["last_error"])
+        assert index.status()["pending_embeddings"] == 2  # nothing lost
+        provider.fail = False
+        wait_until(lambda: index.status()["pending_embeddings"] == 0 and embedder.state()["last_error"] is None,
+                   message="the retried embedding pass")
+        assert provider.documents_embedded == 2
+        assert any(e.get("embedded") == 2 for e in log.events("embed"))
+
+
+class StuckProvider(FakeProvider):
+    """A provider that accepts a batch and does not answer until the test lets it."""
+
+    def __init__(self) -> None:
+        super().__init__(dims=16)
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        self.entered.set()
+        if not self.release.wait(30):
+            raise ProviderError("never released")
+        return super().embed_documents(texts)
+
+
+def test_keyword_syncs_never_wait_for_a_stuck_provider(settings: Settings, write: Any) -> None:
+    write("memory/a.md", "# A\nalpha\n")
+    provider = StuckProvider()
+    index = MemoryIndex(settings, provider=provider)
+    with threads(index) as (writer, embedder, _):
+        writer.wait_sync(writer.request_sync("startup"), timeout=10)
+        wait_until(provider.entered.is_set, message="the provider call")
+        for n in range(3):  # edits while the provider holds the embedding thread
+            write(f"memory/new{n}.md", f"# New\nnote number {n}\n")
+            run = writer.wait_sync(writer.request_sync("change"), timeout=10)
+            assert run.error is None and run.report is not None and run.report.added == 1
+        assert index.status()["pending_embeddings"] == 4 and embedder.state()["running"]
+        provider.release.set()
+        wait_until(lambda: index.status()["pending_embeddings"] == 0, message="the vectors after the release")
+
+
+def test_a_reindex_keeps_every_vector_and_asks_the_provider_for_none(settings: Settings, write: Any) -> None:
+    write("memory/a.md", "# A\nalpha beta\n")
+    write("memory/b.md", "# B\ngamma delta\n")
+    provider = FakeProvider(dims=16)
+    MemoryIndex(settings, provider=provider).sync()
+    calls = provider.document_calls
+    index = MemoryIndex(settings, provider=provider)
+    at_swap: list[object] = []
+    with threads(index) as (writer, _, _):
+        run = writer.wait_reindex(writer.request_reindex("client"), timeout=20)
+        at_swap.append(index.status()["pending_embeddings"])
+        assert run.error is None and run.report is not None and run.report.embedded == 2
+    assert at_swap == [0] and provider.document_calls == calls
+
+
+def test_a_model_change_rebuilds_without_waiting_for_the_new_model(settings: Settings, write: Any) -> None:
+    """The swap takes only cached vectors; the new model's vectors follow, and going back embeds nothing."""
+    write("memory/a.md", "# A\nalpha beta\n")
+    old = FakeProvider(dims=16, model="old")
+    MemoryIndex(settings, provider=old).sync()
+    new = StuckProvider()
+    index = MemoryIndex(settings, provider=new)
+    with threads(index) as (writer, _, _):
+        run = writer.wait_sync(writer.request_sync("reload"), timeout=20)
+        assert run.error is None
+        status = index.status()
+        assert status["model"] == "fake-1" and status["pending_embeddings"] == 1  # live, vectors to come
+        new.release.set()
+        wait_until(lambda: index.status()["pending_embeddings"] == 0, message="the new model's vectors")
+    calls = old.document_calls
+    back = MemoryIndex(settings, provider=old)
+    report = back.sync()
+    assert back.status()["model"] == "old" and back.status()["pending_embeddings"] == 0
+    assert old.document_calls == calls and report.embedded == 1  # from the cache the rebuilds carried over
+    back.close()
+
+
+def test_no_provider_means_no_embedding_work(settings: Settings, write: Any) -> None:
+    write("memory/a.md", "# A\nalpha\n")
+    index = MemoryIndex(settings)
+    with threads(index) as (writer, embedder, log):
+        writer.wait_sync(writer.request_sync("startup"), timeout=10)
+        wait_until(lambda: embedder.counts["embed"] >= 1 and not embedder.state()["running"],
+                   message="the embedder to look")
+        assert embedder.counts["failed"] == 0 and log.events("embed") == []
