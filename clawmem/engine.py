@@ -335,10 +335,11 @@ class MemoryIndex:
             provider = self.provider
         except ProviderError as exc:
             return None, f"{exc}: keyword results only"
-        if built.get("provider", "none") == "none":
-            return None, None
         if provider is None:
-            return None, f"{self.provider_note or 'no embedding provider available'}: keyword results only"
+            note = self.provider_note or "no embedding provider available"
+            return None, note if "keyword search only" in note else f"{note}: keyword results only"
+        if built.get("provider", "none") == "none":
+            return None, "the index has no vectors yet (the next sync adds them): keyword results only"
         info = provider.info
         if (info.provider, info.model, info.endpoint, info.dims) != (
                 built.get("provider"), built.get("model"), built.get("endpoint", info.endpoint), built.get("dims")):

@@ -36,7 +36,8 @@ KEY_VARIABLES: Mapping[str, tuple[str, ...]] = {
     "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
     "voyage": ("VOYAGE_API_KEY",),
 }
-NO_PROVIDER = "no embedding provider available: keyword search only"
+NO_PROVIDER = ("auto found no embedding provider (no local model, and none of OPENAI_API_KEY, GEMINI_API_KEY,"
+               " GOOGLE_API_KEY, VOYAGE_API_KEY set): keyword search only")
 
 
 @dataclass(frozen=True)
