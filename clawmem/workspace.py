@@ -214,30 +214,29 @@ def _walk(anchor: str, names: tuple[str, ...], key: str, note: Note) -> Iterator
     while stack:
         dir_names, dir_key = stack.pop()
         entries = _list_dir(os.path.join(anchor, *dir_names), dir_key, note)
-        siblings = {name for name, _ in entries}
-        for name, st in entries:
+        siblings = {name for name, _, _ in entries}
+        for name, kind, st in entries:
             entry_key = f"{dir_key}/{path_key(name)}" if dir_key else path_key(name)
             if isinstance(st, OSError):
                 _note_error(note, entry_key, st)
                 continue
-            if stat.S_ISLNK(st.st_mode):
+            if kind == "link":
                 note(Skipped(entry_key, "symlink, not followed"))
-                continue
-            is_dir = stat.S_ISDIR(st.st_mode)
-            if (is_dir and name in SKIPPED_DIRS) or (not is_dir and not name.lower().endswith(".md")):
                 continue
             problem = _name_problem(name, siblings)
             if problem is not None:
                 note(Skipped(entry_key, problem))
-            elif is_dir:
+            elif kind == "dir":
                 stack.append((dir_names + (name,), entry_key))
-            elif _check_file(st, entry_key, note):
+            elif st is not None and _check_file(st, entry_key, note):
                 yield _memory_file(anchor, dir_names + (name,), entry_key, st)
 
 
-def _list_dir(path: str, key: str, note: Note) -> list[tuple[str, os.stat_result | OSError]]:
-    """The visible entries of a folder, lstat'ed while it is open.
+def _list_dir(path: str, key: str, note: Note) -> list[tuple[str, str, os.stat_result | OSError | None]]:
+    """(name, "link" | "dir" | "file", stat) for the entries of a folder that may hold memory.
 
+    Hidden entries, tool folders and files not named *.md are left out. The kind comes from the
+    folder listing (no system call); only candidate files are lstat'ed, while the folder is open.
     Opened O_NOFOLLOW, so a symlink swapped in for the folder since its check is not listed.
     """
     try:
@@ -245,16 +244,23 @@ def _list_dir(path: str, key: str, note: Note) -> list[tuple[str, os.stat_result
     except OSError as exc:
         _note_error(note, key or ".", exc)
         return []
-    entries: list[tuple[str, os.stat_result | OSError]] = []
+    entries: list[tuple[str, str, os.stat_result | OSError | None]] = []
     try:
         with os.scandir(fd) as it:
             for entry in it:
-                if entry.name.startswith("."):
+                name = entry.name
+                if name.startswith("."):
                     continue
                 try:
-                    entries.append((entry.name, entry.stat(follow_symlinks=False)))
+                    if entry.is_symlink():
+                        entries.append((name, "link", None))
+                    elif entry.is_dir(follow_symlinks=False):
+                        if name not in SKIPPED_DIRS:
+                            entries.append((name, "dir", None))
+                    elif name.lower().endswith(".md"):
+                        entries.append((name, "file", entry.stat(follow_symlinks=False)))
                 except OSError as exc:
-                    entries.append((entry.name, exc))
+                    entries.append((name, "file", exc))
     except OSError as exc:
         _note_error(note, key or ".", exc)
     finally:
