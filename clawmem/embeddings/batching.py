@@ -86,22 +86,21 @@ def combine(plan: Plan, vectors: Sequence[Sequence[float]]) -> list[list[float]]
     """
     if len(vectors) != len(plan.pieces):
         raise ProviderError(f"expected {len(plan.pieces)} vectors, got {len(vectors)}")
-    sums: list[list[float] | None] = [None] * plan.texts
+    parts: list[list[tuple[list[float], int]]] = [[] for _ in range(plan.texts)]
     for piece, raw in zip(plan.pieces, vectors, strict=True):
         unit = normalize(raw)
         if unit is None:
             raise ProviderError("the provider returned a zero or non-finite vector")
-        total = sums[piece.source]
-        if total is None:
-            sums[piece.source] = [x * piece.tokens for x in unit]
-        elif len(total) != len(unit):
-            raise ProviderError("the provider returned vectors of different lengths for one text")
-        else:
-            for i, x in enumerate(unit):
-                total[i] += x * piece.tokens
+        parts[piece.source].append((unit, piece.tokens))
     result: list[list[float]] = []
-    for total in sums:
-        unit = normalize(total) if total is not None else None
+    for pieces in parts:
+        if len(pieces) == 1:  # the usual case: the text's own unit vector
+            result.append(pieces[0][0])
+            continue
+        if len({len(unit) for unit, _ in pieces}) != 1:
+            raise ProviderError("the provider returned vectors of different lengths for one text")
+        total = [sum(unit[i] * tokens for unit, tokens in pieces) for i in range(len(pieces[0][0]))]
+        unit = normalize(total)
         if unit is None:
             raise ProviderError("the provider's vectors for one text cancel out to zero")
         result.append(unit)

@@ -6,8 +6,11 @@ Its own retries are off (`max_retries=0`): `clawmem.embeddings.retry` is the one
 
 from __future__ import annotations
 
+import base64
 import os
+import sys
 import time
+from array import array
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -60,10 +63,15 @@ class OpenAIProvider(RemoteProvider):
         self._client.close()
 
     def _request(self, inputs: list[str], kind: InputKind) -> list[list[float]]:
+        """One request; vectors come as base64 float32, which the SDK hands over as one string each.
+
+        As JSON floats the SDK validates every number of every vector in Python (measured: ~8 s of
+        CPU per 1,000 1536-d vectors, more than the whole keyword index of the same notes).
+        """
         extra: dict[str, Any] = {"dimensions": self._settings.dimensions} if self._settings.dimensions else {}
-        response = self._client.embeddings.create(model=self._model, input=inputs, encoding_format="float", **extra)
+        response = self._client.embeddings.create(model=self._model, input=inputs, encoding_format="base64", **extra)
         data = sorted(response.data, key=lambda item: item.index)
-        return [list(item.embedding) for item in data]
+        return [_floats(item.embedding) for item in data]
 
     def _classify(self, exc: Exception) -> Failure | None:
         import openai
@@ -79,6 +87,19 @@ class OpenAIProvider(RemoteProvider):
         if isinstance(exc, openai.OpenAIError):
             return Failure(Kind.REJECTED, str(exc))
         return None
+
+
+def _floats(embedding: object) -> list[float]:
+    """A vector as the server sent it: base64 little-endian float32 (asked for), or a JSON list (some servers)."""
+    if isinstance(embedding, str):
+        values = array("f")
+        values.frombytes(base64.b64decode(embedding, validate=True))
+        if sys.byteorder == "big":
+            values.byteswap()
+        return values.tolist()
+    if isinstance(embedding, list):
+        return [float(x) for x in embedding]
+    raise ValueError(f"an embedding of type {type(embedding).__name__}")
 
 
 def _message(exc: Any) -> str:
