@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from clawmem.config import SearchSettings
-from clawmem.embeddings.base import EmbeddingProvider, normalize, pack
+from clawmem.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem.errors import ClawmemError, QueryError
 from clawmem.keywords import build_match
 from clawmem.store import Store, TextHit, VectorHit
@@ -149,7 +149,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
             degraded = "no embeddings available: keyword results only"
         else:
             try:
-                vec = normalize(provider.embed_query(query))
+                vec = unit(provider.embed_query(query))
             except ClawmemError as exc:
                 vec, degraded = None, f"embedding the query failed ({exc}): keyword results only"
             if vec is not None:

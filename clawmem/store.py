@@ -11,7 +11,6 @@ import contextlib
 import importlib.util
 import json
 import math
-import operator
 import os
 import stat
 import time
@@ -398,6 +397,41 @@ class Store:
                     self.set_meta(_BITS_STALE, "1")
         self.conn.execute("UPDATE chunks SET embedded = 1, model = ? WHERE seq = ?", (model, seq))
 
+    def store_vectors(self, items: Sequence[tuple[int, str, bytes | None]], model: str) -> int:
+        """`store_vector` for many chunks at once, each only if it still waits for the text `hash` names.
+
+        A chunk may have changed or gone while its vector was made (the provider is called outside
+        any transaction); those are left alone. Returns how many chunks were given their answer.
+        """
+        if not items:
+            return 0
+        waiting = {int(seq): str(h) for seq, h in self.conn.execute(
+            "SELECT seq, hash FROM chunks WHERE embedded = 0 AND seq IN (SELECT value FROM json_each(?))",
+            (json.dumps([seq for seq, _, _ in items]),))}
+        current = [(seq, blob) for seq, h, blob in items if waiting.get(seq) == h]
+        if not current:
+            return 0
+        layout = self._vector_layout()
+        if layout.readable:  # a waiting chunk has no vector; one left by an older version is replaced
+            stale = self.conn.execute("SELECT rowid FROM chunks_vec WHERE rowid IN (SELECT value FROM json_each(?))",
+                                      (json.dumps([seq for seq, _ in current]),)).fetchall()
+            for (seq,) in stale:
+                self._drop_vector(int(seq), layout)
+        vectors = [(seq, blob) for seq, blob in current if blob is not None and _usable(blob)]
+        if layout.dims and any(len(blob) != 4 * layout.dims for _, blob in vectors):
+            raise ValueError(f"a vector of another size than the index's {layout.dims} dimensions")
+        self.conn.executemany("INSERT INTO chunks_vec(rowid, embedding) VALUES(?, ?)", vectors)
+        if layout.bits and vectors:
+            if self.vec_loaded:
+                self.conn.executemany(
+                    "INSERT INTO chunks_vec_bits(rowid, part, embedding) VALUES(?, ?, vec_quantize_binary(vec_f32(?)))",
+                    [(seq, seq % layout.partitions, _pad8(blob)) for seq, blob in vectors])
+            else:
+                self.set_meta(_BITS_STALE, "1")
+        self.conn.executemany("UPDATE chunks SET embedded = 1, model = ? WHERE seq = ?",
+                              [(model, seq) for seq, _ in current])
+        return len(current)
+
     def pending_chunks(self, limit: int, after: int = 0) -> list[tuple[int, str, str]]:
         """Up to `limit` chunks waiting for a vector, in seq order from `after` (a cursor, so a pass ends)."""
         return [(int(r[0]), str(r[1]), str(r[2])) for r in self.conn.execute(
@@ -526,10 +560,6 @@ class Store:
                 "UPDATE embedding_cache SET updated_at = ? WHERE provider = ? AND model = ? AND provider_key = ?"
                 " AND hash = ?", (now, provider, model, key, h))
 
-    def still_pending(self, seq: int, hash: str) -> bool:
-        """Whether chunk `seq` still waits for a vector of this text (it may have changed while one was made)."""
-        row = self.conn.execute("SELECT 1 FROM chunks WHERE seq = ? AND hash = ? AND embedded = 0", (seq, hash))
-        return row.fetchone() is not None
 
     def cache_embedding(self, provider: str, model: str, key: str, hash: str, blob: bytes, dims: int) -> None:
         self.conn.execute(
@@ -652,7 +682,8 @@ def _pad8(blob: bytes) -> bytes:
 
 def _usable(blob: bytes) -> bool:
     """A vector with a direction: a zero, NaN or infinite vector must never be stored as a match."""
-    values = array("f")
-    values.frombytes(blob)
-    total = sum(map(operator.mul, values, values))  # float64 squares of float32s neither overflow nor underflow to 0
+    import numpy as np  # writers only: a CLI search never stores a vector
+
+    values = np.frombuffer(blob, dtype="<f4").astype(np.float64)  # float64 squares neither overflow nor vanish
+    total = float(values @ values)
     return math.isfinite(total) and total > 0.0

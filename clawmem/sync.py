@@ -17,7 +17,7 @@ import xxhash
 
 from clawmem.chunking import Chunk, chunk_markdown
 from clawmem.config import Settings
-from clawmem.embeddings.base import EmbeddingProvider, normalize, pack
+from clawmem.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem.errors import PathError, ProviderError
 from clawmem.files import hardlink_reason, open_beneath, read_all, refusal_of
 from clawmem.keywords import index_text
@@ -265,8 +265,8 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
                 error = str(exc)
                 break
             for h, vec in zip(missing, vectors, strict=True):
-                unit = normalize(vec)
-                fresh[h] = pack(unit) if unit is not None else None
+                direction = unit(vec)
+                fresh[h] = pack(direction) if direction is not None else None
         known = {**cached, **fresh}
         with store.transaction():
             if fingerprint is not None and store.get_meta("fingerprint") != fingerprint:
@@ -278,10 +278,7 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
             for h, blob in fresh.items():
                 if blob is not None:
                     store.cache_embedding(info.provider, info.model, key, h, blob, len(blob) // 4)
-            for seq, h, _ in pending:
-                if h in known and store.still_pending(seq, h):
-                    store.store_vector(seq, known[h], info.model)
-                    done += 1
+            done += store.store_vectors([(seq, h, known[h]) for seq, h, _ in pending if h in known], info.model)
         if progress:
             progress(done, total)
     if cache_max_entries:

@@ -7,13 +7,16 @@ real provider is tested against a fake HTTP server or a real GGUF file.
 from __future__ import annotations
 
 import math
-import operator
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-__all__ = ["EmbeddingProvider", "ProviderInfo", "normalize", "pack", "unpack"]
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+__all__ = ["EmbeddingProvider", "ProviderInfo", "normalize", "pack", "unit", "unpack"]
 
 
 @dataclass(frozen=True)
@@ -49,29 +52,37 @@ class EmbeddingProvider(Protocol):
     @property
     def info(self) -> ProviderInfo: ...
 
-    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]: ...
+    def embed_documents(self, texts: Sequence[str]) -> Sequence[Sequence[float]]: ...
 
-    def embed_query(self, text: str) -> list[float]: ...
+    def embed_query(self, text: str) -> Sequence[float]: ...
+
+
+def unit(vector: Sequence[float]) -> NDArray[np.float64] | None:
+    """The vector L2-normalised (a float64 array); None for a zero, NaN or infinite one, never stored as a match.
+
+    numpy, imported here only: a backfill handles millions of floats, and a Python loop over them
+    costs more than the provider's own answer.
+    """
+    import numpy as np
+
+    values = np.asarray(vector, dtype=np.float64)
+    total = float(values @ values)
+    if not math.isfinite(total) or total <= 0.0 or values.ndim != 1:
+        return None
+    return values / math.sqrt(total)
 
 
 def normalize(vector: Sequence[float]) -> list[float] | None:
-    """L2-normalise; None for a zero, NaN or infinite vector, which must never be stored as a match.
-
-    Sums in C (`map(operator.mul)`): a Python-level loop costs more than the provider's own answer
-    for large backfills. Float32-sized values squared in float64 neither overflow nor vanish.
-    """
-    total = sum(map(operator.mul, vector, vector))
-    if not math.isfinite(total) or total <= 0.0:
-        return None
-    if abs(total - 1.0) < 1e-9:  # already a unit vector (every provider but the fake returns one)
-        return list(vector)
-    scale = 1.0 / math.sqrt(total)
-    return [x * scale for x in vector]
+    """`unit` as a list of floats."""
+    values = unit(vector)
+    return None if values is None else values.tolist()
 
 
 def pack(vector: Sequence[float]) -> bytes:
     """float32 little-endian blob, the format sqlite-vec and the cache store."""
-    return array("f", vector).tobytes()
+    import numpy as np
+
+    return np.asarray(vector, dtype="<f4").tobytes()
 
 
 def unpack(blob: bytes) -> list[float]:

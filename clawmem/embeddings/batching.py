@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from clawmem.embeddings.base import normalize
+from clawmem.embeddings.base import unit
 from clawmem.errors import ProviderError
 from clawmem.tokens import split_by_tokens
 
@@ -79,35 +79,34 @@ def plan_batches(
     return Plan(tuple(pieces), tuple(batches), len(texts))
 
 
-def combine(plan: Plan, vectors: Sequence[Sequence[float]]) -> list[list[float]]:
+def combine(plan: Plan, vectors: Sequence[Sequence[float]]) -> list[Any]:
     """One unit vector per text: its pieces' unit vectors averaged by token count, normalised.
 
     Raises ProviderError for a zero, NaN or infinite vector, which must never be stored.
     """
     if len(vectors) != len(plan.pieces):
         raise ProviderError(f"expected {len(plan.pieces)} vectors, got {len(vectors)}")
-    parts: list[list[tuple[list[float], int]]] = [[] for _ in range(plan.texts)]
+    parts: list[list[tuple[Any, int]]] = [[] for _ in range(plan.texts)]
     for piece, raw in zip(plan.pieces, vectors, strict=True):
-        unit = normalize(raw)
-        if unit is None:
+        vector = unit(raw)
+        if vector is None:
             raise ProviderError("the provider returned a zero or non-finite vector")
-        parts[piece.source].append((unit, piece.tokens))
-    result: list[list[float]] = []
+        parts[piece.source].append((vector, piece.tokens))
+    result: list[Any] = []
     for pieces in parts:
         if len(pieces) == 1:  # the usual case: the text's own unit vector
             result.append(pieces[0][0])
             continue
-        if len({len(unit) for unit, _ in pieces}) != 1:
+        if len({len(vector) for vector, _ in pieces}) != 1:
             raise ProviderError("the provider returned vectors of different lengths for one text")
-        total = [sum(unit[i] * tokens for unit, tokens in pieces) for i in range(len(pieces[0][0]))]
-        unit = normalize(total)
-        if unit is None:
+        combined = unit(sum(vector * tokens for vector, tokens in pieces))
+        if combined is None:
             raise ProviderError("the provider's vectors for one text cancel out to zero")
-        result.append(unit)
+        result.append(combined)
     return result
 
 
-def embed_planned(plan: Plan, request: Callable[[list[str]], list[list[float]]]) -> list[list[float]]:
+def embed_planned(plan: Plan, request: Callable[[list[str]], list[list[float]]]) -> list[Any]:
     """Send each batch through `request` (one provider call), check the counts, and combine."""
     vectors: list[list[float]] = []
     for batch in plan.batches:

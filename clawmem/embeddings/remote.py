@@ -131,7 +131,7 @@ class RemoteProvider(abc.ABC):
         """Every vector must have the model's size; the first answer fixes it when it was unknown."""
         with self._lock:
             for vector in vectors:
-                if not vector:
+                if len(vector) == 0:
                     raise ProviderError(f"{self.name} returned an empty vector for model {self._model!r}")
                 if not self._dims:
                     self._dims = len(vector)

@@ -1,0 +1,122 @@
+"""Backfill benchmarks: a hybrid index against an instant provider, and a rebuild from the cache.
+
+    python bench/bench_backfill.py [--notes 2001] [--reindex-notes 3003] [--dims 1536] [--latency 0]
+                                   [--out bench/out/backfill.json]
+
+An OpenAI-compatible embeddings server runs in its own process on 127.0.0.1 and answers at once
+(`--latency` adds a fixed delay per request, to see what concurrency buys against a real service):
+every vector it sends is the same precomputed base64 float32 unit vector, so the figures are
+clawmem's cost, not the server's. Measured in process, with the real `openai` SDK:
+
+- the keyword index of `--notes` generated notes (provider none), for scale;
+- the hybrid index of the same notes (OpenAI provider, `--dims` dimensions), cold;
+- `reindex` of `--reindex-notes` notes whose every vector is already in the embedding cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import multiprocessing
+import os
+import random
+import struct
+import sys
+import tempfile
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from generate import generate  # noqa: E402
+
+
+def serve(port_out: Any, dims: int, latency: float) -> None:
+    """The instant provider (runs in a child process): one precomputed vector for every input."""
+    rng = random.Random(1)
+    raw = [rng.gauss(0, 1) for _ in range(dims)]
+    norm = sum(x * x for x in raw) ** 0.5
+    vector = base64.b64encode(struct.pack(f"<{dims}f", *(x / norm for x in raw))).decode()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if latency:
+                time.sleep(latency)
+            items = ",".join(f'{{"object":"embedding","index":{i},"embedding":"{vector}"}}'
+                             for i in range(len(body["input"])))
+            payload = (f'{{"object":"list","data":[{items}],"model":"{body["model"]}",'
+                       '"usage":{"prompt_tokens":1,"total_tokens":1}}').encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    port_out.put(httpd.server_port)
+    httpd.serve_forever()
+
+
+def timed_sync(workspace: Path, index: Path, overrides: dict[str, Any], *, reindex: bool = False) -> dict[str, Any]:
+    from clawmem.config import load_settings
+    from clawmem.engine import MemoryIndex
+
+    memory = MemoryIndex(load_settings(workspace=workspace, overrides={"index": str(index), **overrides}))
+    started = time.perf_counter()
+    report = memory.reindex() if reindex else memory.sync()
+    seconds = time.perf_counter() - started
+    memory.close()
+    return {"seconds": round(seconds, 2), "chunks": report.chunks_added, "embedded": report.embedded,
+            "embed_error": report.embed_error}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--notes", type=int, default=2001)
+    parser.add_argument("--reindex-notes", type=int, default=3003)
+    parser.add_argument("--dims", type=int, default=1536)
+    parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--out", type=Path, default=HERE / "out" / "backfill.json")
+    args = parser.parse_args()
+    os.environ["NO_PROXY"] = "127.0.0.1,localhost"
+    ports: Any = multiprocessing.Queue()
+    server = multiprocessing.Process(target=serve, args=(ports, args.dims, args.latency), daemon=True)
+    server.start()
+    url = f"http://127.0.0.1:{ports.get(timeout=30)}/v1"
+    openai = {"embedding.provider": "openai", "embedding.base_url": url, "embedding.api_key": "sk-bench",
+              "embedding.model": "text-embedding-3-small" if args.dims == 1536 else "bench-model"}
+    from clawmem.tokens import get_encoding
+
+    get_encoding()  # loaded once, as in a running daemon
+    results: dict[str, Any] = {"notes": args.notes, "dims": args.dims, "latency_s": args.latency}
+    try:
+        with tempfile.TemporaryDirectory(prefix="clawmem-backfill-") as tmp:
+            root = Path(tmp)
+            workspace = generate(root / "ws", args.notes)
+            results["keyword_index"] = timed_sync(workspace, root / "keyword.sqlite", {"embedding.provider": "none"})
+            results["hybrid_index"] = timed_sync(workspace, root / "hybrid.sqlite", openai)
+            results["hybrid_over_keyword"] = round(results["hybrid_index"]["seconds"]
+                                                   / results["keyword_index"]["seconds"], 2)
+            big = generate(root / "big", args.reindex_notes, seed=11)
+            results["reindex_cold_index"] = timed_sync(big, root / "big.sqlite", openai)
+            results["reindex_from_cache"] = timed_sync(big, root / "big.sqlite", openai, reindex=True)
+    finally:
+        server.terminate()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
