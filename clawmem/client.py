@@ -33,6 +33,7 @@ _BY_CODE: dict[int, type[ClawmemError]] = {
     -32600: ProtocolError,
     -32601: ProtocolError,
     -32602: QueryError,
+    -32002: QueryError,  # the reply would be too large: ask for less
 }
 for _cls in (errors.ConfigError, errors.PathError, errors.QueryError, errors.ProviderError,
              errors.IndexUnavailable, errors.ServerBusy, errors.ProtocolError):

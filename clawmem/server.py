@@ -1,24 +1,27 @@
-"""The socket API (SPEC §7): newline-delimited JSON-RPC 2.0 on a Unix stream socket.
+"""The socket of the API: newline-delimited JSON-RPC 2.0 (`clawmem.protocol`) on a Unix stream socket.
 
 One request object per line, one response per line, many requests per connection, many
-connections at once. Two layers, so the protocol can be tested without sockets:
+connections at once. `RpcServer` owns the socket: an accept thread (woken by a pipe to stop, never
+by polling), a thread per connection reading with a bounded buffer (a line over 1 MiB is refused
+and the connection closed) and an idle deadline, and a small fixed pool of query threads. Queries
+run on that pool so the number of SQLite read connections stays bounded however many clients come
+and go; each pool thread has its own read connection, so a search never waits for the writer.
 
-- `Dispatcher` turns one line into one response line: framing rules of JSON-RPC 2.0 (parse error,
-  invalid request, unknown method, invalid params, notifications, batches), parameter
-  validation, and the mapping of `clawmem.errors` classes to their `rpc_code`.
-- `RpcServer` owns the socket: an accept thread (woken by a pipe to stop, never by polling), a
-  thread per connection reading with a bounded buffer (a line over 1 MiB is refused and the
-  connection closed; memory stays bounded whatever the client sends) and an idle deadline, and a
-  small fixed pool of query threads. Queries run on that pool so the number of SQLite read
-  connections stays bounded however many clients come and go; each pool thread has its own read
-  connection, so a search never waits for the writer thread.
+So that no client can stop the daemon serving everyone else:
+
+- a reply must be written within `send_timeout` (SEND_TIMEOUT, 30 s, never more than the idle
+  timeout), else that connection is closed and its reply dropped;
+- replies and unfinished request lines are held against the protocol's shared `MemoryBudget`:
+  a client whose unfinished line no longer fits is told the server is busy and disconnected;
+- at the connection cap (MAX_CONNECTIONS) a newcomer evicts the connection idle the longest (it
+  is told so by a -32001 line, if its socket takes one at once), or, when none is idle, the one
+  stuck the longest writing a reply nobody reads (after STALLED_SEND seconds); it is refused with
+  -32001 only when every connection is busy handling a request.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import selectors
 import socket
@@ -27,222 +30,35 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from clawmem.errors import ClawmemError, ConfigError, IndexUnavailable
-from clawmem.search import SearchRequest
+from clawmem.errors import ConfigError, IndexUnavailable
+from clawmem.protocol import (
+    INVALID_REQUEST,
+    MAX_REPLY_BYTES,
+    MEMORY_BUDGET,
+    SERVER_BUSY,
+    Backend,
+    Dispatcher,
+    MemoryBudget,
+    Reply,
+    encode_line,
+    error_object,
+    safe_log,
+)
 
-__all__ = [
-    "INTERNAL_ERROR",
-    "INVALID_PARAMS",
-    "INVALID_REQUEST",
-    "MAX_LINE",
-    "METHOD_NOT_FOUND",
-    "PARSE_ERROR",
-    "Backend",
-    "Dispatcher",
-    "RpcServer",
-    "bind_unix_socket",
-    "ensure_private_dir",
-]
+__all__ = ["MAX_CONNECTIONS", "MAX_LINE", "SEND_TIMEOUT", "LineReader", "RpcServer", "bind_unix_socket",
+           "ensure_private_dir"]
 
 MAX_LINE = 1 << 20
 MAX_CONNECTIONS = 256
+SEND_TIMEOUT = 30.0
+STALLED_SEND = 2.0  # a local reader takes milliseconds for 4 MiB: longer means it is not reading
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 16 << 20
 UNIX_PATH_MAX = 107
-
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-SERVER_BUSY = -32001
-
-SEARCH_MODES = ("hybrid", "bm25", "vector")
-
-
-class Backend(Protocol):
-    """What the socket serves: the daemon (or, in tests, anything with these methods)."""
-
-    def search(self, request: SearchRequest) -> dict[str, object]: ...
-
-    def get(self, path: str, start: int | None = None, lines: int | None = None,
-            max_bytes: int | None = None) -> dict[str, object]: ...
-
-    def status(self) -> dict[str, object]: ...
-
-    def sync(self, wait: bool) -> dict[str, object]: ...
-
-    def reindex(self, wait: bool) -> dict[str, object]: ...
-
-
-class RpcError(Exception):
-    """A JSON-RPC error to send back as is."""
-
-    def __init__(self, code: int, message: str, data: object = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.data = code, message, data
-
-
-# -- parameters ------------------------------------------------------------------------------
-
-# name -> (kind, required); kinds: "str", "int", "number", "bool"
-PARAMS: dict[str, dict[str, tuple[str, bool]]] = {
-    "search": {"query": ("str", True), "max_results": ("int", False), "min_score": ("number", False),
-               "mode": ("str", False), "path_prefix": ("str", False)},
-    "get": {"path": ("str", True), "from": ("int", False), "lines": ("int", False)},
-    "status": {},
-    "sync": {"wait": ("bool", False)},
-    "reindex": {"wait": ("bool", False)},
-}
-# Methods answered on the query pool (bounded read connections); sync/reindex only wait on the writer.
-POOLED = frozenset({"search", "get", "status"})
-
-_KIND_NAMES = {"str": "a string", "int": "an integer", "number": "a number", "bool": "true or false"}
-
-
-def validate_params(method: str, params: object) -> dict[str, Any]:
-    """The request's params checked against the method's signature, or an RpcError(-32602) saying why."""
-    spec = PARAMS[method]
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        raise RpcError(INVALID_PARAMS, f"invalid params: {method} takes named parameters (a JSON object)")
-    unknown = sorted(set(params) - set(spec))
-    if unknown:
-        expected = ", ".join(spec) or "none"
-        raise RpcError(INVALID_PARAMS, f"invalid params: unknown parameter {unknown[0]!r} for {method}"
-                                       f" (expected: {expected})")
-    clean: dict[str, Any] = {}
-    for name, (kind, required) in spec.items():
-        value = params.get(name)
-        if value is None:
-            if required:
-                raise RpcError(INVALID_PARAMS, f"invalid params: {method} needs {name!r} ({_KIND_NAMES[kind]})")
-            continue
-        if not _is_kind(value, kind):
-            raise RpcError(INVALID_PARAMS, f"invalid params: {name!r} must be {_KIND_NAMES[kind]},"
-                                           f" not {type(value).__name__ if not isinstance(value, bool) else 'a boolean'}")
-        clean[name] = value
-    _check_ranges(method, clean)
-    return clean
-
-
-def _is_kind(value: object, kind: str) -> bool:
-    if kind == "str":
-        return isinstance(value, str)
-    if kind == "bool":
-        return isinstance(value, bool)
-    if isinstance(value, bool):
-        return False
-    if kind == "int":
-        return isinstance(value, int)
-    return isinstance(value, int | float) and math.isfinite(value)
-
-
-def _check_ranges(method: str, p: dict[str, Any]) -> None:
-    def bad(message: str) -> RpcError:
-        return RpcError(INVALID_PARAMS, f"invalid params: {message}")
-
-    if method == "search":
-        if "max_results" in p and not 1 <= p["max_results"] <= 1000:
-            raise bad("'max_results' must be between 1 and 1000")
-        if "min_score" in p and not 0.0 <= p["min_score"] <= 1.0:
-            raise bad("'min_score' must be between 0 and 1")
-        if "mode" in p and p["mode"] not in SEARCH_MODES:
-            raise bad(f"'mode' must be one of {', '.join(SEARCH_MODES)}")
-    elif method == "get":
-        for name in ("from", "lines"):
-            if name in p and p[name] < 1:
-                raise bad(f"{name!r} must be >= 1")
-
-
-# -- the protocol ----------------------------------------------------------------------------
-
-
-class Dispatcher:
-    """One request line in, one response line (or None for notifications) out."""
-
-    def __init__(self, backend: Backend, *, run_pooled: Callable[[Callable[[], Any]], Any] | None = None,
-                 log: Any = None) -> None:
-        self.backend = backend
-        self._run_pooled = run_pooled or (lambda fn: fn())
-        self._log = log
-
-    def handle(self, line: bytes) -> bytes | None:
-        try:
-            message = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return _encode(_error(None, PARSE_ERROR, f"parse error: not valid JSON ({exc})"))
-        except RecursionError:
-            return _encode(_error(None, PARSE_ERROR, "parse error: JSON nested too deeply"))
-        if isinstance(message, list):
-            if not message:
-                return _encode(_error(None, INVALID_REQUEST, "invalid request: empty batch"))
-            answers = [a for a in (self._one(m) for m in message) if a is not None]
-            return _encode(answers) if answers else None
-        answer = self._one(message)
-        return None if answer is None else _encode(answer)
-
-    def _one(self, message: object) -> dict[str, object] | None:
-        if not isinstance(message, dict):
-            return _error(None, INVALID_REQUEST, "invalid request: expected a JSON object")
-        has_id = "id" in message
-        rid = message.get("id")
-        if has_id and not (rid is None or isinstance(rid, str) or (isinstance(rid, int | float)
-                                                                  and not isinstance(rid, bool))):
-            return _error(None, INVALID_REQUEST, "invalid request: 'id' must be a string, a number or null")
-        if message.get("jsonrpc") != "2.0":
-            return _error(rid, INVALID_REQUEST, 'invalid request: missing "jsonrpc": "2.0"')
-        method = message.get("method")
-        if not isinstance(method, str):
-            return _error(rid, INVALID_REQUEST, "invalid request: 'method' must be a string")
-        try:
-            result = self._call(method, message.get("params"))
-        except RpcError as exc:
-            return _error(rid, exc.code, exc.message, exc.data) if has_id else None
-        except ClawmemError as exc:
-            return _error(rid, exc.rpc_code, str(exc), {"type": type(exc).__name__}) if has_id else None
-        except Exception as exc:
-            if self._log is not None:
-                self._log.exception("request_failed", method=method)
-            return _error(rid, INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}") if has_id else None
-        if not has_id:
-            return None  # a notification: done, and JSON-RPC 2.0 forbids an answer
-        return {"jsonrpc": "2.0", "id": rid, "result": result}
-
-    def _call(self, method: str, raw_params: object) -> object:
-        if method not in PARAMS:
-            raise RpcError(METHOD_NOT_FOUND, f"method not found: {method!r} (methods: {', '.join(PARAMS)})")
-        p = validate_params(method, raw_params)
-        backend = self.backend
-        call: Callable[[], object]
-        if method == "search":
-            request = SearchRequest(p["query"], p.get("max_results"), p.get("min_score"), p.get("mode"),
-                                    p.get("path_prefix"))
-            call = lambda: backend.search(request)
-        elif method == "get":
-            call = lambda: backend.get(p["path"], p.get("from"), p.get("lines"))
-        elif method == "status":
-            call = backend.status
-        elif method == "sync":
-            call = lambda: backend.sync(p.get("wait", False))
-        else:
-            call = lambda: backend.reindex(p.get("wait", False))
-        return self._run_pooled(call) if method in POOLED else call()
-
-
-def _error(rid: object, code: int, message: str, data: object = None) -> dict[str, object]:
-    error: dict[str, object] = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
-    return {"jsonrpc": "2.0", "id": rid, "error": error}
-
-
-def _encode(obj: object) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
 
 
 # -- the socket ------------------------------------------------------------------------------
@@ -290,26 +106,42 @@ def bind_unix_socket(path: Path, *, private_dir: bool = True, backlog: int = 128
     return sock
 
 
+@dataclass(eq=False)
+class _Connection:
+    """One client's state, read and written under RpcServer._lock (eviction decides by it)."""
+
+    sock: socket.socket
+    thread: threading.Thread
+    last_active: float = field(default_factory=time.monotonic)
+    busy: bool = False  # a request is being handled or its answer sent
+    sending_since: float | None = None
+    evicted: bool = False
+
+
 class RpcServer:
     """Serves a Dispatcher on a listening Unix socket, one thread per connection."""
 
     def __init__(self, backend: Backend, listener: socket.socket, *, path: Path | None = None,
                  idle_timeout: float = 300.0, max_line: int = MAX_LINE, workers: int = 8,
-                 max_connections: int = MAX_CONNECTIONS, log: Any = None) -> None:
+                 max_connections: int = MAX_CONNECTIONS, send_timeout: float = SEND_TIMEOUT,
+                 memory_budget: int = MEMORY_BUDGET, max_reply: int = MAX_REPLY_BYTES, log: Any = None) -> None:
         self.listener = listener
         self.path = path  # set when we bound it: then close() removes it
         self.idle_timeout = idle_timeout
+        self.send_timeout = send_timeout
         self.max_line = max_line
         self.max_connections = max_connections
         self._log = log
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="clawmem-query")
-        self.dispatcher = Dispatcher(backend, run_pooled=self._run_pooled, log=log)
+        self.dispatcher = Dispatcher(backend, run_pooled=self._run_pooled, log=log, max_reply=max_reply)
+        self.budget = MemoryBudget(memory_budget)
         self._wake_r, self._wake_w = os.pipe()
         self._lock = threading.Lock()
-        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._connections: dict[socket.socket, _Connection] = {}
         self._accept_thread: threading.Thread | None = None
         self._closed = False
         self.served = 0
+        self.evictions = 0
 
     def _run_pooled(self, fn: Callable[[], Any]) -> Any:
         try:
@@ -347,16 +179,21 @@ class RpcServer:
         """Stop listening, end every connection (after its request in flight) and the query pool."""
         self.stop_listening()
         with self._lock:
-            connections = list(self._connections.items())
-        for conn, _ in connections:
+            connections = list(self._connections.values())
+        for conn in connections:
             with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
+                conn.sock.shutdown(socket.SHUT_RDWR)
         deadline = time.monotonic() + timeout
-        for _, thread in connections:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        for conn in connections:
+            conn.thread.join(max(0.0, deadline - time.monotonic()))
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    # -- threads -----------------------------------------------------------------------------
+    def connection_count(self) -> int:
+        """Connections being served (evicted ones on their way out are not counted)."""
+        with self._lock:
+            return sum(not c.evicted for c in self._connections.values())
+
+    # -- admission -----------------------------------------------------------------------------
 
     def _accept_loop(self) -> None:
         with selectors.DefaultSelector() as selector:
@@ -367,60 +204,180 @@ class RpcServer:
                 if self._wake_r in ready:
                     return
                 try:
-                    conn, _ = self.listener.accept()
+                    sock, _ = self.listener.accept()
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError as exc:
-                    if self._log is not None:
-                        self._log.error("accept_failed", error=str(exc))
+                    safe_log(self._log, "error", "accept_failed", error=str(exc))
                     time.sleep(0.1)  # e.g. EMFILE: give in-flight connections a moment to end
                     continue
-                self._admit(conn)
+                try:
+                    self._admit(sock)
+                except Exception:  # the accept thread must outlive any one connection
+                    safe_log(self._log, "exception", "admit_failed")
+                    sock.close()
 
-    def _admit(self, conn: socket.socket) -> None:
-        thread = threading.Thread(target=self._serve, args=(conn,), name="clawmem-conn", daemon=True)
+    def _admit(self, sock: socket.socket) -> None:
+        conn = _Connection(sock, threading.Thread(target=self._serve, args=(sock,), name="clawmem-conn",
+                                                  daemon=True))
         with self._lock:
-            admitted = len(self._connections) < self.max_connections
+            if sum(not c.evicted for c in self._connections.values()) >= self.max_connections:
+                self._evict_one()
+            admitted = sum(not c.evicted for c in self._connections.values()) < self.max_connections
             if admitted:
-                self._connections[conn] = thread
+                self._connections[sock] = conn
         if admitted:
-            thread.start()
-            return
-        with contextlib.suppress(OSError):
-            conn.settimeout(1.0)
-            conn.sendall(_encode(_error(None, SERVER_BUSY, "too many connections: try again later")))
-        conn.close()
+            try:
+                conn.thread.start()
+                return
+            except RuntimeError:  # no thread to be had (resource limits): turn this one away
+                with self._lock:
+                    self._connections.pop(sock, None)
+        _send_now(sock, encode_line(error_object(None, SERVER_BUSY, "too many connections: try again later")))
+        sock.close()
 
-    def _serve(self, conn: socket.socket) -> None:
-        reader = LineReader(conn, self.max_line, self.idle_timeout)
+    def _evict_one(self) -> None:
+        """Make room at the cap (under the lock) by ending one connection, if one may be ended."""
+        now = time.monotonic()
+        picked = self._victim(now)
+        if picked is None:
+            return
+        victim, reason, since = picked
+        victim.evicted = True
+        self.evictions += 1
+        if reason == "idle":
+            _send_now(victim.sock, encode_line(error_object(None, SERVER_BUSY, "connection closed: it was idle while the"
+                                                  " server was at its connection limit; reconnect")))
+        with contextlib.suppress(OSError):
+            victim.sock.shutdown(socket.SHUT_RDWR)  # its thread sees EOF (or a failed send) and ends
+        safe_log(self._log, "warning", "connection_evicted", reason=reason, seconds=round(now - since, 3),
+                  connections=self.max_connections)
+
+    def _victim(self, now: float) -> tuple[_Connection, str, float] | None:
+        """The connection idle the longest, else the reply stalled the longest: (it, why, since when).
+
+        A stalled reply has been written for STALLED_SEND seconds or more: its reader is not
+        reading, and it would keep the slot until send_timeout. Connections handling a request are kept.
+        """
+        live = [c for c in self._connections.values() if not c.evicted]
+        idle = [c for c in live if not c.busy]
+        if idle:
+            victim = min(idle, key=lambda c: c.last_active)
+            return victim, "idle", victim.last_active
+        stall = min(STALLED_SEND, self._send_timeout())
+        stalled = [(c.sending_since, c) for c in live if c.sending_since is not None and now - c.sending_since >= stall]
+        if not stalled:
+            return None
+        since, victim = min(stalled, key=lambda pair: pair[0])
+        return victim, "stalled_reply", since
+
+    # -- one connection --------------------------------------------------------------------------
+
+    def _send_timeout(self) -> float:
+        return min(self.send_timeout, self.idle_timeout)  # idle_timeout may change on reload
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            self._converse(sock)
+        except (TimeoutError, OSError):
+            pass  # idle, too slow, evicted or gone: nothing to answer
+        except Exception:
+            safe_log(self._log, "exception", "connection_failed")
+        finally:
+            with self._lock:
+                self._connections.pop(sock, None)
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _converse(self, sock: socket.socket) -> None:
+        with self._lock:
+            conn = self._connections[sock]
+        reader = LineReader(sock, self.max_line, self.idle_timeout, self.budget)
         try:
             while True:
                 try:
                     line = reader.readline()
                 except LineTooLong:
-                    conn.settimeout(self.idle_timeout)
-                    conn.sendall(_encode(_error(None, INVALID_REQUEST,
-                                                f"invalid request: line longer than {self.max_line} bytes;"
-                                                " closing the connection")))
-                    _linger(conn, min(self.idle_timeout, LINGER_SECONDS))
+                    self._refuse_line(sock, f"invalid request: line longer than {self.max_line} bytes;"
+                                            " closing the connection", INVALID_REQUEST)
+                    return
+                except InputOverBudget:
+                    safe_log(self._log, "warning", "input_over_budget")
+                    self._refuse_line(sock, "server busy: too much unfinished input held for clients;"
+                                            " closing the connection", SERVER_BUSY)
                     return
                 if line is None:
                     return
                 if not line.strip():
                     continue
-                response = self.dispatcher.handle(line)
-                self.served += 1
-                if response is not None:
-                    conn.settimeout(self.idle_timeout)
-                    conn.sendall(response)
-        except (TimeoutError, OSError):
-            return  # idle, too slow, or gone: nothing to answer
+                if not self._begin(conn):
+                    return
+                try:
+                    self._respond(conn, line)
+                finally:
+                    self._end(conn)
         finally:
+            reader.release()
+
+    def _begin(self, conn: _Connection) -> bool:
+        """Mark the connection busy; False when it was evicted while its line arrived."""
+        with self._lock:
+            if conn.evicted:
+                return False
+            conn.busy = True
+            return True
+
+    def _end(self, conn: _Connection) -> None:
+        with self._lock:
+            conn.busy = False
+            conn.sending_since = None
+            conn.last_active = time.monotonic()
+            self.served += 1
+
+    def _respond(self, conn: _Connection, line: bytes) -> None:
+        reply = self.dispatcher.answer(line, self.budget)
+        if reply is None:
+            return
+        try:
             with self._lock:
-                self._connections.pop(conn, None)
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-            conn.close()
+                conn.sending_since = time.monotonic()
+            self._send(conn.sock, reply)
+        finally:
+            reply.release()
+
+    def _send(self, sock: socket.socket, reply: Reply) -> None:
+        """Write the whole reply within the send timeout, else give up on this connection."""
+        limit = self._send_timeout()
+        deadline = time.monotonic() + limit
+        try:
+            for chunk in reply.chunks():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError("reply not read in time")
+                sock.settimeout(remaining)
+                sock.sendall(chunk)
+        except TimeoutError:
+            safe_log(self._log, "warning", "slow_reader_dropped", reply_bytes=reply.size, send_timeout=limit)
+            raise
+
+    def _refuse_line(self, sock: socket.socket, message: str, code: int) -> None:
+        """Say why this connection ends (a line too long or too much held), then close it gently."""
+        sock.settimeout(self._send_timeout())
+        sock.sendall(encode_line(error_object(None, code, message)))
+        _linger(sock, min(self.idle_timeout, LINGER_SECONDS))
+
+
+def _send_now(sock: socket.socket, data: bytes) -> None:
+    """Send a short line only if the socket takes it at once (never blocks the accept thread).
+
+    A duplicate descriptor is used so the connection's own timeout mode is left alone (a socket
+    with a timeout waits for room before sending, whatever the flags).
+    """
+    with contextlib.suppress(OSError):
+        with socket.socket(fileno=os.dup(sock.fileno())) as dup:
+            dup.setblocking(False)
+            dup.send(data)
 
 
 def _linger(conn: socket.socket, seconds: float) -> None:
@@ -448,19 +405,43 @@ class LineTooLong(Exception):
     """The client sent more than the line limit without a newline."""
 
 
+class InputOverBudget(Exception):
+    """An unfinished line no longer fits in the memory budget shared by every connection."""
+
+
 class LineReader:
     """Lines from a stream socket with a hard size limit and a deadline per line.
 
     The buffer never holds more than the limit plus one read, whatever the client sends; a line
     must be complete within `timeout` seconds of starting to wait for it (idle and slow clients
-    alike). A last line without a newline before EOF still counts.
+    alike). A last line without a newline before EOF still counts. With a `budget`, what the
+    buffer holds beyond the budget's free allowance is counted in it (many clients each sending
+    most of a 1 MiB line would otherwise pin that much each): past it, InputOverBudget.
     """
 
-    def __init__(self, sock: socket.socket, limit: int, timeout: float) -> None:
+    def __init__(self, sock: socket.socket, limit: int, timeout: float, budget: MemoryBudget | None = None) -> None:
         self._sock = sock
         self._limit = limit
         self._timeout = timeout
+        self._budget = budget
+        self._held = 0
         self._buf = bytearray()
+
+    def release(self) -> None:
+        """Give back what the buffer holds in the budget (the connection is ending)."""
+        self._buf.clear()
+        self._account()
+
+    def _account(self) -> None:
+        if self._budget is None:
+            return
+        wanted = max(0, len(self._buf) - self._budget.free)
+        if wanted > self._held:
+            if not self._budget.take(wanted - self._held):
+                raise InputOverBudget
+        elif wanted < self._held:
+            self._budget.give(self._held - wanted)
+        self._held = wanted
 
     def readline(self) -> bytes | None:
         deadline = time.monotonic() + self._timeout
@@ -470,6 +451,7 @@ class LineReader:
             if end >= 0:
                 line = bytes(self._buf[:end])
                 del self._buf[:end + 1]
+                self._account()
                 if len(line) > self._limit:
                     raise LineTooLong
                 return line
@@ -485,6 +467,8 @@ class LineReader:
                 if self._buf:
                     line = bytes(self._buf)
                     self._buf.clear()
+                    self._account()
                     return line
                 return None
             self._buf += chunk
+            self._account()

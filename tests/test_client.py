@@ -49,7 +49,7 @@ class ScriptedBackend:
         return self._answer("search", request, {"results": [], "provider": "none", "model": "", "mode": "bm25",
                                                 "index": {"pending_files": 0, "pending_embeddings": 0}})
 
-    def get(self, path: str, start: int | None, lines: int | None) -> dict[str, object]:
+    def get(self, path: str, start: int | None, lines: int | None, max_bytes: int | None = None) -> dict[str, object]:
         return self._answer("get", (path, start, lines), {"path": path, "text": "t", "from": start or 1, "lines": 1})
 
     def status(self) -> dict[str, object]:

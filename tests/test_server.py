@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import stat
@@ -20,12 +21,22 @@ from clawmem.config import Settings
 from clawmem.engine import MemoryIndex
 from clawmem.errors import ConfigError
 from clawmem.search import SearchRequest
-from clawmem.server import Dispatcher, RpcServer, bind_unix_socket
+from clawmem.protocol import MAX_BATCH, MAX_REPLY_BYTES, Dispatcher, MemoryBudget, encode_line
+from clawmem.server import RpcServer, bind_unix_socket
 
 
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
     yield from short_dir()
+
+
+@pytest.fixture(autouse=True)
+def thread_errors(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every exception that escapes a thread (it would print a raw traceback): none may."""
+    seen: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(f"{args.thread}: {args.exc_value!r}"))
+    yield seen
+    assert seen == []
 
 
 class IndexBackend:
@@ -38,8 +49,9 @@ class IndexBackend:
     def search(self, request: SearchRequest) -> dict[str, object]:
         return self.index.search(request)
 
-    def get(self, path: str, start: int | None, lines: int | None) -> dict[str, object]:
-        return self.index.get(path, start, lines)
+    def get(self, path: str, start: int | None = None, lines: int | None = None,
+            max_bytes: int | None = None) -> dict[str, object]:
+        return self.index.get(path, start, lines, max_bytes)
 
     def status(self) -> dict[str, object]:
         return self.index.status()
@@ -96,7 +108,7 @@ def test_search_get_status_answers(dispatcher: Dispatcher) -> None:
     assert set(result) >= {"results", "provider", "model", "mode", "index"}
     got = ask(dispatcher, req("get", {"path": "memory/2026-01-02.md", "from": 2, "lines": 2}))["result"]
     assert got == {"path": "memory/2026-01-02.md", "text": "The zebra project started.\nLine three.", "from": 2,
-                   "lines": 2}
+                   "lines": 2, "truncated": False}
     status = ask(dispatcher, req("status"))["result"]
     assert status["files_indexed"] == 2
 
@@ -161,9 +173,11 @@ def test_wrong_params_are_invalid_params(dispatcher: Dispatcher, backend: IndexB
     assert backend.syncs == 0
 
 
-def test_nan_min_score_is_invalid(dispatcher: Dispatcher) -> None:
+def test_nan_min_score_is_not_json(dispatcher: Dispatcher) -> None:
+    """NaN is refused at parse, so no value anywhere in a request can be NaN."""
     answer = ask(dispatcher, b'{"jsonrpc": "2.0", "id": 1, "method": "search", "params": {"query": "x", "min_score": NaN}}')
-    assert answer["error"]["code"] == -32602
+    assert answer["error"]["code"] == -32700
+    assert answer["id"] is None
 
 
 def test_null_optional_params_mean_the_default(dispatcher: Dispatcher) -> None:
@@ -372,20 +386,6 @@ def test_a_too_long_socket_path_is_a_clear_error(sock_dir: Path) -> None:
         bind_unix_socket(sock_dir / ("x" * 120) / "s.sock")
 
 
-def test_too_many_connections_get_a_busy_error(serve: Any) -> None:
-    server = serve(max_connections=2)
-    first, second = RawClient(server.path), RawClient(server.path)
-    try:
-        assert "result" in first.call("status") and "result" in second.call("status")
-        with RawClient(server.path) as third:
-            answer = third.line()
-            assert answer["error"]["code"] == -32001
-            assert third.line() is None
-    finally:
-        first.close()
-        second.close()
-
-
 def test_searches_never_wait_for_a_writer(serve: Any, index: MemoryIndex, write: Any) -> None:
     """A long write transaction holds the database: queries on the socket still answer at once."""
     server = serve()
@@ -446,3 +446,548 @@ def test_concurrent_clients(serve: Any) -> None:
     for t in threads:
         t.join(60)
     assert failures == []
+
+
+# -- hardening: a fake backend, so the tests measure the socket layer only ---------------------
+
+
+def strict(raw: bytes) -> Any:
+    """Parse an answer line as strict JSON (NaN and Infinity are not JSON)."""
+    def refuse(name: str) -> None:
+        raise AssertionError(f"the answer holds {name}, which is not JSON: {raw[:200]!r}")
+
+    assert raw.endswith(b"\n") and raw.count(b"\n") == 1, raw[:200]
+    return json.loads(raw, parse_constant=refuse)
+
+
+class FakeBackend:
+    """Answers from memory. `get` returns `size` (else max_bytes, else 1000) copies of `fill`;
+    `status` waits while `gate` is clear and returns `status_result`."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.fill = "x"
+        self.size: int | None = None
+        self.gate = threading.Event()
+        self.gate.set()
+        self.waiting = 0
+        self.status_result: object = {"ok": True}
+        self.fail_with: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def search(self, request: SearchRequest) -> dict[str, object]:
+        self.calls.append(("search", request.query))
+        return {"results": []}
+
+    def get(self, path: str, start: int | None = None, lines: int | None = None,
+            max_bytes: int | None = None) -> dict[str, object]:
+        self.calls.append(("get", path, start, lines, max_bytes))
+        size = self.size if self.size is not None else (max_bytes or 1000)
+        return {"path": path, "text": self.fill * size, "from": start or 1, "lines": 1, "truncated": False}
+
+    def status(self) -> object:
+        self.calls.append(("status",))
+        with self._lock:
+            self.waiting += 1
+        try:
+            self.gate.wait(10)
+        finally:
+            with self._lock:
+                self.waiting -= 1
+        if self.fail_with is not None:
+            raise self.fail_with
+        return self.status_result
+
+    def sync(self, wait: bool) -> dict[str, object]:
+        self.calls.append(("sync", wait))
+        return {"queued": True}
+
+    def reindex(self, wait: bool) -> dict[str, object]:
+        self.calls.append(("reindex", wait))
+        return {"queued": True}
+
+
+@pytest.fixture
+def fake() -> FakeBackend:
+    return FakeBackend()
+
+
+@pytest.fixture
+def fake_dispatcher(fake: FakeBackend) -> Dispatcher:
+    return Dispatcher(fake, log=RecordingLog())
+
+
+def raw_ask(dispatcher: Dispatcher, line: bytes) -> Any:
+    answer = dispatcher.handle(line)
+    return None if answer is None else strict(answer)
+
+
+def get_batch(n: int, max_bytes: int) -> bytes:
+    return json.dumps([req("get", {"path": "MEMORY.md", "max_bytes": max_bytes}, rid=i) for i in range(n)]).encode()
+
+
+def test_get_passes_max_bytes_on(fake_dispatcher: Dispatcher, fake: FakeBackend) -> None:
+    got = ask(fake_dispatcher, req("get", {"path": "MEMORY.md", "from": 2, "lines": 3, "max_bytes": 10}))["result"]
+    assert got["text"] == "x" * 10
+    assert ask(fake_dispatcher, req("get", {"path": "MEMORY.md"}))["result"]["from"] == 1
+    assert fake.calls == [("get", "MEMORY.md", 2, 3, 10), ("get", "MEMORY.md", None, None, None)]
+
+
+@pytest.mark.parametrize("max_bytes, fragment", [
+    (0, "between 1 and 4194304"),
+    (-5, "between 1 and 4194304"),
+    (4194305, "between 1 and 4194304"),
+    ("10", "must be an integer"),
+    (10.0, "must be an integer"),
+    (True, "must be an integer"),
+])
+def test_get_max_bytes_out_of_range_is_invalid_params(fake_dispatcher: Dispatcher, fake: FakeBackend,
+                                                      max_bytes: Any, fragment: str) -> None:
+    error = ask(fake_dispatcher, req("get", {"path": "MEMORY.md", "max_bytes": max_bytes}))["error"]
+    assert error["code"] == -32602 and fragment in error["message"]
+    assert fake.calls == []
+
+
+def test_get_max_bytes_at_its_limit_is_accepted(fake_dispatcher: Dispatcher, fake: FakeBackend) -> None:
+    fake.size = 10
+    assert "result" in ask(fake_dispatcher, req("get", {"path": "MEMORY.md", "max_bytes": 4 << 20}))
+    assert fake.calls == [("get", "MEMORY.md", None, None, 4 << 20)]
+
+
+BIG = b"9" * 5000  # over Python's 4,300-digit limit for int(): json.loads raises a plain ValueError
+
+
+@pytest.mark.parametrize("line", [
+    b'{"jsonrpc": "2.0", "id": NaN, "method": "status"}',
+    b'{"jsonrpc": "2.0", "id": 1, "method": "search", "params": {"query": "x", "min_score": Infinity}}',
+    b'{"jsonrpc": "2.0", "id": -Infinity, "method": "status"}',
+    b"NaN",
+    b'{"jsonrpc": "2.0", "id": 1e999, "method": "status"}',
+    b'{"jsonrpc": "2.0", "id": 1, "method": "search", "params": {"query": "x", "min_score": -1e999}}',
+    b'{"jsonrpc": "2.0", "id": ' + BIG + b', "method": "status"}',
+    b'{"jsonrpc": "2.0", "id": 1, "method": "get", "params": {"path": "MEMORY.md", "from": ' + BIG + b"}}",
+    b"[" + BIG + b"]",
+    b'{"jsonrpc": "2.0", "id": 1, "method": "status", "params": {"x": ' + b"[" * 50_000 + b"]" * 50_000 + b"}}",
+    b'{"jsonrpc": "2.0", "id": 1, "method": "status"}\xed\xa0\x80',
+    b"\xef\xbb\xbf{}",
+    b"",
+])
+def test_what_json_cannot_carry_is_a_parse_error(fake_dispatcher: Dispatcher, fake: FakeBackend, line: bytes) -> None:
+    answer = raw_ask(fake_dispatcher, line)
+    assert answer["error"]["code"] == -32700, answer
+    assert answer["id"] is None
+    assert fake.calls == []
+
+
+@pytest.mark.parametrize("line, code, rid", [
+    (rb'{"jsonrpc": "2.0", "id": "\ud800", "method": "status"}', -32600, None),
+    (rb'{"jsonrpc": "2.0", "id": "ok\udfff", "method": "status"}', -32600, None),
+    (rb'{"jsonrpc": "2.0", "id": 3, "method": "search", "params": {"query": "\ud800"}}', -32602, 3),
+    (rb'{"jsonrpc": "2.0", "id": 3, "method": "search", "params": {"query": "x", "\udc00": 1}}', -32602, 3),
+    (rb'{"jsonrpc": "2.0", "id": 3, "method": "search", "params": {"query": "x", "e": [{"k": ["\ud800"]}]}}',
+     -32602, 3),
+    (rb'{"jsonrpc": "2.0", "id": 3, "method": "get", "params": {"path": "memory/\udfff.md"}}', -32602, 3),
+])
+def test_lone_surrogates_are_refused_before_anything_runs(fake_dispatcher: Dispatcher, fake: FakeBackend,
+                                                          line: bytes, code: int, rid: Any) -> None:
+    answer = raw_ask(fake_dispatcher, line)
+    assert (answer["error"]["code"], answer["id"]) == (code, rid)
+    assert fake.calls == []
+
+
+def test_a_surrogate_pair_is_ordinary_text(fake_dispatcher: Dispatcher, fake: FakeBackend) -> None:
+    answer = raw_ask(fake_dispatcher, rb'{"jsonrpc": "2.0", "id": "\ud83d\ude00", "method": "search",'
+                                      rb' "params": {"query": "\ud83d\ude00"}}')
+    assert answer["id"] == "\U0001f600" and "result" in answer
+    assert fake.calls == [("search", "\U0001f600")]
+
+
+@pytest.mark.parametrize("params", [
+    {"path": "MEMORY.md", "from": 1 << 63},
+    {"path": "MEMORY.md", "lines": 10**4000},
+    {"path": "MEMORY.md", "from": 1, "lines": (1 << 64) + 1},
+])
+def test_integers_beyond_64_bits_are_invalid_params(fake_dispatcher: Dispatcher, fake: FakeBackend,
+                                                    params: dict[str, Any]) -> None:
+    error = ask(fake_dispatcher, req("get", params))["error"]
+    assert error["code"] == -32602 and "out of range" in error["message"]
+    assert fake.calls == []
+
+
+@pytest.mark.parametrize("params", [
+    {"query": "x", "max_results": -(1 << 63) - 1},
+    {"query": "x", "max_results": 10**4000},
+    {"query": "x", "min_score": 10**400},
+    {"query": "x", "min_score": -(10**4000)},
+])
+def test_huge_search_numbers_are_invalid_params(fake_dispatcher: Dispatcher, fake: FakeBackend,
+                                                params: dict[str, Any]) -> None:
+    assert ask(fake_dispatcher, req("search", params))["error"]["code"] == -32602
+    assert fake.calls == []
+
+
+def test_the_largest_64_bit_integer_reaches_the_backend(fake_dispatcher: Dispatcher, fake: FakeBackend) -> None:
+    assert "result" in ask(fake_dispatcher, req("get", {"path": "MEMORY.md", "from": (1 << 63) - 1}))
+    assert fake.calls[0][2] == (1 << 63) - 1
+
+
+@pytest.mark.parametrize("result", [{"score": math.nan}, {"score": math.inf}, {"text": "\ud800"}, {"raw": b"x"},
+                                    {"ids": {1, 2}}])
+def test_an_answer_that_cannot_be_encoded_is_an_internal_error(fake: FakeBackend, result: object) -> None:
+    log = RecordingLog()
+    fake.status_result = result
+    answer = raw_ask(Dispatcher(fake, log=log), json.dumps(req("status", rid="s")).encode())
+    assert (answer["id"], answer["error"]["code"]) == ("s", -32603)
+    assert log.events("answer_not_encodable")
+
+
+def test_encode_never_raises() -> None:
+    for unencodable in (math.nan, {"x": "\udc80"}, b"bytes", object()):
+        line = encode_line(unencodable)
+        assert strict(line)["error"]["code"] == -32603 and strict(line)["id"] is None
+
+
+def test_an_exception_that_cannot_describe_itself_is_still_answered(fake: FakeBackend) -> None:
+    class Nasty(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("cannot even describe myself")
+
+    fake.fail_with = Nasty()
+    answer = raw_ask(Dispatcher(fake, log=RecordingLog()), json.dumps(req("status", rid=5)).encode())
+    assert (answer["id"], answer["error"]["code"]) == (5, -32603)
+    assert "Nasty" in answer["error"]["message"]
+
+
+def test_handle_never_raises(fake_dispatcher: Dispatcher, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any) -> None:
+        raise RuntimeError("a bug in the dispatcher itself")
+
+    monkeypatch.setattr(fake_dispatcher, "_build", broken)
+    answer = raw_ask(fake_dispatcher, json.dumps(req("status")).encode())
+    assert (answer["id"], answer["error"]["code"]) == (None, -32603)
+    assert fake_dispatcher._log.events("dispatch_failed")
+
+
+def test_a_batch_holds_at_most_64_requests(fake_dispatcher: Dispatcher, fake: FakeBackend) -> None:
+    answers = raw_ask(fake_dispatcher, json.dumps([req("status", rid=i) for i in range(MAX_BATCH)]).encode())
+    assert [a["id"] for a in answers] == list(range(MAX_BATCH))
+    fake.calls.clear()
+    answer = raw_ask(fake_dispatcher, json.dumps([req("status", rid=i) for i in range(MAX_BATCH + 1)]).encode())
+    assert answer["error"] == {"code": -32600, "message": "invalid request: batch too large (at most 64 requests)"}
+    assert answer["id"] is None and fake.calls == []
+
+
+def test_a_batch_stops_running_once_its_reply_is_full(fake_dispatcher: Dispatcher, fake: FakeBackend) -> None:
+    entries = [req("get", {"path": "MEMORY.md", "max_bytes": 100_000}, rid=i) for i in range(63)]
+    entries.append({"jsonrpc": "2.0", "method": "sync"})  # a notification after the cut: not run either
+    line = fake_dispatcher.handle(json.dumps(entries).encode())
+    assert line is not None and len(line) <= MAX_REPLY_BYTES
+    answers = strict(line)
+    assert [a["id"] for a in answers] == list(range(63))
+    served = [a for a in answers if "result" in a]
+    refused = answers[len(served):]
+    assert 30 < len(served) < 63 and all("result" not in a for a in refused)
+    assert {a["error"]["code"] for a in refused} == {-32002}
+    assert "ask for less" in refused[0]["error"]["message"] and "max_bytes" in refused[0]["error"]["message"]
+    assert len(fake.calls) == len(served) + 1  # the answer that did not fit was made, the rest never ran
+    assert ("sync", False) not in fake.calls
+
+
+def test_a_batch_of_long_ids_still_fits_its_refusals(fake_dispatcher: Dispatcher) -> None:
+    entries = [req("get", {"path": "MEMORY.md", "max_bytes": 200_000}, rid="i" * 10_000 + str(i)) for i in range(60)]
+    line = fake_dispatcher.handle(json.dumps(entries).encode())
+    assert line is not None and len(line) <= MAX_REPLY_BYTES
+    assert [a["id"] for a in strict(line)] == [e["id"] for e in entries]
+
+
+def test_a_single_answer_over_the_cap_is_replaced(fake_dispatcher: Dispatcher, fake: FakeBackend) -> None:
+    fake.fill = '"'  # each quote is escaped: 4 MiB of text makes an 8 MiB answer
+    answer = raw_ask(fake_dispatcher, json.dumps(req("get", {"path": "MEMORY.md", "max_bytes": 4 << 20},
+                                                     rid="big")).encode())
+    assert (answer["id"], answer["error"]["code"]) == ("big", -32002)
+
+
+def test_the_reply_budget_replaces_what_does_not_fit(fake_dispatcher: Dispatcher) -> None:
+    budget = MemoryBudget(150_000, free=0)
+    reply = fake_dispatcher.answer(json.dumps(req("get", {"path": "MEMORY.md", "max_bytes": 200_000},
+                                                  rid=7)).encode(), budget)
+    assert reply is not None
+    answer = strict(reply.data())
+    assert (answer["id"], answer["error"]["code"]) == (7, -32001)
+    assert answer["error"]["message"] == "server busy: too many large replies being sent, try again"
+    reply.release()
+    assert budget.held == 0
+    reply = fake_dispatcher.answer(get_batch(3, 60_000), budget)
+    assert reply is not None
+    assert [("result" in a, a["id"]) for a in strict(reply.data())] == [(True, 0), (True, 1), (False, 2)]
+    assert budget.held == reply.size - 2  # all of it but the brackets, the short refusal too
+    reply.release()
+    assert budget.held == 0
+
+
+def test_small_replies_are_not_counted_in_the_budget(fake_dispatcher: Dispatcher) -> None:
+    budget = MemoryBudget(0)
+    reply = fake_dispatcher.answer(json.dumps(req("status")).encode(), budget)
+    assert reply is not None and "result" in strict(reply.data()) and budget.held == 0
+    reply = fake_dispatcher.answer(json.dumps(req("get", {"path": "MEMORY.md", "max_bytes": 100_000})).encode(),
+                                   budget)
+    assert reply is not None and strict(reply.data())["error"]["code"] == -32001
+
+
+def test_a_get_that_could_not_be_held_is_refused_before_it_reads_anything(fake_dispatcher: Dispatcher,
+                                                                          fake: FakeBackend) -> None:
+    budget = MemoryBudget(100_000, free=10_000)
+    fake.size = 10  # the file is small, but the get may return up to max_bytes: that is what must fit
+    reply = fake_dispatcher.answer(json.dumps(req("get", {"path": "MEMORY.md"})).encode(), budget)  # 256 KiB
+    assert reply is not None and strict(reply.data())["error"]["code"] == -32001
+    reply.release()
+    assert fake.calls == [] and budget.held == 0
+    reply = fake_dispatcher.answer(json.dumps(req("get", {"path": "MEMORY.md", "max_bytes": 50_000})).encode(),
+                                   budget)
+    assert reply is not None and "result" in strict(reply.data())
+    assert budget.held == 0  # the advance was settled against the real (small) answer
+    reply.release()
+    assert len(fake.calls) == 1
+
+
+def test_with_no_budget_at_all_one_short_line_says_busy(fake_dispatcher: Dispatcher) -> None:
+    reply = fake_dispatcher.answer(json.dumps(req("status")).encode(), MemoryBudget(0, free=0))
+    assert reply is not None
+    assert strict(reply.data()) == {"jsonrpc": "2.0", "id": None, "error": {
+        "code": -32001, "message": "server busy: too many large replies being sent, try again"}}
+
+
+# -- hardening over a real socket ---------------------------------------------------------------
+
+
+@pytest.fixture
+def serve_fake(fake: FakeBackend, sock_dir: Path) -> Iterator[Any]:
+    servers: list[RpcServer] = []
+
+    def start(**kwargs: Any) -> RpcServer:
+        path = sock_dir / f"f{len(servers)}.sock"
+        server = RpcServer(fake, bind_unix_socket(path), path=path, log=RecordingLog(), **kwargs)
+        server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    fake.gate.set()
+    for server in servers:
+        server.close()
+
+
+def raw_line(client: RawClient) -> Any:
+    raw = client.file.readline()
+    return strict(raw) if raw else None
+
+
+def status_now(path: Path) -> bool:
+    """One status call on a new connection; False when turned away (a -32001 line, or closed)."""
+    with RawClient(path, timeout=5.0) as client:
+        client.send(json.dumps(req("status", rid="probe")).encode() + b"\n")
+        answer = raw_line(client)
+    return answer is not None and "result" in answer
+
+
+@pytest.mark.parametrize("line, code", [
+    (b'{"jsonrpc":"2.0","id":' + BIG + b',"method":"status"}', -32700),
+    (b'{"jsonrpc":"2.0","id":NaN,"method":"status"}', -32700),
+    (b'{"jsonrpc":"2.0","id":1,"method":"search","params":{"query":"x","min_score":Infinity}}', -32700),
+    (b'{"jsonrpc":"2.0","id":-Infinity,"method":"status"}', -32700),
+    (b'{"jsonrpc":"2.0","id":1e400,"method":"status"}', -32700),
+    (b"[" * 200_000, -32700),
+    (b"\xff\xfe\x00{", -32700),
+    (rb'{"jsonrpc":"2.0","id":"\udbff","method":"status"}', -32600),
+    (rb'{"jsonrpc":"2.0","id":1,"method":"search","params":{"query":"\udbff"}}', -32602),
+    (rb'{"jsonrpc":"2.0","id":1,"method":"search","params":{"query":"x","\udbff":{}}}', -32602),
+    (b'{"jsonrpc":"2.0","id":1,"method":"get","params":{"path":"MEMORY.md","lines":' + b"9" * 4000 + b"}}", -32602),
+    (b'{"jsonrpc":"2.0","id":1,"method":"get","params":{"path":"MEMORY.md","max_bytes":0}}', -32602),
+    (json.dumps([req("status", rid=i) for i in range(65)]).encode(), -32600),
+])
+def test_malformed_lines_on_a_socket_get_an_error_and_the_connection_stays_usable(
+        serve_fake: Any, line: bytes, code: int) -> None:
+    server = serve_fake()
+    with RawClient(server.path) as client:
+        client.send(line + b"\n")
+        answer = raw_line(client)
+        assert answer["error"]["code"] == code, answer
+        client.send(json.dumps(req("status", rid="after")).encode() + b"\n")
+        assert raw_line(client) == {"jsonrpc": "2.0", "id": "after", "result": {"ok": True}}
+
+
+def test_an_unencodable_answer_on_a_socket_is_an_internal_error(serve_fake: Any, fake: FakeBackend) -> None:
+    server = serve_fake()
+    fake.status_result = {"score": math.nan}
+    with RawClient(server.path) as client:
+        client.send(json.dumps(req("status", rid=4)).encode() + b"\n")
+        assert raw_line(client)["error"]["code"] == -32603
+        fake.status_result = {"ok": True}
+        assert client.call("status")["result"] == {"ok": True}
+
+
+def test_a_connection_thread_never_lets_an_exception_escape(serve_fake: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = serve_fake()
+    answer = server.dispatcher.answer
+
+    def explode(line: bytes, budget: Any = None) -> Any:
+        if b"boom" in line:
+            raise RuntimeError("a bug in the socket layer")
+        return answer(line, budget)
+
+    monkeypatch.setattr(server.dispatcher, "answer", explode)
+    with RawClient(server.path) as client:
+        client.send(json.dumps(req("status", rid="boom")).encode() + b"\n")
+        assert client.line() is None  # that connection ends...
+    wait_until(lambda: server._log.events("connection_failed"), message="the failure to be logged")
+    assert status_now(server.path)  # ...and everyone else is served; thread_errors checks the hook
+
+
+def test_at_the_cap_the_longest_idle_connection_is_evicted(serve_fake: Any, fake: FakeBackend) -> None:
+    server = serve_fake(max_connections=3)
+    oldest, idle, busy = RawClient(server.path), RawClient(server.path), RawClient(server.path)
+    try:
+        assert "result" in oldest.call("get", {"path": "MEMORY.md"})
+        assert "result" in idle.call("get", {"path": "MEMORY.md"})
+        fake.gate.clear()
+        busy.send(json.dumps(req("status", rid="slow")).encode() + b"\n")
+        wait_until(lambda: fake.waiting == 1, message="the busy request to reach the backend")
+        with RawClient(server.path) as newcomer:
+            assert "result" in newcomer.call("get", {"path": "MEMORY.md"})
+            notice = raw_line(oldest)
+            assert (notice["id"], notice["error"]["code"]) == (None, -32001)
+            assert "idle" in notice["error"]["message"]
+            assert raw_line(oldest) is None
+            assert "result" in idle.call("get", {"path": "MEMORY.md"})
+            fake.gate.set()
+            assert raw_line(busy)["id"] == "slow"
+        evicted = server._log.events("connection_evicted")
+        assert len(evicted) == 1 and evicted[0]["reason"] == "idle"
+    finally:
+        for client in (oldest, idle, busy):
+            client.close()
+
+
+def test_when_every_connection_is_busy_a_newcomer_is_refused(serve_fake: Any, fake: FakeBackend) -> None:
+    """Replaces the old cap test: idle connections are evicted now, so both must be handling a request."""
+    server = serve_fake(max_connections=2)
+    first, second = RawClient(server.path), RawClient(server.path)
+    try:
+        fake.gate.clear()
+        for n, client in enumerate((first, second)):
+            client.send(json.dumps(req("status", rid=n)).encode() + b"\n")
+        wait_until(lambda: fake.waiting == 2, message="both requests to reach the backend")
+        with RawClient(server.path) as third:
+            answer = raw_line(third)
+            assert (answer["id"], answer["error"]["code"]) == (None, -32001)
+            assert raw_line(third) is None
+        fake.gate.set()
+        assert raw_line(first)["id"] == 0 and raw_line(second)["id"] == 1
+        assert server._log.events("connection_evicted") == []
+    finally:
+        first.close()
+        second.close()
+
+
+def test_at_the_cap_a_reply_nobody_reads_gives_up_its_slot(serve_fake: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("clawmem.server.STALLED_SEND", 0.2)
+    server = serve_fake(max_connections=1)
+    with RawClient(server.path) as stuck:
+        stuck.send(json.dumps(req("get", {"path": "MEMORY.md", "max_bytes": 4_000_000})).encode() + b"\n")
+        wait_until(lambda: server.budget.held > 0, message="the large reply to be built")
+        wait_until(lambda: status_now(server.path), timeout=10, message="a newcomer to be served")
+        evicted = server._log.events("connection_evicted")
+        assert [e["reason"] for e in evicted] == ["stalled_reply"] and evicted[0]["seconds"] >= 0.2
+        wait_until(lambda: server.budget.held == 0, message="the dropped reply to be released")
+
+
+def read_to_eof(sock: socket.socket) -> bytes:
+    data = bytearray()
+    sock.settimeout(10)
+    while chunk := sock.recv(1 << 20):
+        data += chunk
+    return bytes(data)
+
+
+def test_a_slow_reader_is_dropped_after_the_send_timeout_while_others_are_served(serve_fake: Any) -> None:
+    server = serve_fake(send_timeout=0.5)
+    with RawClient(server.path) as other, RawClient(server.path) as slow:
+        started = time.monotonic()
+        slow.send(json.dumps(req("get", {"path": "MEMORY.md", "max_bytes": 4_000_000})).encode() + b"\n")
+        wait_until(lambda: server.budget.held > 0, message="the large reply to be built")
+        calls = 0
+
+        def dropped() -> bool:
+            nonlocal calls
+            assert other.call("status")["result"] == {"ok": True}
+            calls += 1
+            return bool(server._log.events("slow_reader_dropped"))
+
+        wait_until(dropped, timeout=10, interval=0.05, message="the slow reader to be dropped")
+        assert time.monotonic() - started >= 0.45 and calls >= 2
+        received = read_to_eof(slow.sock)
+        assert len(received) < 4_000_000 and not received.endswith(b"\n")  # the reply was dropped
+        wait_until(lambda: server.budget.held == 0 and server.connection_count() == 1,
+                   message="the slow connection to be gone")
+        assert other.call("status")["result"] == {"ok": True}
+
+
+def test_unfinished_lines_count_in_the_memory_budget(serve_fake: Any) -> None:
+    """Clients each holding most of a 1 MiB line cannot pin unbounded memory between them."""
+    server = serve_fake(memory_budget=200_000)
+    part = b'{"jsonrpc":"2.0","id":1,"method":"status","params":{"pad":"' + b"x" * 150_000
+    with RawClient(server.path) as first, RawClient(server.path) as second, RawClient(server.path) as third:
+        first.send(part)
+        held = len(part) - server.budget.free
+        wait_until(lambda: server.budget.held == held, message="the first line to be held")
+        second.send(part)
+        wait_until(lambda: server.budget.held == 2 * held, message="the second line to be held")
+        third.send(part)  # no room left for a third: told so, and its connection ends
+        assert raw_line(third)["error"]["code"] == -32001
+        assert read_to_eof(third.sock) == b""
+        assert server._log.events("input_over_budget")
+        assert status_now(server.path)  # everyone else is still served
+        first.send(b'"}}\n')  # the first line completes: an answer, and its bytes are given back
+        assert raw_line(first)["error"]["code"] == -32602
+        wait_until(lambda: server.budget.held == held, message="the first line's bytes given back")
+    wait_until(lambda: server.budget.held == 0, message="every held byte given back")
+
+
+def test_the_send_timeout_is_never_longer_than_the_idle_timeout(serve_fake: Any) -> None:
+    server = serve_fake(idle_timeout=0.5)
+    assert server.send_timeout == 30.0
+    with RawClient(server.path) as slow:
+        slow.send(json.dumps(req("get", {"path": "MEMORY.md", "max_bytes": 4_000_000})).encode() + b"\n")
+        wait_until(lambda: server._log.events("slow_reader_dropped"), timeout=5, message="the slow reader dropped")
+        assert server._log.events("slow_reader_dropped")[0]["send_timeout"] == 0.5
+
+
+def test_the_reply_budget_turns_large_replies_away_while_small_ones_go_out(serve_fake: Any) -> None:
+    server = serve_fake(memory_budget=4 << 20)
+    large = json.dumps(req("get", {"path": "MEMORY.md", "max_bytes": 3_000_000}, rid="large")).encode() + b"\n"
+    with RawClient(server.path) as hog, RawClient(server.path) as second:
+        hog.send(large)  # and never read
+        wait_until(lambda: server.budget.held > 2_000_000, message="the first large reply to hold the budget")
+        second.send(large)
+        answer = raw_line(second)
+        assert (answer["id"], answer["error"]["code"]) == ("large", -32001)
+        assert answer["error"]["message"] == "server busy: too many large replies being sent, try again"
+        assert status_now(server.path)  # small answers are not held back
+        hog.close()
+        wait_until(lambda: server.budget.held == 0, message="the first reply's budget to be released")
+        second.send(large)
+        assert len(raw_line(second)["result"]["text"]) == 3_000_000
+    wait_until(lambda: server.budget.held == 0, message="every reply to be released")
+
+
+def test_a_batch_reply_is_capped_on_a_socket(serve_fake: Any) -> None:
+    server = serve_fake()
+    with RawClient(server.path) as client:
+        client.send(get_batch(MAX_BATCH, 100_000) + b"\n")
+        raw = client.file.readline()
+        assert len(raw) <= MAX_REPLY_BYTES
+        answers = strict(raw)
+        assert [a["id"] for a in answers] == list(range(MAX_BATCH))
+        assert answers[-1]["error"]["code"] == -32002
+        assert client.call("status")["result"] == {"ok": True}
+    wait_until(lambda: server.budget.held == 0, message="the reply to be released")
