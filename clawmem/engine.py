@@ -450,6 +450,7 @@ class MemoryIndex:
             pending_embeddings=pending_embeddings,
             last_sync_at=iso_time(last.get("at")),
             last_sync_duration=seconds(last.get("duration")),
+            last_sync_problem_count=int(last.get("problem_count", 0)),
             last_sync_problems=last.get("problems", []),
             last_error=last_error,
             fresh=not reasons,

@@ -164,3 +164,17 @@ def test_the_default_index_location_is_private_even_when_an_older_version_left_i
     MemoryIndex(settings).sync()
     modes = {p: oct(stat.S_IMODE(p.stat().st_mode)) for p in (settings.cache_dir, folder, settings.index_path)}
     assert modes == {settings.cache_dir: "0o700", folder: "0o700", settings.index_path: "0o600"}
+
+
+def test_what_a_sync_left_out_is_counted_in_status(settings: Settings, write: Any, workspace: Path) -> None:
+    write("memory/a.md", "# A\nalpha\n")
+    os.mkfifo(workspace / "memory" / "pipe.md")
+    os.symlink("/etc/hostname", workspace / "memory" / "link.md")
+    index = MemoryIndex(settings)
+    report = index.sync()
+    assert report.added == 1
+    status = index.status()
+    assert status["last_sync_problem_count"] == 2
+    assert sorted(status["last_sync_problems"]) == ["memory/link.md: symlink, not followed",
+                                                    "memory/pipe.md: not a regular file (FIFO)"]
+    index.close()
