@@ -24,7 +24,6 @@ __all__ = [
     "memory_key",
     "open_memory_file",
     "path_key",
-    "resolve_memory_path",
     "scan",
     "stat_memory_file",
 ]
@@ -152,15 +151,6 @@ def open_memory_file(workspace: Path, requested: str, extra_paths: Sequence[str]
     """A descriptor of the memory file a client asked for, opened beneath the workspace, or a PathError."""
     key = memory_key(requested, extra_paths)
     return open_beneath(str(workspace), key.split("/"), display=key, refuse_hardlinks=refuse_hardlinks)
-
-
-def resolve_memory_path(workspace: Path, requested: str, extra_paths: Sequence[str] = ()) -> Path:
-    """The file behind a path a client asked for, or a PathError saying why not.
-
-    Only a check: the answer can be stale by the time it is used, so readers use `open_memory_file`.
-    """
-    with open_memory_file(workspace, requested, extra_paths) as opened:
-        return Path(workspace, *opened.names)
 
 
 # -- scanning ---------------------------------------------------------------------------------

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from clawmem.errors import PathError
-from clawmem.workspace import Skipped, is_memory_path, memory_key, resolve_memory_path, scan
+from clawmem.workspace import Skipped, is_memory_path, memory_key, open_memory_file, scan
+
+
+def resolve(workspace: Path, requested: str) -> Path:
+    """The file `get` would read for `requested` (a PathError saying why not)."""
+    with open_memory_file(workspace, requested) as opened:
+        return Path(workspace, *opened.names)
 
 
 def paths(ws: Path, extra: tuple[str, ...] = ()) -> set[str]:
@@ -85,7 +91,7 @@ def test_get_paths_are_refused_with_a_reason(workspace: Path, write, bad: str, w
     write("memory/notes.txt", "x")
     write("README.md", "x")
     with pytest.raises(PathError, match=why):
-        resolve_memory_path(workspace, bad)
+        resolve(workspace, bad)
 
 
 def test_get_refuses_symlinks_at_any_depth(workspace: Path, write, tmp_path: Path) -> None:
@@ -96,12 +102,12 @@ def test_get_refuses_symlinks_at_any_depth(workspace: Path, write, tmp_path: Pat
     os.symlink(outside / "sub" / "x.md", workspace / "memory" / "x.md")
     for rel in ("memory/sub/x.md", "memory/x.md"):
         with pytest.raises(PathError, match="symlink"):
-            resolve_memory_path(workspace, rel)
+            resolve(workspace, rel)
 
 
 def test_get_resolves_a_real_memory_file(workspace: Path, write) -> None:
     path = write("memory/2026-11-22.md", "hello")
-    assert resolve_memory_path(workspace, "memory/2026-11-22.md") == path
+    assert resolve(workspace, "memory/2026-11-22.md") == path
 
 
 # -- names that are not UTF-8, skipped paths ---------------------------------------------------
@@ -130,8 +136,8 @@ def test_names_that_are_not_utf8_get_escaped_keys_and_the_rest_keep_theirs(works
     assert found == {"memory/b\\xff.md", "memory/d\\xe9/n\\xc3.md", "memory/été.md"}
     for key in found:
         key.encode("utf-8")
-        resolve_memory_path(workspace, key)
-    assert resolve_memory_path(workspace, os.fsdecode(b"memory/b\xff.md")).name == os.fsdecode(b"b\xff.md")
+        resolve(workspace, key)
+    assert resolve(workspace, os.fsdecode(b"memory/b\xff.md")).name == os.fsdecode(b"b\xff.md")
 
 
 def test_an_outside_extra_path_with_a_byte_name_gets_a_utf8_absolute_key(workspace: Path, tmp_path: Path) -> None:
@@ -149,7 +155,7 @@ def test_two_files_with_one_key_index_the_literal_name_and_report_the_other(work
     found, skipped = scan_with_skipped(workspace)
     assert found == {"memory/b\\xff.md"}
     assert "index key" in skipped["memory/b\\xff.md"]
-    assert resolve_memory_path(workspace, "memory/b\\xff.md").read_text() == "literal"
+    assert resolve(workspace, "memory/b\\xff.md").read_text() == "literal"
 
 
 def test_a_name_mixing_bytes_and_a_literal_escape_is_reported(workspace: Path) -> None:
