@@ -57,11 +57,12 @@ class EmbeddingSettings:
     headers: Mapping[str, str] = field(default_factory=dict)
     dimensions: int = 0
     batch_size: int = 64
-    batch_tokens: int = 8000
+    batch_tokens: int = 32_000  # per request: 64 chunks of 400 tokens fit, well under every provider's own limit
     max_retries: int = 5
     timeout: float = 60.0
     cache_max_entries: int = 50_000
     threads: int = 0
+    concurrency: int = 4  # remote requests in flight at once
 
     def validate(self) -> None:
         _require(self.provider in PROVIDERS, "embedding.provider", f"must be one of {', '.join(PROVIDERS)}")
@@ -74,6 +75,7 @@ class EmbeddingSettings:
         _require(self.timeout > 0, "embedding.timeout", "must be > 0")
         _require(self.cache_max_entries >= 0, "embedding.cache_max_entries", "must be >= 0")
         _require(self.threads >= 0, "embedding.threads", "must be >= 0 (0 means all cores)")
+        _require(1 <= self.concurrency <= 32, "embedding.concurrency", "must be between 1 and 32")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ index that is consistent and converges on the next run.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -18,6 +19,7 @@ import xxhash
 from clawmem.chunking import Chunk, chunk_markdown
 from clawmem.config import Settings
 from clawmem.embeddings.base import EmbeddingProvider, pack, unit
+from clawmem.embeddings.batching import in_flight
 from clawmem.errors import PathError, ProviderError
 from clawmem.files import hardlink_reason, open_beneath, read_all, refusal_of
 from clawmem.keywords import index_text
@@ -228,59 +230,75 @@ def _parse_one(f: MemoryFile, args: tuple[int, int, str, bool], previous: FileRo
     return ParsedFile(f, digest, chunks, len(data))
 
 
+@dataclass(frozen=True)
+class _Batch:
+    """Pending chunks read together, with what the cache has for them and the texts it lacks."""
+
+    pending: list[tuple[int, str, str]]
+    cached: dict[str, bytes]
+    missing: dict[str, str]
+
+
 def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entries: int, batch: int = EMBED_BATCH,
                   progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
                   fingerprint: str | None = None, cache_only: bool = False) -> tuple[int, str | None]:
     """Give every chunk without a vector one, cache first. Returns (embedded, error or None).
 
-    The provider is called outside any transaction, so other writers (keyword syncs) never wait for
-    it; each batch is then written in one short transaction that first checks the index still has
-    `fingerprint` (a rebuild may have replaced it) and stores a vector only for a chunk that still
-    waits for that very text. A provider failure stops the pass and leaves the rest pending (kept in
-    the index, retried by the next pass): nothing is lost, and keyword search is unaffected.
-    `cache_only` fills what the embedding cache knows and makes no provider call. `progress` is
-    told after each batch (EMBED_BATCH chunks, about one provider request).
+    The provider is called outside any transaction (on a thread of its own, one batch ahead of the
+    one being written), so other writers (keyword syncs) never wait for it and a batch's vectors are
+    stored while the next batch's are made. Each batch is written in one short transaction that
+    first checks the index still has `fingerprint` (a rebuild may have replaced it) and stores a
+    vector only for a chunk that still waits for that very text. A provider failure stops the pass
+    and leaves the rest pending (kept in the index, retried by the next pass): nothing is lost, and
+    keyword search is unaffected. `cache_only` fills what the embedding cache knows and makes no
+    provider call. `progress` is told after each batch: EMBED_BATCH chunks, or the provider's
+    `preferred_batch` when larger (a remote provider's requests in flight at once).
     """
     info = provider.info
     key = info.provider_key
-    done = 0
-    cursor = 0
+    size = max(batch, getattr(provider, "preferred_batch", batch))
     total = store.pending_embeddings()
+
+    def batches() -> Iterator[_Batch]:  # read on this thread, as the pass goes
+        cursor = 0
+        while not (should_stop and should_stop()):
+            pending = store.pending_chunks(size, after=cursor)
+            if not pending:
+                return
+            cursor = pending[-1][0]
+            cached = store.cached_embeddings(info.provider, info.model, key, (h for _, h, _ in pending), touch=False)
+            missing: dict[str, str] = {}
+            for _, h, text in pending:
+                if h not in cached:
+                    missing.setdefault(h, text)
+            yield _Batch(pending, cached, {} if cache_only else missing)
+
+    def fetch(item: _Batch) -> tuple[_Batch, dict[str, bytes | None]]:
+        vectors = provider.embed_documents(list(item.missing.values())) if item.missing else []
+        directions = (unit(vec) for vec in vectors)
+        return item, {h: pack(d) if d is not None else None for h, d in zip(item.missing, directions, strict=True)}
+
+    done = 0
     error: str | None = None
-    while not (should_stop and should_stop()):
-        pending = store.pending_chunks(batch, after=cursor)
-        if not pending:
-            break
-        cursor = pending[-1][0]
-        cached = store.cached_embeddings(info.provider, info.model, key, (h for _, h, _ in pending), touch=False)
-        missing: dict[str, str] = {}
-        for _, h, text in pending:
-            if h not in cached:
-                missing.setdefault(h, text)
-        fresh: dict[str, bytes | None] = {}
-        if missing and not cache_only:
-            try:
-                vectors = provider.embed_documents(list(missing.values()))
-            except ProviderError as exc:
-                error = str(exc)
-                break
-            for h, vec in zip(missing, vectors, strict=True):
-                direction = unit(vec)
-                fresh[h] = pack(direction) if direction is not None else None
-        known = {**cached, **fresh}
-        with store.transaction():
-            if fingerprint is not None and store.get_meta("fingerprint") != fingerprint:
-                break  # replaced by a rebuild for another model: these vectors belong to no chunk of it
-            store.touch_cached(info.provider, info.model, key, cached)
-            dims = next((len(blob) // 4 for blob in known.values() if blob is not None), 0)
-            if dims:
-                store.ensure_vector_table(dims)
-            for h, blob in fresh.items():
-                if blob is not None:
-                    store.cache_embedding(info.provider, info.model, key, h, blob, len(blob) // 4)
-            done += store.store_vectors([(seq, h, known[h]) for seq, h, _ in pending if h in known], info.model)
-        if progress:
-            progress(done, total)
+    try:
+        for item, fresh in in_flight((functools.partial(fetch, item) for item in batches()), 2):
+            known = {**item.cached, **fresh}
+            with store.transaction():
+                if fingerprint is not None and store.get_meta("fingerprint") != fingerprint:
+                    break  # replaced by a rebuild for another model: these vectors belong to no chunk of it
+                store.touch_cached(info.provider, info.model, key, item.cached)
+                dims = next((len(blob) // 4 for blob in known.values() if blob is not None), 0)
+                if dims:
+                    store.ensure_vector_table(dims)
+                for h, blob in fresh.items():
+                    if blob is not None:
+                        store.cache_embedding(info.provider, info.model, key, h, blob, len(blob) // 4)
+                done += store.store_vectors([(seq, h, known[h]) for seq, h, _ in item.pending if h in known],
+                                            info.model)
+            if progress:
+                progress(done, total)
+    except ProviderError as exc:
+        error = str(exc)
     if cache_max_entries:
         with store.transaction():
             store.prune_cache(cache_max_entries)

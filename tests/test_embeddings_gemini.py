@@ -33,7 +33,8 @@ def server(fake_server: FakeServer) -> Iterator[FakeServer]:
 def make(server: FakeServer, sleeps: list[float] | None = None, *, environ: dict[str, str] | None = None,
          **overrides: Any) -> GeminiProvider:
     values: dict[str, Any] = {"provider": "gemini", "base_url": server.url, "api_key": KEY, "dimensions": 8,
-                              "max_retries": 2, "timeout": 5.0}
+                              "max_retries": 2, "timeout": 5.0,
+                              "concurrency": 1}
     values.update(overrides)
     return GeminiProvider(EmbeddingSettings(**values), environ=environ or {},
                           sleep=(sleeps if sleeps is not None else []).append)

@@ -7,6 +7,7 @@ import functools
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +36,8 @@ def server(fake_server: FakeServer) -> Iterator[FakeServer]:
 def make(server: FakeServer, sleeps: list[float] | None = None, *, environ: dict[str, str] | None = None,
          **overrides: Any) -> OpenAIProvider:
     values: dict[str, Any] = {"provider": "openai", "base_url": f"{server.url}/v1", "api_key": KEY,
-                              "dimensions": 8, "max_retries": 2, "timeout": 5.0}
+                              "dimensions": 8, "max_retries": 2, "timeout": 5.0,
+                              "concurrency": 1}
     values.update(overrides)
     return OpenAIProvider(EmbeddingSettings(**values), environ=environ or {},
                           sleep=(sleeps if sleeps is not None else []).append)
@@ -283,3 +285,46 @@ def test_answers_out_of_order_are_put_back_in_order(server: FakeServer) -> None:
 def test_importing_the_module_does_not_import_the_sdk() -> None:
     code = "import sys, clawmem.embeddings.openai; assert 'openai' not in sys.modules, 'SDK imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_requests_are_in_flight_at_once(server: FakeServer) -> None:
+    """A backfill keeps `concurrency` requests going: the server sees all four before answering any."""
+    together = threading.Barrier(4, timeout=10)
+
+    def answer_when_all_arrived(request: Recorded) -> Reply:
+        try:
+            together.wait()
+        except threading.BrokenBarrierError:
+            return Reply(status=400, json={"error": {"message": "the requests came one after another"}})
+        return openai_reply(request)
+
+    server.default = answer_when_all_arrived
+    texts = [f"text {i}" for i in range(8)]
+    provider = make(server, batch_size=2, concurrency=4)
+    assert provider.preferred_batch == 8
+    assert provider.embed_documents(texts) == [pytest.approx(expected(t)) for t in texts]  # in order
+    assert len(server.requests) == 4
+
+
+def test_a_429_pauses_the_other_requests_in_flight_too(server: FakeServer) -> None:
+    told: list[float] = []
+    arrivals: dict[str, list[float]] = {}
+
+    def respond(request: Recorded) -> Reply:
+        text = request.body["input"][0]
+        arrivals.setdefault(text, []).append(time.monotonic())
+        if text == "a" and len(arrivals["a"]) == 1:
+            told.append(time.monotonic())
+            return Reply(status=429, json={"error": {"message": "slow down"}}, headers={"Retry-After": "1"})
+        if text == "b":
+            return Reply(delay=0.3, json=openai_reply(request).json)
+        return openai_reply(request)
+
+    server.default = respond
+    provider = OpenAIProvider(EmbeddingSettings(provider="openai", base_url=f"{server.url}/v1", api_key=KEY,
+                                                dimensions=8, max_retries=2, batch_size=1, concurrency=2), environ={})
+    vectors = provider.embed_documents(["a", "b", "c"])
+    assert vectors == [pytest.approx(expected(t)) for t in "abc"]
+    # "c" would have gone out as soon as "b" was answered (0.3 s): it waited out the Retry-After instead.
+    assert arrivals["c"][0] >= told[0] + 0.9
+    assert arrivals["a"][1] >= told[0] + 0.9

@@ -32,7 +32,8 @@ def server(fake_server: FakeServer) -> Iterator[FakeServer]:
 def make(server: FakeServer, sleeps: list[float] | None = None, *, environ: dict[str, str] | None = None,
          **overrides: Any) -> VoyageProvider:
     values: dict[str, Any] = {"provider": "voyage", "base_url": f"{server.url}/v1", "api_key": KEY,
-                              "dimensions": 8, "max_retries": 2, "timeout": 5.0}
+                              "dimensions": 8, "max_retries": 2, "timeout": 5.0,
+                              "concurrency": 1}
     values.update(overrides)
     return VoyageProvider(EmbeddingSettings(**values), environ=environ or {},
                           sleep=(sleeps if sleeps is not None else []).append)

@@ -46,7 +46,8 @@ class EmbeddingProvider(Protocol):
     """An embedding model. Implementations batch, split over-limit inputs and retry internally.
 
     `embed_documents` returns one vector per input text, in order, each of `info.dims` floats.
-    Raises `clawmem.errors.ProviderError` (or a subclass) when it gives up.
+    Raises `clawmem.errors.ProviderError` (or a subclass) when it gives up. A provider may also
+    have a `preferred_batch` attribute: how many texts to hand it per call (see `embed_pending`).
     """
 
     @property

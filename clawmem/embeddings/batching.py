@@ -9,9 +9,13 @@ functions are pure; `embed_planned` runs a plan through a callable that makes on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+import itertools
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from clawmem.embeddings.base import unit
 from clawmem.errors import ProviderError
@@ -20,7 +24,9 @@ from clawmem.tokens import split_by_tokens
 if TYPE_CHECKING:
     import tiktoken
 
-__all__ = ["Piece", "Plan", "combine", "embed_planned", "plan_batches", "split_text"]
+__all__ = ["Piece", "Plan", "combine", "embed_planned", "in_flight", "plan_batches", "split_text"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -106,15 +112,60 @@ def combine(plan: Plan, vectors: Sequence[Sequence[float]]) -> list[Any]:
     return result
 
 
-def embed_planned(plan: Plan, request: Callable[[list[str]], list[list[float]]]) -> list[Any]:
-    """Send each batch through `request` (one provider call), check the counts, and combine."""
-    vectors: list[list[float]] = []
-    for batch in plan.batches:
-        inputs = [plan.pieces[i].text for i in batch]
-        answer = request(inputs)
-        if len(answer) != len(inputs):
-            raise ProviderError(f"the provider returned {len(answer)} vectors for {len(inputs)} inputs")
+def embed_planned(plan: Plan, request: Callable[[list[str]], list[list[float]]], *, width: int = 1) -> list[Any]:
+    """Send each batch through `request` (one provider call), up to `width` at once; check the counts, combine.
+
+    The first failure is raised once the requests before it are in; requests still in flight then
+    finish in the background and their answers are dropped.
+    """
+    calls = [functools.partial(request, [plan.pieces[i].text for i in batch]) for batch in plan.batches]
+    vectors: list[Any] = []
+    for batch, answer in zip(plan.batches, in_flight(calls, width), strict=True):
+        if len(answer) != len(batch):
+            raise ProviderError(f"the provider returned {len(answer)} vectors for {len(batch)} inputs")
         vectors.extend(answer)
     return combine(plan, vectors)
+
+
+def in_flight(calls: Iterable[Callable[[], T]], width: int) -> Iterator[T]:
+    """The calls' results in order, with up to `width` of them running at once (each raises as it would).
+
+    `calls` may be lazy: the next one is taken (on the consumer's thread) when a slot frees. Daemon
+    threads, not an executor: a call stuck in an SDK must never hold up the exit of the process
+    (an executor's threads are joined at exit).
+    """
+    if width <= 1:
+        for call in calls:
+            yield call()
+        return
+    started: deque[tuple[threading.Event, list[tuple[bool, Any]]]] = deque()
+
+    def start(call: Callable[[], T]) -> None:
+        done, box = threading.Event(), []
+
+        def run() -> None:
+            try:
+                box.append((True, call()))
+            except BaseException as exc:  # handed to the consumer, in order
+                box.append((False, exc))
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="clawmem-embed-request", daemon=True).start()
+        started.append((done, box))
+
+    waiting = iter(calls)
+    for call in itertools.islice(waiting, width):
+        start(call)
+    while started:
+        done, box = started.popleft()
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        following = next(waiting, None)
+        if following is not None:
+            start(following)
+        yield value
 
 

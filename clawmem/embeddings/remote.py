@@ -18,7 +18,15 @@ from typing import ClassVar, Literal
 from clawmem.config import EmbeddingSettings
 from clawmem.embeddings.base import ProviderInfo
 from clawmem.embeddings.batching import embed_planned, plan_batches
-from clawmem.embeddings.retry import Failure, Kind, RetryPolicy, call_with_retries, failure_from_status, redact
+from clawmem.embeddings.retry import (
+    Failure,
+    Kind,
+    Pause,
+    RetryPolicy,
+    call_with_retries,
+    failure_from_status,
+    redact,
+)
 from clawmem.errors import ProviderError
 from clawmem.tokens import get_encoding
 
@@ -93,6 +101,8 @@ class RemoteProvider(abc.ABC):
         self._declared_dims = settings.dimensions or self.known_dims.get(model, 0)
         self._dims = self._declared_dims
         self._lock = threading.Lock()
+        self._concurrency = settings.concurrency
+        self._pause = Pause(sleep)
 
     @property
     def info(self) -> ProviderInfo:
@@ -102,6 +112,11 @@ class RemoteProvider(abc.ABC):
         tell; it stays so, since it is part of the fingerprint (`vector_dims` says what was learned).
         """
         return ProviderInfo(provider=self.name, model=self._model, dims=self._declared_dims, endpoint=self._endpoint)
+
+    @property
+    def preferred_batch(self) -> int:
+        """Texts worth handing over per call: enough to keep every concurrent request busy."""
+        return self._batch_size * self._concurrency
 
     @property
     def vector_dims(self) -> int:
@@ -119,11 +134,12 @@ class RemoteProvider(abc.ABC):
             return []
         plan = plan_batches(texts, batch_size=self._batch_size, batch_tokens=self._batch_tokens,
                             max_input_tokens=self._max_input_tokens, encoding=get_encoding("cl100k_base"))
-        return embed_planned(plan, lambda inputs: self._send(inputs, kind))
+        return embed_planned(plan, lambda inputs: self._send(inputs, kind), width=self._concurrency)
 
     def _send(self, inputs: list[str], kind: InputKind) -> list[list[float]]:
         vectors = call_with_retries(lambda: self._request(inputs, kind), self._classify_any, self._policy,
-                                    what=f"{self.name} embeddings request ({self._model})", secrets=self._secrets)
+                                    what=f"{self.name} embeddings request ({self._model})", secrets=self._secrets,
+                                    pause=self._pause)
         self._check_dims(vectors)
         return vectors
 

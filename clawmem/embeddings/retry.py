@@ -14,6 +14,7 @@ import email.utils
 import enum
 import math
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from clawmem.errors import AuthError, ProviderError, ProviderTimeout, RateLimite
 __all__ = [
     "Failure",
     "Kind",
+    "Pause",
     "RetryPolicy",
     "backoff_delay",
     "call_with_retries",
@@ -126,6 +128,36 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
+class Pause:
+    """A pause shared by the requests one provider has in flight.
+
+    When the provider answers 429 with `Retry-After`, the request told so waits (its own backoff)
+    and every other request waits out the same time before its next attempt: concurrent requests
+    must not keep knocking. The waits use the retry policy's `sleep`.
+    """
+
+    def __init__(self, sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
+        self._until = 0.0
+        self._holder: int | None = None
+        self._lock = threading.Lock()
+        self._sleep = sleep
+        self._clock = clock
+
+    def hold(self, seconds: float) -> None:
+        with self._lock:
+            until = self._clock() + seconds
+            if until > self._until:
+                self._until, self._holder = until, threading.get_ident()
+
+    def wait(self) -> None:
+        """Sleep until the pause ends, unless this thread set it (it sleeps its own backoff)."""
+        with self._lock:
+            left = self._until - self._clock()
+            mine = self._holder == threading.get_ident()
+        if left > 0 and not mine:
+            self._sleep(left)
+
+
 def call_with_retries(
     attempt: Callable[[], T],
     classify: Callable[[Exception], Failure | None],
@@ -133,15 +165,20 @@ def call_with_retries(
     *,
     what: str,
     secrets: Iterable[str] = (),
+    pause: Pause | None = None,
 ) -> T:
     """Run `attempt` until it succeeds, retrying retryable failures within `policy`.
 
     `classify` returns None for an exception it does not recognise (a bug, not a provider
     failure): that exception propagates untouched. `what` names the call in error messages.
+    A `pause` shared with other requests to the same provider is waited out before each attempt
+    and extended by every `Retry-After`.
     """
     hidden = tuple(secrets)
     retries = 0
     while True:
+        if pause is not None:
+            pause.wait()
         try:
             return attempt()
         except Exception as exc:
@@ -161,6 +198,8 @@ def call_with_retries(
                            f"{failure.retry_after:.0f} s, more than the {policy.max_delay:.0f} s limit on one wait")
                 raise _error_for(failure, message, hidden) from None
             delay = max(delay, failure.retry_after)
+            if pause is not None:
+                pause.hold(failure.retry_after)
         policy.sleep(delay)
         retries += 1
 
