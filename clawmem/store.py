@@ -540,26 +540,21 @@ class Store:
 
     def cached_embeddings(self, provider: str, model: str, key: str, hashes: Iterable[str], *,
                           touch: bool = True) -> dict[str, bytes]:
-        """Cached vectors by chunk hash; `touch` marks them used (a write: see `touch_cached`)."""
-        found: dict[str, bytes] = {}
-        for h in set(hashes):
-            row = self.conn.execute(
-                "SELECT embedding FROM embedding_cache WHERE provider = ? AND model = ? AND provider_key = ? AND hash = ?",
-                (provider, model, key, h)).fetchone()
-            if row is not None:
-                found[h] = bytes(row[0])
+        """Cached vectors by chunk hash (one query); `touch` marks them used (a write: see `touch_cached`)."""
+        found = {str(h): bytes(blob) for h, blob in self.conn.execute(
+            "SELECT hash, embedding FROM embedding_cache WHERE provider = ? AND model = ? AND provider_key = ?"
+            " AND hash IN (SELECT value FROM json_each(?))", (provider, model, key, json.dumps(sorted(set(hashes)))))}
         if touch:
             self.touch_cached(provider, model, key, found)
         return found
 
     def touch_cached(self, provider: str, model: str, key: str, hashes: Iterable[str]) -> None:
         """Mark cache entries as just used, so pruning (oldest used first) keeps them."""
-        now = time.time()
-        for h in hashes:
+        wanted = sorted(set(hashes))
+        if wanted:
             self.conn.execute(
                 "UPDATE embedding_cache SET updated_at = ? WHERE provider = ? AND model = ? AND provider_key = ?"
-                " AND hash = ?", (now, provider, model, key, h))
-
+                " AND hash IN (SELECT value FROM json_each(?))", (time.time(), provider, model, key, json.dumps(wanted)))
 
     def cache_embedding(self, provider: str, model: str, key: str, hash: str, blob: bytes, dims: int) -> None:
         self.conn.execute(
