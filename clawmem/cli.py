@@ -186,7 +186,8 @@ def _index(ctx: Context, progress: bool | None, *, force: bool) -> None:
     try:
         with _ProgressBar(show, "indexing", "files") as bar, _ProgressBar(show, "embedding", "chunks") as ebar:
             run = memory.reindex if force else memory.sync
-            report = run(progress=bar.update, embed_progress=ebar.update)
+            report = run(progress=bar.update, embed_progress=ebar.update,
+                         notify=lambda message: click.echo(f"clawmem: {message}", err=True))
         waiting = memory.reader().pending_embeddings() if report.embed_error else 0
     finally:
         memory.close()
@@ -203,6 +204,11 @@ def _summary(head: str, report: dict[str, Any], waiting: int = 0) -> None:
     click.echo(f"{head} in {float(report.get('duration') or 0.0):.2f}s: " + ", ".join(parts), err=True)
     for problem in [*report.get("errors", []), *report.get("skipped", [])]:
         click.echo(f"clawmem: warning: {problem}", err=True)
+    for note in report.get("batch_notes", []):
+        click.echo(f"clawmem: warning: batch job: {note}", err=True)
+    if report.get("batch_jobs"):
+        click.echo(f"clawmem: {report['batch_chunks']} chunks are being embedded by {report['batch_jobs']} batch"
+                   " job(s) at the provider; the next `clawmem index`, or the daemon, collects them", err=True)
     if report.get("embed_error"):
         click.echo(f"clawmem: warning: {waiting or 'some'} chunks wait for a vector ({report['embed_error']});"
                    " the next `clawmem index`, or the daemon, completes them", err=True)

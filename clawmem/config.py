@@ -18,6 +18,7 @@ from typing import Any
 from clawmem.errors import ConfigError
 
 __all__ = [
+    "BatchSettings",
     "ChunkingSettings",
     "DaemonSettings",
     "EmbeddingSettings",
@@ -105,6 +106,24 @@ class SearchSettings:
 
 
 @dataclass(frozen=True)
+class BatchSettings:
+    """Large backfills as provider batch jobs (OpenAI, Gemini): cheaper, asynchronous, minutes to hours."""
+
+    enabled: bool = True
+    threshold: int = 5000  # chunks waiting for a vector, not in the cache, before a job is worth it
+    wait: bool = True  # `clawmem index` waits for its jobs (the daemon never waits: it polls)
+    poll_interval: float = 30.0
+    timeout_minutes: float = 60.0  # a job still running after this is cancelled; its chunks go synchronous
+    concurrency: int = 2  # jobs running at once
+
+    def validate(self) -> None:
+        _require(self.threshold >= 1, "batch.threshold", "must be >= 1")
+        _require(self.poll_interval > 0, "batch.poll_interval", "must be > 0")
+        _require(self.timeout_minutes > 0, "batch.timeout_minutes", "must be > 0")
+        _require(1 <= self.concurrency <= 16, "batch.concurrency", "must be between 1 and 16")
+
+
+@dataclass(frozen=True)
 class DaemonSettings:
     debounce: float = 1.5
     max_delay: float = 10.0
@@ -129,6 +148,7 @@ class Settings:
     chunking: ChunkingSettings = field(default_factory=ChunkingSettings)
     embedding: EmbeddingSettings = field(default_factory=EmbeddingSettings)
     search: SearchSettings = field(default_factory=SearchSettings)
+    batch: BatchSettings = field(default_factory=BatchSettings)
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     config_file: Path | None = None
 
@@ -156,7 +176,7 @@ class Settings:
 
     def validate(self) -> None:
         _require(self.log_level in LOG_LEVELS, "log_level", f"must be one of {', '.join(LOG_LEVELS)}")
-        for section in (self.chunking, self.embedding, self.search, self.daemon):
+        for section in (self.chunking, self.embedding, self.search, self.batch, self.daemon):
             section.validate()
 
 
@@ -164,6 +184,7 @@ SECTIONS: dict[str, type] = {
     "chunking": ChunkingSettings,
     "embedding": EmbeddingSettings,
     "search": SearchSettings,
+    "batch": BatchSettings,
     "daemon": DaemonSettings,
 }
 

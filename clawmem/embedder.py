@@ -36,7 +36,8 @@ class Embedder:
         self._retry = Backoff(retry_delay, max_retry_delay)
         self._cond = threading.Condition()
         self._wanted = False
-        self._not_before = 0.0
+        self._not_before = 0.0  # a failed pass's backoff: a wake does not cut it short
+        self._poll_at: float | None = None  # batch jobs are out: look at them then, if nothing wakes us sooner
         self._stopping = False
         self._running = False
         self._last: Run | None = None
@@ -87,12 +88,14 @@ class Embedder:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not (self._wanted and time.monotonic() >= self._not_before):
-                    delay = self._not_before - time.monotonic() if self._wanted else None
+                while not self._stopping and not self._due():
+                    deadlines = [t for t in (self._not_before if self._wanted else None, self._poll_at) if t is not None]
+                    delay = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
                     self._cond.wait(delay)
                 if self._stopping:
                     return
                 self._wanted = False
+                self._poll_at = None
                 self._running = True
             run = self._pass()
             with self._cond:
@@ -107,12 +110,18 @@ class Embedder:
                 else:
                     self._last_failure = None
                     self._retry.reset()
+                    if run.poll_in is not None:
+                        self._poll_at = time.monotonic() + run.poll_in
             self._log_run(run)
             if self._on_run is not None:
                 try:
                     self._on_run(run)
                 except Exception as exc:  # reporting must never stop the thread
                     self._log.error("run_report_failed", error=repr(exc))
+
+    def _due(self) -> bool:
+        now = time.monotonic()
+        return (self._wanted and now >= self._not_before) or (self._poll_at is not None and now >= self._poll_at)
 
     def _pass(self) -> Run:
         run = Run("embed", "pending")
@@ -128,6 +137,7 @@ class Embedder:
         return run
 
     def _embed(self, index: MemoryIndex, run: Run) -> None:
+        from clawmem.backfill import advance, covered
         from clawmem.store import Store
         from clawmem.sync import embed_pending
 
@@ -139,10 +149,17 @@ class Embedder:
         try:
             if store.get_meta("fingerprint") != fingerprint:
                 return  # built for another model: the writer rebuilds it first, then wakes this thread
+            jobs = advance(store, provider, index.settings.batch, due_only=True)
+            for note in jobs.failed:
+                self._log.warning("batch_job", problem=note)
+            if jobs.submitted:
+                self._log.info("batch_job", submitted=jobs.submitted, chunks=jobs.waiting_chunks)
             run.embedded, error = embed_pending(
                 store, provider, cache_max_entries=index.settings.embedding.cache_max_entries,
-                fingerprint=fingerprint, should_stop=lambda: self._stopping)
+                fingerprint=fingerprint, should_stop=lambda: self._stopping, exclude=covered(store, provider))
             run.pending_embeddings = store.pending_embeddings()
+            if jobs.busy:
+                run.poll_in = index.settings.batch.poll_interval
         finally:
             store.close()
         if error is not None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from clawmem import __version__
+from clawmem.backfill import advance, covered
 from clawmem.config import Settings, check_workspace
 from clawmem.embeddings.base import EmbeddingProvider
 from clawmem.errors import (
@@ -174,24 +175,25 @@ class MemoryIndex:
     # -- writing ----------------------------------------------------------------------------
 
     def sync(self, *, progress: Progress | None = None, embed: bool = True,
-             embed_progress: Progress | None = None, paths: Iterable[str] | None = None) -> SyncReport:
+             embed_progress: Progress | None = None, paths: Iterable[str] | None = None,
+             notify: Callable[[str], None] | None = None) -> SyncReport:
         """Bring the index in step with the files, rebuilding first if the fingerprint changed.
 
         `paths` limits the pass to those index keys (what a watcher saw change), so one edit costs
         the same in a workspace of any size. The report's duration covers the whole run, embedding
-        included.
+        included. `notify` hears about batch jobs as they are submitted and waited for.
         """
         return self._write(lambda fingerprint, store: self._sync_or_rebuild(fingerprint, store, progress, paths),
-                           embed, embed_progress)
+                           embed, embed_progress, notify)
 
     def reindex(self, *, progress: Progress | None = None, embed: bool = True,
-                embed_progress: Progress | None = None) -> SyncReport:
+                embed_progress: Progress | None = None, notify: Callable[[str], None] | None = None) -> SyncReport:
         """Rebuild from scratch whatever the fingerprint says (old index serves until the swap)."""
         return self._write(lambda fingerprint, store: self._rebuild(fingerprint, progress, store), embed,
-                           embed_progress)
+                           embed_progress, notify)
 
     def _write(self, work: Callable[[str, Store | None], SyncReport], embed: bool,
-               embed_progress: Progress | None) -> SyncReport:
+               embed_progress: Progress | None, notify: Callable[[str], None] | None = None) -> SyncReport:
         """Run `work` under the writer lock, embed what is pending, and record how it went in `meta`."""
         check_workspace(self.settings.workspace)
         started = time.perf_counter()
@@ -206,15 +208,31 @@ class MemoryIndex:
             assert store is not None
             try:
                 if embed and self.provider is not None:
-                    embedded, report.embed_error = embed_pending(
-                        store, self.provider, cache_max_entries=self.settings.embedding.cache_max_entries,
-                        progress=embed_progress, fingerprint=fingerprint)
-                    report.embedded += embedded
+                    self._embed(store, self.provider, fingerprint, report, embed_progress, notify)
                 report.duration = time.perf_counter() - started
                 self._record(store, report)
             finally:
                 store.close()
         return report
+
+    def _embed(self, store: Store, provider: EmbeddingProvider, fingerprint: str, report: SyncReport,
+               progress: Progress | None, notify: Callable[[str], None] | None) -> None:
+        """Vectors for what waits: batch jobs for a large backfill (waited for if `batch.wait`), then requests."""
+        batch = self.settings.batch
+        jobs = advance(store, provider, batch)
+        if jobs.submitted and notify:
+            notify(f"submitted {jobs.submitted} batch job(s) for {jobs.waiting_chunks} chunks")
+        while jobs.busy and batch.wait:
+            if notify:
+                notify(f"waiting for {jobs.running} batch job(s) ({jobs.waiting_chunks} chunks)")
+            time.sleep(batch.poll_interval)  # the provider works through the job: nothing to do meanwhile
+            jobs = advance(store, provider, batch)
+        report.batch_notes += jobs.failed
+        report.batch_jobs, report.batch_chunks = jobs.running, jobs.waiting_chunks
+        embedded, report.embed_error = embed_pending(
+            store, provider, cache_max_entries=self.settings.embedding.cache_max_entries, progress=progress,
+            fingerprint=fingerprint, exclude=covered(store, provider))
+        report.embedded += embedded
 
     def _sync_or_rebuild(self, fingerprint: str, store: Store | None, progress: Progress | None,
                          paths: Iterable[str] | None) -> SyncReport:
@@ -448,6 +466,7 @@ class MemoryIndex:
             vector_search="sqlite-vec" if store.vec_loaded else "in-process cosine (sqlite-vec not loaded)",
             pending_files=pending_files,
             pending_embeddings=pending_embeddings,
+            batch_jobs=store.job_count(),
             last_sync_at=iso_time(last.get("at")),
             last_sync_duration=seconds(last.get("duration")),
             last_sync_problem_count=int(last.get("problem_count", 0)),

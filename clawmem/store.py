@@ -15,7 +15,7 @@ import os
 import stat
 import time
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ import apsw
 
 from clawmem.errors import IndexCorrupt, IndexUnavailable
 
-__all__ = ["ChunkRow", "FileRow", "Store", "TextHit", "VectorHit", "make_private_dirs", "make_private_file"]
+__all__ = ["ChunkRow", "FileRow", "JobRow", "Store", "TextHit", "VectorHit", "make_private_dirs", "make_private_file"]
 
 SCHEMA_VERSION = 2  # 2: float32 vectors in a plain table, sign bits in a partitioned vec0 table
 
@@ -57,6 +57,21 @@ class ChunkRow:
     end_line: int
     hash: str
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """A provider batch job the index waits on: which chunk texts (by hash) it embeds."""
+
+    id: str
+    provider: str
+    model: str
+    provider_key: str
+    hashes: tuple[str, ...]
+    submitted_at: float
+    polled_at: float
+    state: str = "running"
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +147,19 @@ MIGRATIONS: list[tuple[str, str]] = [
             start_line UNINDEXED, end_line UNINDEXED,
             content='', contentless_delete=1, contentless_unindexed=1,
             tokenize='porter unicode61 remove_diacritics 2'
+        );
+    """),
+    ("0002_embedding_jobs", """
+        CREATE TABLE embedding_jobs(
+            id TEXT PRIMARY KEY,
+            provider TEXT NOT NULL,
+            model TEXT NOT NULL,
+            provider_key TEXT NOT NULL,
+            hashes TEXT NOT NULL,
+            submitted_at REAL NOT NULL,
+            polled_at REAL NOT NULL,
+            state TEXT NOT NULL DEFAULT 'running',
+            detail TEXT NOT NULL DEFAULT ''
         );
     """),
 ]
@@ -572,14 +600,56 @@ class Store:
         return excess
 
     def copy_cache_from(self, other: Path) -> None:
-        """Carry another index's embedding cache over (a rebuild must not re-embed what it knew)."""
+        """Carry another index's embedding cache and batch jobs over (a rebuild must not re-embed what it knew).
+
+        Jobs still running at the provider are results already paid for: their vectors land in the
+        cache of whichever index holds the job when it completes.
+        """
         self.conn.execute("ATTACH DATABASE ? AS old", (str(other),))
         try:
-            has = self.conn.execute("SELECT 1 FROM old.sqlite_master WHERE name = 'embedding_cache'").fetchone()
-            if has:
+            tables = {str(row[0]) for row in self.conn.execute("SELECT name FROM old.sqlite_master WHERE type = 'table'")}
+            if "embedding_cache" in tables:
                 self.conn.execute("INSERT OR IGNORE INTO embedding_cache SELECT * FROM old.embedding_cache")
+            if "embedding_jobs" in tables:
+                self.conn.execute("INSERT OR IGNORE INTO embedding_jobs SELECT * FROM old.embedding_jobs")
         finally:
             self.conn.execute("DETACH DATABASE old")
+
+    # -- batch jobs ---------------------------------------------------------------------------
+
+    def add_job(self, job: JobRow) -> None:
+        self.conn.execute(
+            "INSERT INTO embedding_jobs(id, provider, model, provider_key, hashes, submitted_at, polled_at, state,"
+            " detail) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (job.id, job.provider, job.model, job.provider_key, json.dumps(list(job.hashes)), job.submitted_at,
+             job.polled_at, job.state, job.detail))
+
+    def jobs(self, provider: str, model: str, key: str) -> list[JobRow]:
+        """The batch jobs this provider identity has running, oldest first."""
+        return [JobRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), tuple(json.loads(r[4])), float(r[5]), float(r[6]),
+                       str(r[7]), str(r[8])) for r in self.conn.execute(
+            "SELECT id, provider, model, provider_key, hashes, submitted_at, polled_at, state, detail"
+            " FROM embedding_jobs WHERE provider = ? AND model = ? AND provider_key = ? ORDER BY submitted_at, id",
+            (provider, model, key))]
+
+    def uncached_pending(self, provider: str, model: str, key: str, *,
+                         exclude: Collection[str] = ()) -> dict[str, str]:
+        """Texts of the chunks waiting for a vector that the cache lacks, by hash (what a batch job would embed)."""
+        rows = self.conn.execute(
+            "SELECT c.hash, c.text FROM chunks AS c WHERE c.embedded = 0 AND NOT EXISTS (SELECT 1 FROM"
+            " embedding_cache AS e WHERE e.provider = ? AND e.model = ? AND e.provider_key = ? AND e.hash = c.hash)",
+            (provider, model, key))
+        return {str(h): str(text) for h, text in rows if h not in exclude}
+
+    def job_count(self) -> int:
+        return int(self.conn.execute("SELECT count(*) FROM embedding_jobs").fetchone()[0])
+
+    def touch_job(self, job_id: str, state: str, detail: str) -> None:
+        self.conn.execute("UPDATE embedding_jobs SET polled_at = ?, state = ?, detail = ? WHERE id = ?",
+                          (time.time(), state, detail, job_id))
+
+    def drop_job(self, job_id: str) -> None:
+        self.conn.execute("DELETE FROM embedding_jobs WHERE id = ?", (job_id,))
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Escape hatch for diagnostics and tests."""

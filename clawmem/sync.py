@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import xxhash
@@ -48,6 +48,9 @@ class SyncReport:
     bytes_read: int = 0
     embedded: int = 0
     embed_error: str | None = None
+    batch_jobs: int = 0  # provider batch jobs still running when the run ended
+    batch_chunks: int = 0  # chunk texts those jobs will embed
+    batch_notes: list[str] = field(default_factory=list)  # jobs that failed, timed out or came back short
     errors: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # "path: reason": looks like memory, not indexed
     duration: float = 0.0
@@ -241,7 +244,8 @@ class _Batch:
 
 def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entries: int, batch: int = EMBED_BATCH,
                   progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
-                  fingerprint: str | None = None, cache_only: bool = False) -> tuple[int, str | None]:
+                  fingerprint: str | None = None, cache_only: bool = False,
+                  exclude: Collection[str] = ()) -> tuple[int, str | None]:
     """Give every chunk without a vector one, cache first. Returns (embedded, error or None).
 
     The provider is called outside any transaction (on a thread of its own, one batch ahead of the
@@ -251,7 +255,8 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
     vector only for a chunk that still waits for that very text. A provider failure stops the pass
     and leaves the rest pending (kept in the index, retried by the next pass): nothing is lost, and
     keyword search is unaffected. `cache_only` fills what the embedding cache knows and makes no
-    provider call. `progress` is told after each batch: EMBED_BATCH chunks, or the provider's
+    provider call; chunks whose hash is in `exclude` (a batch job embeds them) are only filled from
+    the cache. `progress` is told after each batch: EMBED_BATCH chunks, or the provider's
     `preferred_batch` when larger (a remote provider's requests in flight at once).
     """
     info = provider.info
@@ -269,7 +274,7 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
             cached = store.cached_embeddings(info.provider, info.model, key, (h for _, h, _ in pending), touch=False)
             missing: dict[str, str] = {}
             for _, h, text in pending:
-                if h not in cached:
+                if h not in cached and h not in exclude:
                     missing.setdefault(h, text)
             yield _Batch(pending, cached, {} if cache_only else missing)
 

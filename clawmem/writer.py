@@ -49,6 +49,7 @@ class Run:
     error: ClawmemError | None = None
     cancelled: bool = False
     targeted: int | None = None  # how many paths a targeted sync covered; None: a full pass
+    poll_in: float | None = None  # an embedding pass left batch jobs running: seconds until it looks again
 
     def as_dict(self) -> dict[str, object]:
         data: dict[str, object] = {"kind": self.kind, "reason": self.reason, "started_at": iso_time(self.started_at),

@@ -30,9 +30,25 @@ def test_schema_has_the_reference_tables(store: Store) -> None:
 
 
 def test_migrations_run_once(tmp_path: Path) -> None:
+    from clawmem.store import MIGRATIONS
+
     Store(tmp_path / "m.sqlite").close()
     again = Store(tmp_path / "m.sqlite")
-    assert again.execute("SELECT count(*) FROM migrations") == [(1,)]
+    assert again.execute("SELECT name FROM migrations ORDER BY name") == [(name,) for name, _ in MIGRATIONS]
+    again.close()
+
+
+def test_an_index_from_before_a_migration_gets_it(tmp_path: Path) -> None:
+    """An existing index keeps its rows and gains the tables added since (here: batch jobs)."""
+    from clawmem.store import MIGRATIONS
+
+    old = Store(tmp_path / "m.sqlite")
+    add(old, "kept", "an old note")
+    old.execute("DROP TABLE embedding_jobs")
+    old.execute("DELETE FROM migrations WHERE name = ?", (MIGRATIONS[-1][0],))
+    old.close()
+    again = Store(tmp_path / "m.sqlite")
+    assert again.job_count() == 0 and again.counts() == (0, 1)
     again.close()
 
 
