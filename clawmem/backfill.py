@@ -16,15 +16,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from clawmem.config import BatchSettings
 from clawmem.embeddings.base import EmbeddingProvider, pack, unit
+from clawmem.embeddings.jobs import BatchEmbedder
 from clawmem.errors import ProviderError
 from clawmem.store import JobRow, Store
-
-if TYPE_CHECKING:
-    from clawmem.embeddings.jobs import BatchEmbedder
 
 __all__ = ["JobsReport", "advance", "batch_capable", "covered"]
 
@@ -46,8 +44,7 @@ class JobsReport:
 
 
 def batch_capable(provider: EmbeddingProvider | None) -> bool:
-    return provider is not None and all(
-        hasattr(provider, name) for name in ("submit_batch", "poll_batch", "cancel_batch", "max_batch_items"))
+    return isinstance(provider, BatchEmbedder)
 
 
 def covered(store: Store, provider: EmbeddingProvider) -> set[str]:

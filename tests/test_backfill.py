@@ -4,29 +4,27 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from daemon_helpers import RecordingLog, wait_until
+from fake_http import FakeServer, OpenAIBatches, no_proxy
 
 from clawmem.config import Settings, with_overrides
 from clawmem.embedder import Embedder
 from clawmem.embeddings.fake import FakeProvider
+from clawmem.embeddings.jobs import BatchEmbedder, JobState
 from clawmem.engine import MemoryIndex
 from clawmem.errors import ProviderTimeout
 from clawmem.search import SearchRequest
 from clawmem.writer import Run, Writer
-
-
-@dataclass(frozen=True)
-class State:
-    """Shaped like clawmem.embeddings.jobs.JobState."""
-
-    state: str
-    vectors: Mapping[str, Sequence[float]]
-    missing: tuple[str, ...] = ()
-    detail: str = ""
 
 
 class BatchFake(FakeProvider):
@@ -48,7 +46,7 @@ class BatchFake(FakeProvider):
             self.jobs[job_id] = {"items": list(items), "state": "running", "polls": 0}
             return job_id
 
-    def poll_batch(self, job_id: str) -> State:
+    def poll_batch(self, job_id: str) -> JobState:
         with self._jobs_lock:
             if self.poll_failures:
                 self.poll_failures -= 1
@@ -56,8 +54,8 @@ class BatchFake(FakeProvider):
             job = self.jobs[job_id]
             job["polls"] += 1
             if job["state"] != "completed":
-                return State(job["state"], {}, (), "in_progress" if job["state"] == "running" else "quota")
-            return State("completed", {cid: self._vector(text) for cid, text in job["items"]})
+                return JobState(job["state"], {}, (), "in_progress" if job["state"] == "running" else "quota")
+            return JobState("completed", {cid: self._vector(text) for cid, text in job["items"]})
 
     def cancel_batch(self, job_id: str) -> None:
         self.cancelled.append(job_id)
@@ -198,3 +196,39 @@ def test_the_daemon_polls_its_jobs_and_embeds_new_notes_meanwhile(settings: Sett
         writer.stop(5)
         embedder.stop(5)
         index.close()
+
+
+def test_the_fake_is_a_batch_embedder() -> None:
+    assert isinstance(BatchFake(), BatchEmbedder) and not isinstance(FakeProvider(), BatchEmbedder)
+
+
+@pytest.mark.usefixtures("no_proxy")
+def test_clawmem_index_hands_a_backfill_to_openai_batches_and_collects_it(workspace: Path, write: Any,
+                                                                          tmp_path: Path) -> None:
+    """The real openai SDK against a fake Files + Batches service on 127.0.0.1, through the CLI."""
+    notes(write, 30)
+    service = OpenAIBatches()
+    config = tmp_path / "clawmem.toml"
+    with FakeServer(service) as server:
+        config.write_text(f'[embedding]\nprovider = "openai"\nbase_url = "{server.url}/v1"\napi_key = "sk-test"\n'
+                          'dimensions = 8\n[batch]\nthreshold = 20\nwait = false\n')
+
+        def clawmem(*args: str) -> subprocess.CompletedProcess[str]:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWMEM_")}
+            return subprocess.run([sys.executable, "-m", "clawmem", *args, "--workspace", str(workspace), "--config",
+                                   str(config), "--index", str(tmp_path / "i.sqlite")], capture_output=True,
+                                  text=True, env=env, timeout=120, check=False)
+
+        out = clawmem("index")
+        assert out.returncode == 0, out.stderr
+        assert "submitted 1 batch job(s) for 30 chunks" in out.stderr
+        assert "30 chunks are being embedded by 1 batch job(s)" in out.stderr
+        assert len(service.lines()) == 30 and not any(r.path.endswith("/embeddings") for r in server.requests)
+        status = json.loads(clawmem("status", "--json").stdout)
+        assert status["batch_jobs"] == 1 and status["pending_embeddings"] == 30 and not status["fresh"]
+        service.complete()
+        out = clawmem("index")
+        assert out.returncode == 0 and "30 embedded" in out.stderr, out.stderr
+        status = json.loads(clawmem("status", "--json").stdout)
+        assert status["batch_jobs"] == 0 and status["pending_embeddings"] == 0 and status["fresh"]
+        assert not any(r.path.endswith("/embeddings") for r in server.requests)  # nothing sent synchronously

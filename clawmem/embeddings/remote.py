@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from clawmem.config import EmbeddingSettings
 from clawmem.embeddings.base import ProviderInfo
@@ -34,6 +34,7 @@ __all__ = ["InputKind", "Limits", "RemoteProvider", "describe_endpoint", "first_
            "secret_values"]
 
 InputKind = Literal["document", "query"]
+T = TypeVar("T")
 
 _SECRET_WORDS = ("auth", "key", "token", "secret", "password", "passwd", "cookie", "session", "signature",
                  "credential")
@@ -154,6 +155,28 @@ class RemoteProvider(abc.ABC):
                 if len(vector) != self._dims:
                     raise ProviderError(f"{self.name} returned a {len(vector)}-d vector for model {self._model!r}, "
                                         f"expected {self._dims}-d")
+
+    def _call(self, attempt: Callable[[], T], what: str) -> T:
+        """One SDK call other than an embeddings request (batch jobs), retried and redacted as `_send` is."""
+        return call_with_retries(attempt, self._classify_any, self._policy, what=f"{self.name} {what} ({self._model})",
+                                 secrets=self._secrets, pause=self._pause)
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self._secrets)
+
+    def _accepts(self, vector: Any) -> bool:
+        """`_check_dims` for one vector of a batch job, without raising: one odd answer must not sink the job."""
+        with self._lock:
+            if len(vector) == 0:
+                return False
+            if not self._dims:
+                self._dims = len(vector)
+            return len(vector) == self._dims
+
+    @property
+    def _split_tokens(self) -> int:
+        """The largest piece the synchronous path sends (see `plan_batches`): batch jobs cut texts the same way."""
+        return min(self._max_input_tokens, self._batch_tokens)
 
     def _classify_any(self, exc: Exception) -> Failure | None:
         failure = self._classify(exc)
