@@ -45,7 +45,7 @@ import clawmem.store as store_module  # noqa: E402
 from clawmem.config import load_settings  # noqa: E402
 from clawmem.embeddings.base import ProviderInfo  # noqa: E402
 from clawmem.search import SearchRequest, run_search  # noqa: E402
-from clawmem.store import Store  # noqa: E402
+from clawmem.store import ChunkFilter, Store  # noqa: E402
 
 K = 24  # what a default search asks the store for: max_results 6 x candidate_multiplier 4
 NOISE = 0.6
@@ -285,7 +285,7 @@ def main() -> None:
                                  nq, args.rounds),
             "quantized_with_prefix": {
                 f"{prefix} ({share:.0%} of chunks)": timed(
-                    lambda i, prefix=prefix: store.vector_search(blobs[i], K, prefix), nq, args.rounds)
+                    lambda i, prefix=prefix: store.vector_search(blobs[i], K, ChunkFilter(path_prefix=prefix)), nq, args.rounds)
                 for prefix, share in prefixes(store)},
             f"recall@{K}": round(recall(store, vectors, seqs_of(store), queries, K), 4),
         }

@@ -91,6 +91,8 @@ class SearchSettings:
     rrf_k: int = 60
     snippet_chars: int = 700
     query_timeout: float = 2.0  # seconds a search waits for its query vector before answering keyword-only
+    decay_half_life_days: float = 0.0  # 0: off; else dated chunks lose half their score every so many days
+    mmr_lambda: float = 0.0  # 0: off; else relevance vs diversity (1.0: relevance only)
 
     def validate(self) -> None:
         _require(self.mode in SEARCH_MODES, "search.mode", f"must be one of {', '.join(SEARCH_MODES)}")
@@ -103,6 +105,8 @@ class SearchSettings:
         _require(self.rrf_k >= 1, "search.rrf_k", "must be >= 1")
         _require(self.snippet_chars >= 40, "search.snippet_chars", "must be >= 40")
         _require(0 < self.query_timeout <= 600, "search.query_timeout", "must be > 0 and <= 600 seconds")
+        _require(self.decay_half_life_days >= 0, "search.decay_half_life_days", "must be >= 0 (0 turns decay off)")
+        _require(0.0 <= self.mmr_lambda <= 1.0, "search.mmr_lambda", "must be between 0 (off) and 1")
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from clawmem.workspace import open_memory_file, scan
 
 __all__ = ["MemoryIndex"]
 
-KEYWORD_FORMAT = "porter-unicode61+cjk-1"
+KEYWORD_FORMAT = "porter-unicode61+cjk-1+dates"  # chunks carry their daily file's date
 _UNRESOLVED: Any = object()
 _REPORTED_PROBLEMS = 20  # per sync, kept in meta for `status`
 

@@ -24,7 +24,7 @@ import apsw
 
 from clawmem.errors import IndexCorrupt, IndexUnavailable
 
-__all__ = ["ChunkRow", "FileRow", "JobRow", "Store", "TextHit", "VectorHit", "make_private_dirs", "make_private_file"]
+__all__ = ["ChunkFilter", "ChunkRow", "FileRow", "JobRow", "Store", "TextHit", "VectorHit", "make_private_dirs", "make_private_file"]
 
 SCHEMA_VERSION = 2  # 2: float32 vectors in a plain table, sign bits in a partitioned vec0 table
 
@@ -41,11 +41,53 @@ _BITS_STALE = "vector_bits_stale"  # meta key: vectors were written without sqli
 
 @dataclass(frozen=True, slots=True)
 class FileRow:
+    """`state` is what an incremental source keeps between syncs (a transcript's indexed length), as JSON."""
+
     path: str
     source: str
     hash: str
     mtime: int
     size: int
+    state: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkFilter:
+    """What a search may return: under a path, from one source, dated within [since, before).
+
+    Applied inside the candidate queries (keyword and vector), never to a top-k already cut, which
+    would lose matches. A date bound leaves out undated chunks (MEMORY.md, notes without a date).
+    """
+
+    path_prefix: str | None = None
+    source: str | None = None
+    since: str | None = None  # ISO date, inclusive
+    before: str | None = None  # ISO date, exclusive
+
+    def __bool__(self) -> bool:
+        return any((self.path_prefix, self.source, self.since, self.before))
+
+    @property
+    def dated(self) -> bool:
+        return self.since is not None or self.before is not None
+
+    def sql(self, alias: str) -> tuple[str, dict[str, Any]]:
+        """A condition on the chunks table under `alias` (an index answers the path and date parts as ranges)."""
+        clauses: list[str] = []
+        args: dict[str, Any] = {}
+        if self.path_prefix:
+            clause, args = _prefix_range(f"{alias}.path", self.path_prefix)
+            clauses.append(clause)
+        if self.source:
+            clauses.append(f"{alias}.source = :source")
+            args["source"] = self.source
+        if self.since:
+            clauses.append(f"{alias}.date >= :since")
+            args["since"] = self.since
+        if self.before:
+            clauses.append(f"{alias}.date < :before")
+            args["before"] = self.before
+        return " AND ".join(clauses) or "1", args
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +125,7 @@ class TextHit:
     end_line: int
     text: str
     bm25: float
+    date: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +146,7 @@ class VectorHit:
     end_line: int
     text: str
     distance: float
+    date: str | None = None
 
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -161,6 +205,11 @@ MIGRATIONS: list[tuple[str, str]] = [
             state TEXT NOT NULL DEFAULT 'running',
             detail TEXT NOT NULL DEFAULT ''
         );
+    """),
+    ("0003_dates_and_file_state", """
+        ALTER TABLE chunks ADD COLUMN date TEXT;
+        CREATE INDEX chunks_date ON chunks(date) WHERE date IS NOT NULL;
+        ALTER TABLE files ADD COLUMN state TEXT NOT NULL DEFAULT '';
     """),
 ]
 
@@ -260,16 +309,19 @@ class Store:
     # -- files and chunks ---------------------------------------------------------------------
 
     def files(self) -> dict[str, FileRow]:
-        return {row[0]: FileRow(*row) for row in self.conn.execute("SELECT path, source, hash, mtime, size FROM files")}
+        return {row[0]: FileRow(*row) for row in self.conn.execute(
+            "SELECT path, source, hash, mtime, size, state FROM files")}
 
     def file_row(self, path: str) -> FileRow | None:
-        row = self.conn.execute("SELECT path, source, hash, mtime, size FROM files WHERE path = ?", (path,)).fetchone()
+        row = self.conn.execute("SELECT path, source, hash, mtime, size, state FROM files WHERE path = ?",
+                                (path,)).fetchone()
         return None if row is None else FileRow(*row)
 
     def upsert_file(self, row: FileRow) -> None:
         self.conn.execute(
-            "INSERT OR REPLACE INTO files(path, source, hash, mtime, size, indexed_at) VALUES(?, ?, ?, ?, ?, ?)",
-            (row.path, row.source, row.hash, row.mtime, row.size, time.time()),
+            "INSERT OR REPLACE INTO files(path, source, hash, mtime, size, state, indexed_at)"
+            " VALUES(?, ?, ?, ?, ?, ?, ?)",
+            (row.path, row.source, row.hash, row.mtime, row.size, row.state, time.time()),
         )
 
     def chunks_of(self, path: str) -> list[ChunkRow]:
@@ -278,11 +330,11 @@ class Store:
             (path,))]
 
     def insert_chunk(self, *, id: str, path: str, source: str, start_line: int, end_line: int, hash: str,
-                     text: str, fts_text: str, model: str = "") -> int:
+                     text: str, fts_text: str, model: str = "", date: str | None = None) -> int:
         self.conn.execute(
-            "INSERT INTO chunks(id, path, source, start_line, end_line, hash, model, text, updated_at)"
-            " VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (id, path, source, start_line, end_line, hash, model, text, time.time()),
+            "INSERT INTO chunks(id, path, source, start_line, end_line, hash, model, text, date, updated_at)"
+            " VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (id, path, source, start_line, end_line, hash, model, text, date, time.time()),
         )
         seq = self.conn.last_insert_rowid()
         self.conn.execute(
@@ -321,18 +373,20 @@ class Store:
 
     # -- keyword search -----------------------------------------------------------------------
 
-    def text_search(self, match: str, limit: int, path_prefix: str | None = None) -> list[TextHit]:
+    def text_search(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[TextHit]:
         """The best `limit` chunks for an FTS5 MATCH expression, best first (bm25 ascending: FTS5 ranks are negative)."""
-        where, args = "chunks_fts MATCH ?", [match]
-        if path_prefix:
-            where += " AND substr(path, 1, ?) = ?"
-            args += [len(path_prefix), path_prefix]
+        join, condition, args = "", "1", {"match": match, "k": limit}
+        if where:
+            join = " JOIN chunks AS w ON w.seq = chunks_fts.rowid"
+            condition, extra = where.sql("w")
+            args.update(extra)
         sql = (
-            "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, f.score FROM"
-            f" (SELECT rowid, bm25(chunks_fts) AS score FROM chunks_fts WHERE {where} ORDER BY score LIMIT ?) AS f"
+            "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, f.score, c.date FROM"
+            f" (SELECT chunks_fts.rowid AS rowid, bm25(chunks_fts) AS score FROM chunks_fts{join}"
+            f" WHERE chunks_fts MATCH :match AND {condition} ORDER BY score LIMIT :k) AS f"
             " JOIN chunks AS c ON c.seq = f.rowid ORDER BY f.score"
         )
-        return [TextHit(*row) for row in self.conn.execute(sql, (*args, limit))]
+        return [TextHit(*row) for row in self.conn.execute(sql, args)]
 
     # -- vectors ------------------------------------------------------------------------------
     #
@@ -465,23 +519,24 @@ class Store:
         return [(int(r[0]), str(r[1]), str(r[2])) for r in self.conn.execute(
             "SELECT seq, hash, text FROM chunks WHERE embedded = 0 AND seq > ? ORDER BY seq LIMIT ?", (after, limit))]
 
-    def vector_search(self, query_blob: bytes, limit: int, path_prefix: str | None = None) -> list[VectorHit]:
-        """The `limit` chunks nearest by cosine distance (exact distances), nearest first."""
+    def vector_search(self, query_blob: bytes, limit: int, where: ChunkFilter | None = None) -> list[VectorHit]:
+        """The `limit` chunks nearest by cosine distance (exact distances), nearest first, within `where`."""
         layout = self._vector_layout()
         if not layout.readable or limit < 1:
             return []
+        where = where or None
         if not self.vec_loaded:
-            return self._vector_scan(query_blob, limit, path_prefix)
+            return self._vector_scan(query_blob, limit, where)
         if not layout.bits or self.get_meta(_BITS_STALE) is not None:
-            return self._ranked(query_blob, limit, path_prefix)
-        if path_prefix and self._few_under(path_prefix):
-            return self._ranked(query_blob, limit, path_prefix)
+            return self._ranked(query_blob, limit, where)
+        if where and self._few_under(where):
+            return self._ranked(query_blob, limit, where)
         want = max(limit * OVERSAMPLE, MIN_CANDIDATES)
         among = self._candidates(query_blob, want, layout.partitions)
-        if among is not None and path_prefix:
-            among = self._candidates_under(path_prefix, among, query_blob, want, layout.partitions)
+        if among is not None and where:
+            among = self._candidates_under(where, among, query_blob, want, layout.partitions)
         if among is None:
-            return self._ranked(query_blob, limit, path_prefix)
+            return self._ranked(query_blob, limit, where)
         return self._ranked(query_blob, limit, None, among)
 
     def _candidates(self, query_blob: bytes, want: int, partitions: int) -> list[int] | None:
@@ -497,55 +552,56 @@ class Store:
                 (bits, per_part, part)))
         return seqs
 
-    def _ranked(self, query_blob: bytes, limit: int, path_prefix: str | None,
+    def _ranked(self, query_blob: bytes, limit: int, within: ChunkFilter | None,
                 among: list[int] | None = None) -> list[VectorHit]:
-        """Exact cosine ranking in SQL of `among`, or of every vector (under `path_prefix` if given)."""
+        """Exact cosine ranking in SQL of `among`, or of every vector (within the filter if given)."""
         args: dict[str, Any] = {"q": query_blob, "k": limit}
         join, where = "", []
         if among is not None:
             where.append("v.rowid IN (SELECT value FROM json_each(:among))")
             args["among"] = json.dumps(among)
-        if path_prefix:  # walks the chunks_path index over the prefix, not the whole table
+        if within:  # walks the chunks' path or date index over the range, not the whole table
             join = " JOIN chunks AS p ON p.seq = v.rowid"
-            clause, bounds = _prefix_range("p.path", path_prefix)
+            clause, bounds = within.sql("p")
             where.append(clause)
             args.update(bounds)
         sql = (
-            "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, r.distance FROM"
+            "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, r.distance, c.date FROM"
             " (SELECT v.rowid AS seq, vec_distance_cosine(v.embedding, :q) AS distance FROM chunks_vec AS v"
             f"{join}{' WHERE ' + ' AND '.join(where) if where else ''} ORDER BY distance, v.rowid LIMIT :k) AS r"
             " JOIN chunks AS c ON c.seq = r.seq ORDER BY r.distance, r.seq"
         )
         return [VectorHit(*row) for row in self.conn.execute(sql, args)]
 
-    def _candidates_under(self, prefix: str, among: list[int], query_blob: bytes, want: int,
+    def _candidates_under(self, within: ChunkFilter, among: list[int], query_blob: bytes, want: int,
                           partitions: int) -> list[int] | None:
-        """The candidates under `prefix`, enough of them for the oversampling; None: rank the prefix exactly.
+        """The candidates within the filter, enough of them for the oversampling; None: rank the filter's chunks exactly.
 
-        When few candidates lie under the prefix, fetch proportionally more (vec0's cost grows with k),
-        up to PREFIX_WIDEN times; a prefix with still fewer vectors near the query is ranked exactly.
+        When few candidates pass, fetch proportionally more (vec0's cost grows with k), up to
+        PREFIX_WIDEN times; a filter with still fewer vectors near the query is ranked exactly.
         """
-        inside = self._under(prefix, among)
+        inside = self._under(within, among)
         if 4 * len(inside) >= 3 * want:
             return inside
         if not inside or len(inside) * PREFIX_WIDEN < len(among):
             return None
         wider = self._candidates(query_blob, want * len(among) // len(inside), partitions)
-        return None if wider is None else self._under(prefix, wider)
+        return None if wider is None else self._under(within, wider)
 
-    def _few_under(self, prefix: str) -> bool:
-        """Whether at most PREFIX_SCAN_ROWS chunks lie under `prefix` (counted on the index, stopping there)."""
-        clause, args = _prefix_range("path", prefix)
+    def _few_under(self, within: ChunkFilter) -> bool:
+        """Whether at most PREFIX_SCAN_ROWS chunks pass the filter (counted on the index, stopping there)."""
+        clause, args = within.sql("c")
         counted = self.conn.execute(
-            f"SELECT count(*) FROM (SELECT 1 FROM chunks WHERE {clause} LIMIT {PREFIX_SCAN_ROWS + 1})", args)
+            f"SELECT count(*) FROM (SELECT 1 FROM chunks AS c WHERE {clause} LIMIT {PREFIX_SCAN_ROWS + 1})", args)
         return int(counted.fetchone()[0]) <= PREFIX_SCAN_ROWS
 
-    def _under(self, prefix: str, seqs: list[int]) -> list[int]:
+    def _under(self, within: ChunkFilter, seqs: list[int]) -> list[int]:
+        clause, args = within.sql("c")
         return [int(row[0]) for row in self.conn.execute(
-            "SELECT seq FROM chunks WHERE seq IN (SELECT value FROM json_each(?)) AND substr(path, 1, ?) = ?",
-            (json.dumps(seqs), len(prefix), prefix))]
+            f"SELECT c.seq FROM chunks AS c WHERE c.seq IN (SELECT value FROM json_each(:seqs)) AND {clause}",
+            {**args, "seqs": json.dumps(seqs)})]
 
-    def _vector_scan(self, query_blob: bytes, limit: int, path_prefix: str | None) -> list[VectorHit]:
+    def _vector_scan(self, query_blob: bytes, limit: int, within: ChunkFilter | None) -> list[VectorHit]:
         from clawmem.embeddings.base import unpack
 
         query = unpack(query_blob)
@@ -554,12 +610,14 @@ class Store:
             vec = unpack(blob)
             scored.append((1.0 - sum(a * b for a, b in zip(query, vec, strict=False)), int(seq)))
         scored.sort()
+        clause, args = (within or ChunkFilter()).sql("c")
         hits: list[VectorHit] = []
         for distance, seq in scored:
             row = self.conn.execute(
-                "SELECT seq, path, source, start_line, end_line, text FROM chunks WHERE seq = ?", (seq,)).fetchone()
-            if row and (not path_prefix or str(row[1]).startswith(path_prefix)):
-                hits.append(VectorHit(*row, distance))
+                f"SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, c.date FROM chunks AS c"
+                f" WHERE c.seq = :seq AND {clause}", {**args, "seq": seq}).fetchone()
+            if row:
+                hits.append(VectorHit(*row[:6], distance, row[6]))
                 if len(hits) >= limit:
                     break
         return hits

@@ -24,7 +24,7 @@ from clawmem.errors import PathError, ProviderError
 from clawmem.files import hardlink_reason, open_beneath, read_all, refusal_of
 from clawmem.keywords import index_text
 from clawmem.store import FileRow, Store
-from clawmem.workspace import MemoryFile, Skipped, path_key, scan, stat_memory_file
+from clawmem.workspace import file_date, MemoryFile, Skipped, path_key, scan, stat_memory_file
 
 __all__ = ["SyncReport", "embed_pending", "sync_workspace"]
 
@@ -145,6 +145,7 @@ def _apply_file(store: Store, item: ParsedFile, previous: FileRow | None, report
         store.upsert_file(row)
         report.touched += 1
         return
+    date = file_date(f.path)
     old = store.chunks_of(f.path)
     reusable: dict[str, list[int]] = {}
     used_ids = set()
@@ -166,7 +167,8 @@ def _apply_file(store: Store, item: ParsedFile, previous: FileRow | None, report
         chunk_id = _chunk_id(f.path, chunk.hash, used_ids)
         used_ids.add(chunk_id)
         store.insert_chunk(id=chunk_id, path=f.path, source=f.source, start_line=chunk.start_line,
-                           end_line=chunk.end_line, hash=chunk.hash, text=chunk.text, fts_text=index_text(chunk.text))
+                           end_line=chunk.end_line, hash=chunk.hash, text=chunk.text, fts_text=index_text(chunk.text),
+                           date=date)
         report.chunks_added += 1
     dropped = [seq for seq in by_seq if seq not in kept]
     store.delete_chunks(dropped)

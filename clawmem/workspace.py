@@ -7,8 +7,10 @@ descriptors: what the scan saw is only a hint, since the files can change under 
 
 from __future__ import annotations
 
+import datetime as dt
 import errno
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -20,6 +22,7 @@ from clawmem.files import OpenFile, describe_mode, open_beneath, path_key, refus
 __all__ = [
     "MemoryFile",
     "Skipped",
+    "file_date",
     "is_memory_path",
     "memory_key",
     "open_memory_file",
@@ -106,6 +109,20 @@ def stat_memory_file(workspace: Path, rel: str, extra_paths: Sequence[str] = (),
         if why is not None and not why.missing and skipped is not None:
             skipped.append(Skipped(why.path, why.reason))
         return None
+
+
+_DATE = re.compile(r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)")
+
+
+def file_date(key: str) -> str | None:
+    """The date of a daily file, from the YYYY-MM-DD in its name (`memory/2026/2026-11-22.md`), else None."""
+    name = key.rsplit("/", 1)[-1]
+    for match in reversed(list(_DATE.finditer(name))):
+        try:
+            return dt.date(*map(int, match.groups())).isoformat()
+        except ValueError:
+            continue
+    return None
 
 
 def is_memory_path(rel: str, extra_paths: Sequence[str] = ()) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from clawmem.embeddings.base import normalize, pack
-from clawmem.store import SCHEMA_VERSION, Store
+from clawmem.store import SCHEMA_VERSION, ChunkFilter, Store
 
 
 @pytest.fixture
@@ -44,11 +44,14 @@ def test_an_index_from_before_a_migration_gets_it(tmp_path: Path) -> None:
 
     old = Store(tmp_path / "m.sqlite")
     add(old, "kept", "an old note")
-    old.execute("DROP TABLE embedding_jobs")
-    old.execute("DELETE FROM migrations WHERE name = ?", (MIGRATIONS[-1][0],))
+    for statement in ("DROP TABLE embedding_jobs", "DROP INDEX chunks_date", "ALTER TABLE chunks DROP COLUMN date",
+                      "ALTER TABLE files DROP COLUMN state"):
+        old.execute(statement)
+    old.execute("DELETE FROM migrations WHERE name IN (?, ?)", (MIGRATIONS[1][0], MIGRATIONS[2][0]))
     old.close()
     again = Store(tmp_path / "m.sqlite")
     assert again.job_count() == 0 and again.counts() == (0, 1)
+    assert again.execute("SELECT date FROM chunks") == [(None,)]
     again.close()
 
 
@@ -190,7 +193,7 @@ def test_deleted_chunks_lose_their_vectors_and_sign_bits(store: Store, monkeypat
     assert store.vector_search(pack(query), 5) == []
     monkeypatch.setattr(store_module, "PREFIX_SCAN_ROWS", 0)
     add(store, "pending", "not embedded yet")
-    assert store.vector_search(pack(query), 5, "memory/") == []
+    assert store.vector_search(pack(query), 5, ChunkFilter(path_prefix="memory/")) == []
 
 
 @pytest.mark.parametrize("scan_rows", [8192, 0], ids=["small-prefixes-ranked-exactly", "all-through-sign-bits"])
@@ -205,10 +208,10 @@ def test_a_path_prefix_keeps_only_its_chunks_and_their_true_nearest(store: Store
     path_of = dict(zip(by_seq, paths, strict=True))
     for i, prefix in enumerate(("notes/", "memory/", "m", "memory/a/")):  # 1%, 99%, 99%, 49% of the chunks
         query = normalize([x + rng.gauss(0.0, 0.05) for x in vectors[i * 11]]) or []
-        hits = store.vector_search(pack(query), 5, prefix)
+        hits = store.vector_search(pack(query), 5, ChunkFilter(path_prefix=prefix))
         inside = {seq: vec for seq, vec in by_seq.items() if path_of[seq].startswith(prefix)}
         assert [h.seq for h in hits] == brute_force(inside, query, 5)
-    assert store.vector_search(pack(vectors[0]), 5, "nowhere/") == []
+    assert store.vector_search(pack(vectors[0]), 5, ChunkFilter(path_prefix="nowhere/")) == []
 
 
 def test_a_prefix_with_few_candidates_near_the_query_takes_more_of_them(store: Store, monkeypatch) -> None:
@@ -227,7 +230,7 @@ def test_a_prefix_with_few_candidates_near_the_query_takes_more_of_them(store: S
     vectors += [like_query(5, 0.0)] + [unit(rng, 64) for _ in range(300)]
     paths = ["memory/b/x.md"] * 250 + ["memory/a/x.md"] * 201 + ["memory/c/x.md"] * 300
     seqs = fill(store, vectors, paths)
-    assert store.vector_search(pack(query), 1, "memory/a/")[0].seq == seqs[450]
+    assert store.vector_search(pack(query), 1, ChunkFilter(path_prefix="memory/a/"))[0].seq == seqs[450]
 
 
 def test_path_prefixes_match_by_characters_at_the_edges_of_unicode(store: Store) -> None:
@@ -237,7 +240,7 @@ def test_path_prefixes_match_by_characters_at_the_edges_of_unicode(store: Store)
     query = pack(unit(rng, 8))
     for prefix, expected in (("a/", {"a/x.md", "a/\U0010ffff/y.md"}), ("b\ud7ff", {"b\ud7ff/z.md"}),
                              ("\U0010ffff", {"\U0010ffff.md", "\U0010ffffz.md"})):
-        assert {h.path for h in store.vector_search(query, 10, prefix)} == expected
+        assert {h.path for h in store.vector_search(query, 10, ChunkFilter(path_prefix=prefix))} == expected
 
 
 def test_zero_and_nan_vectors_are_never_stored(store: Store) -> None:
