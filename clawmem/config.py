@@ -147,6 +147,7 @@ class Settings:
     index: Path | None = None
     socket: Path | None = None
     extra_paths: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ("memory/templates/**",)  # globs over index keys: never indexed, never read
     refuse_hardlinks: bool = False  # skip (sync) and refuse (get) memory files with more than one hard link
     log_level: str = "info"
     chunking: ChunkingSettings = field(default_factory=ChunkingSettings)

@@ -382,7 +382,7 @@ class MemoryIndex:
                 raise QueryError(f"'{name}' must be {what} >= 1")
         first = start or 1
         with open_memory_file(self.settings.workspace, path, self.settings.extra_paths,
-                              refuse_hardlinks=self.settings.refuse_hardlinks) as opened:
+                              refuse_hardlinks=self.settings.refuse_hardlinks, exclude=self.settings.exclude) as opened:
             window = read_window(opened.fd, first, lines, GET_MAX_BYTES if max_bytes is None else max_bytes)
         answer: dict[str, object] = {"path": opened.path, "text": window.text, "from": first, "lines": window.lines,
                                      "truncated": window.truncated}
@@ -400,7 +400,7 @@ class MemoryIndex:
         """(memory files on disk, files changed since the last sync), by one stat scan."""
         indexed = store.files() if store is not None else {}
         on_disk = pending = present = 0
-        for f in scan(self.settings.workspace, self.settings.extra_paths):
+        for f in scan(self.settings.workspace, self.settings.extra_paths, exclude=self.settings.exclude):
             on_disk += 1
             row = indexed.get(f.path)
             if row is None or (row.mtime, row.size) != (f.mtime_ns, f.size):

@@ -83,11 +83,12 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
     report = SyncReport()
     skipped: list[Skipped] = []
     if paths is None:
-        on_disk = {f.path: f for f in scan(settings.workspace, settings.extra_paths, skipped)}
+        on_disk = {f.path: f for f in scan(settings.workspace, settings.extra_paths, skipped, settings.exclude)}
         indexed = store.files()
     else:
         wanted = {path_key(p) for p in paths}
-        found = (stat_memory_file(settings.workspace, p, settings.extra_paths, skipped) for p in sorted(wanted))
+        found = (stat_memory_file(settings.workspace, p, settings.extra_paths, skipped, settings.exclude)
+                 for p in sorted(wanted))
         on_disk = {f.path: f for f in found if f is not None}
         indexed = {p: row for p in wanted if (row := store.file_row(p)) is not None}
     if settings.refuse_hardlinks:

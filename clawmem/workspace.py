@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import errno
+import functools
 import os
 import re
 import stat
@@ -22,6 +23,7 @@ from clawmem.files import OpenFile, describe_mode, open_beneath, path_key, refus
 __all__ = [
     "MemoryFile",
     "Skipped",
+    "excluded",
     "file_date",
     "is_memory_path",
     "memory_key",
@@ -75,16 +77,19 @@ Note = Callable[[Skipped], object]
 _Found = tuple[MemoryFile, tuple[int, int]]
 
 
-def scan(workspace: Path, extra_paths: Sequence[str] = (),
-         skipped: list[Skipped] | None = None) -> Iterator[MemoryFile]:
+def scan(workspace: Path, extra_paths: Sequence[str] = (), skipped: list[Skipped] | None = None,
+         exclude: Sequence[str] = ()) -> Iterator[MemoryFile]:
     """Every memory file of the workspace, symlinks never followed, hidden and tool folders skipped.
 
     What looks like memory but cannot be indexed (a symlink, FIFO or device, an unreadable or too
     long path, a name whose key another file already has) is appended to `skipped` with the reason.
+    Files whose key matches an `exclude` pattern are left out quietly: the user asked for that.
     """
     note: Note = skipped.append if skipped is not None else _ignore
     seen: dict[str, tuple[int, int]] = {}
     for found, identity in _candidates(str(workspace), extra_paths, note):
+        if excluded(found.path, exclude):
+            continue
         known = seen.get(found.path)
         if known is None:
             seen[found.path] = identity
@@ -94,11 +99,13 @@ def scan(workspace: Path, extra_paths: Sequence[str] = (),
 
 
 def stat_memory_file(workspace: Path, rel: str, extra_paths: Sequence[str] = (),
-                     skipped: list[Skipped] | None = None) -> MemoryFile | None:
+                     skipped: list[Skipped] | None = None, exclude: Sequence[str] = ()) -> MemoryFile | None:
     """One memory file by its index key, or None if it is gone or no longer a memory file (for targeted syncs).
 
     A file that is there but may not be read is appended to `skipped` with the reason.
     """
+    if excluded(path_key(rel), exclude):
+        return None
     try:
         with open_memory_file(workspace, rel, extra_paths) as opened:
             st = opened.stat
@@ -109,6 +116,18 @@ def stat_memory_file(workspace: Path, rel: str, extra_paths: Sequence[str] = (),
         if why is not None and not why.missing and skipped is not None:
             skipped.append(Skipped(why.path, why.reason))
         return None
+
+
+def excluded(key: str, patterns: Sequence[str]) -> bool:
+    """Whether an index key matches one of the `exclude` globs (`*` within a folder, `**` across folders)."""
+    return any(_glob(pattern).fullmatch(key) for pattern in patterns)
+
+
+@functools.cache
+def _glob(pattern: str) -> re.Pattern[str]:
+    parts = re.split(r"(\*\*/?|\*|\?)", pattern)
+    wild = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+    return re.compile("".join(wild.get(part, re.escape(part)) for part in parts))
 
 
 _DATE = re.compile(r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)")
@@ -143,7 +162,7 @@ def is_memory_path(rel: str, extra_paths: Sequence[str] = ()) -> bool:
     return False
 
 
-def memory_key(requested: str, extra_paths: Sequence[str] = ()) -> str:
+def memory_key(requested: str, extra_paths: Sequence[str] = (), exclude: Sequence[str] = ()) -> str:
     """The index key a client's path names, or a PathError saying why it may not name one.
 
     A path straight from the file system (undecodable bytes as surrogate escapes) becomes its key.
@@ -160,13 +179,15 @@ def memory_key(requested: str, extra_paths: Sequence[str] = ()) -> str:
     key = "/".join(parts)
     if not is_memory_path(key, extra_paths):
         raise PathError(f"not a memory file: {key!r} (only MEMORY.md and memory/**/*.md are readable)")
+    if excluded(key, exclude):
+        raise PathError(f"not a memory file: {key!r} is left out by the `exclude` setting")
     return key
 
 
 def open_memory_file(workspace: Path, requested: str, extra_paths: Sequence[str] = (), *,
-                     refuse_hardlinks: bool = False) -> OpenFile:
+                     refuse_hardlinks: bool = False, exclude: Sequence[str] = ()) -> OpenFile:
     """A descriptor of the memory file a client asked for, opened beneath the workspace, or a PathError."""
-    key = memory_key(requested, extra_paths)
+    key = memory_key(requested, extra_paths, exclude)
     return open_beneath(str(workspace), key.split("/"), display=key, refuse_hardlinks=refuse_hardlinks)
 
 
