@@ -148,6 +148,8 @@ class Settings:
     socket: Path | None = None
     extra_paths: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ("memory/templates/**",)  # globs over index keys: never indexed, never read
+    sources: tuple[str, ...] = ("memory",)  # add "sessions" to index agent transcripts too
+    sessions_dir: str = "sessions"  # *.jsonl transcripts, relative to the workspace (or absolute)
     refuse_hardlinks: bool = False  # skip (sync) and refuse (get) memory files with more than one hard link
     log_level: str = "info"
     chunking: ChunkingSettings = field(default_factory=ChunkingSettings)
@@ -181,6 +183,9 @@ class Settings:
 
     def validate(self) -> None:
         _require(self.log_level in LOG_LEVELS, "log_level", f"must be one of {', '.join(LOG_LEVELS)}")
+        _require(bool(self.sources) and set(self.sources) <= {"memory", "sessions"}, "sources",
+                 "must list memory and/or sessions")
+        _require(bool(self.sessions_dir.strip()), "sessions_dir", "must not be empty")
         for section in (self.chunking, self.embedding, self.search, self.batch, self.daemon):
             section.validate()
 
