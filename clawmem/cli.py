@@ -262,16 +262,24 @@ class _ProgressBar:
 @click.option("--mode", type=click.Choice(["hybrid", "bm25", "vector"]), help="Ranking mode (default hybrid).")
 @click.option("--min-score", type=click.FloatRange(0.0, 1.0), help="Drop results scoring below this (default 0.3).")
 @click.option("--path-prefix", metavar="PREFIX", help="Only results whose path starts with PREFIX.")
+@click.option("--source", type=click.Choice(["memory", "sessions"]), help="Only memory files, or only transcripts.")
+@click.option("--since", metavar="DATE", help="Only chunks dated on or after DATE (YYYY-MM-DD).")
+@click.option("--before", metavar="DATE", help="Only chunks dated before DATE (YYYY-MM-DD).")
 def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode: str | None,
-           min_score: float | None, path_prefix: str | None, **kwargs: Any) -> None:
-    """Search the memory for QUERY."""
+           min_score: float | None, path_prefix: str | None, source: str | None, since: str | None,
+           before: str | None, **kwargs: Any) -> None:
+    """Search the memory for QUERY.
+
+    Dated chunks are those of daily files (the YYYY-MM-DD in their name) and of transcripts; a date
+    bound leaves undated ones (MEMORY.md) out.
+    """
     ctx = _ctx(kwargs)
 
     def action() -> None:
         from clawmem.search import SearchRequest
 
         request = SearchRequest(" ".join(map(_argument, query)), max_results, min_score, mode,
-                                _argument(path_prefix) if path_prefix is not None else None)
+                                _argument(path_prefix) if path_prefix is not None else None, source, since, before)
         answer = ctx.backend().search(request)
         if as_json:
             click.echo(json.dumps(answer, ensure_ascii=False))

@@ -141,7 +141,7 @@ class DaemonClient:
 
     def search(self, request: SearchRequest) -> dict[str, Any]:
         params: dict[str, Any] = {"query": request.query}
-        for name in ("max_results", "min_score", "mode", "path_prefix"):
+        for name in ("max_results", "min_score", "mode", "path_prefix", "source", "since", "before"):
             value = getattr(request, name)
             if value is not None:
                 params[name] = value

@@ -177,7 +177,8 @@ def _quote(name: str) -> str:
 # name -> (kind, required); kinds: "str", "int", "number", "bool"
 PARAMS: dict[str, dict[str, tuple[str, bool]]] = {
     "search": {"query": ("str", True), "max_results": ("int", False), "min_score": ("number", False),
-               "mode": ("str", False), "path_prefix": ("str", False)},
+               "mode": ("str", False), "path_prefix": ("str", False), "source": ("str", False),
+               "since": ("str", False), "before": ("str", False)},
     "get": {"path": ("str", True), "from": ("int", False), "lines": ("int", False), "max_bytes": ("int", False)},
     "status": {},
     "sync": {"wait": ("bool", False)},
@@ -511,7 +512,7 @@ class Dispatcher:
         call: Callable[[], object]
         if method == "search":
             request = SearchRequest(p["query"], p.get("max_results"), p.get("min_score"), p.get("mode"),
-                                    p.get("path_prefix"))
+                                    p.get("path_prefix"), p.get("source"), p.get("since"), p.get("before"))
             call = lambda: backend.search(request)
         elif method == "get":
             call = lambda: backend.get(p["path"], p.get("from"), p.get("lines"), p.get("max_bytes"))

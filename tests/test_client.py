@@ -75,7 +75,8 @@ def scripted(sock_dir: Path) -> Iterator[tuple[ScriptedBackend, Path]]:
 def test_methods_send_the_documented_params(scripted: tuple[ScriptedBackend, Path]) -> None:
     backend, path = scripted
     with DaemonClient(path) as client:
-        client.search(SearchRequest("zebra", max_results=3, mode="bm25"))
+        client.search(SearchRequest("zebra", max_results=3, mode="bm25", source="memory", since="2026-01-01",
+                                    before="2026-02-01"))
         client.search(SearchRequest("plain"))
         assert client.get("MEMORY.md", 2, 5)["from"] == 2
         client.get("MEMORY.md")
@@ -84,6 +85,7 @@ def test_methods_send_the_documented_params(scripted: tuple[ScriptedBackend, Pat
         client.reindex(wait=True)
     (_, full), (_, plain) = backend.calls[0], backend.calls[1]
     assert (full.query, full.max_results, full.mode, full.min_score) == ("zebra", 3, "bm25", None)
+    assert (full.source, full.since, full.before) == ("memory", "2026-01-01", "2026-02-01")
     assert plain == SearchRequest("plain")
     assert backend.calls[2:] == [("get", ("MEMORY.md", 2, 5)), ("get", ("MEMORY.md", None, None)),
                                  ("status", None), ("sync", False), ("reindex", True)]

@@ -239,3 +239,76 @@ def test_with_the_real_model_hybrid_finds_what_each_half_misses(settings: Settin
     assert top("car tires", "hybrid") == "memory/car.md"
     assert top("a828e60", "vector") != "memory/commit-0.md"
     assert top("a828e60", "hybrid") == "memory/commit-0.md"
+
+
+# -- dates, sources, recency decay, diversity ---------------------------------------------------
+
+
+def test_date_bounds_apply_inside_the_candidate_queries(settings: Settings, write) -> None:
+    """A post-filter of the top-k would lose the only match in the window: 30 older notes outrank it."""
+    for day in range(1, 31):
+        write(f"memory/2020-01-{day:02d}.md", "# Log\nwalrus walrus walrus migration\n")
+    write("memory/2026-11-20.md", "# Log\none walrus seen today among many other things of note\n")
+    write("MEMORY.md", "# Memory\nwalrus walrus walrus walrus\n")
+    for provider in (None, FakeProvider(dims=32)):
+        index = MemoryIndex(settings, provider=provider)
+        index.sync()
+        for mode in ("bm25", "hybrid", "vector") if provider else ("bm25",):
+            found = answer(index, "walrus", mode=mode, max_results=2, min_score=0.0, since="2026-01-01")
+            assert [r["path"] for r in found] == ["memory/2026-11-20.md"], mode
+            found = answer(index, "walrus", mode=mode, max_results=50, min_score=0.0, before="2020-01-03")
+            assert sorted(r["path"] for r in found) == ["memory/2020-01-01.md", "memory/2020-01-02.md"], mode
+        index.close()
+
+
+def test_a_bad_date_or_source_is_a_query_error(settings: Settings, write) -> None:
+    write("memory/a.md", "# A\nwalrus\n")
+    index = MemoryIndex(settings)
+    index.sync()
+    with pytest.raises(QueryError, match="ISO date"):
+        answer(index, "walrus", since="last tuesday")
+    with pytest.raises(QueryError, match="unknown source"):
+        answer(index, "walrus", source="email")
+    assert answer(index, "walrus", mode="bm25", min_score=0.0, source="memory")
+    assert answer(index, "walrus", mode="bm25", min_score=0.0, source="sessions") == []
+    index.close()
+
+
+def test_decay_prefers_the_newer_of_two_equal_notes_and_never_touches_memory_md(settings: Settings,
+                                                                                write) -> None:
+    import datetime as dt
+
+    from clawmem.config import with_overrides
+    from clawmem.search import run_search
+
+    for name in ("memory/2026-06-01.md", "memory/2026-11-01.md", "MEMORY.md"):
+        write(name, "# Notes\nproject kiwi launch plan\n")
+    index = MemoryIndex(settings)
+    index.sync()
+    request = SearchRequest("kiwi launch", mode="bm25", min_score=0.0)
+    plain = run_search(index.reader(), None, request, settings.search).results
+    assert [r.path for r in plain] == ["MEMORY.md", "memory/2026-06-01.md", "memory/2026-11-01.md"]  # a tie
+    decayed_settings = with_overrides(settings, search={"decay_half_life_days": 30}).search
+    decayed = run_search(index.reader(), None, request, decayed_settings, today=dt.date(2026, 11, 22)).results
+    assert [r.path for r in decayed] == ["MEMORY.md", "memory/2026-11-01.md", "memory/2026-06-01.md"]
+    by_path = {r.path: r.score for r in decayed}
+    assert by_path["MEMORY.md"] == plain[0].score  # undated: never decays
+    assert by_path["memory/2026-11-01.md"] == pytest.approx(plain[0].score * 0.5 ** (21 / 30))
+    index.close()
+
+
+def test_mmr_drops_a_near_duplicate(settings: Settings, write) -> None:
+    from clawmem.config import with_overrides
+    from clawmem.search import run_search
+
+    write("memory/a.md", "# A\nkiwi rollout plan for the staging cluster next week\n")
+    write("memory/b.md", "# B\nkiwi rollout plan for the staging cluster next week\n")
+    write("memory/c.md", "# C\nkiwi budget owner is Dana\n")
+    index = MemoryIndex(settings)
+    index.sync()
+    request = SearchRequest("kiwi rollout plan", mode="bm25", min_score=0.0, max_results=2)
+    plain = run_search(index.reader(), None, request, settings.search).results
+    assert sorted(r.path for r in plain) == ["memory/a.md", "memory/b.md"]
+    diverse = run_search(index.reader(), None, request, with_overrides(settings, search={"mmr_lambda": 0.5}).search)
+    assert [r.path for r in diverse.results] == [plain[0].path, "memory/c.md"]
+    index.close()
