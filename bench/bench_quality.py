@@ -17,6 +17,7 @@ covered by the top k chunks, hit@k, MRR@20; by category and overall.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import math
 import statistics
@@ -34,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from clawmem.config import Settings, load_settings, with_overrides  # noqa: E402
 from clawmem.engine import MemoryIndex  # noqa: E402
-from clawmem.search import SearchRequest  # noqa: E402
+from clawmem.search import SearchRequest, run_search  # noqa: E402
+from clawmem.workspace import file_date  # noqa: E402
 
 MODES = {
     "bm25": {"mode": "bm25"},
@@ -140,10 +142,22 @@ def locomo_workspaces(work: Path) -> Path:
     return out
 
 
-def run_locomo(work: Path, modes: list[str], model: str | None, log: Callable[[str], None]) -> dict[str, Any]:
+def evidence_date(q: dict[str, Any]) -> dt.date | None:
+    """The date of the daily file holding a question's first evidence line (the session it happened in)."""
+    days = sorted(file_date(e["file"]) or "" for e in q["expected"])
+    return dt.date.fromisoformat(days[0]) if days and days[0] else None
+
+
+def run_locomo(work: Path, modes: list[str], model: str | None, log: Callable[[str], None],
+               half_life: float = 0.0, window: int | None = None) -> dict[str, Any]:
+    """`half_life`: recency decay (days) counted from the conversation's last session; `window`: only
+    temporal questions, each searched within +/- `window` days of its evidence's date (an oracle
+    window: how much a right `since`/`before` helps, not how to find one)."""
     root = locomo_workspaces(work)
     questions = [json.loads(line) for line in (root / "qrels.jsonl").open()]
     questions = [q for q in questions if q["expected"]]
+    if window is not None:
+        questions = [q for q in questions if q["category_name"] == "temporal" and evidence_date(q)]
     by_ws: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for q in questions:
         by_ws[q["workspace"]].append(q)
@@ -153,10 +167,21 @@ def run_locomo(work: Path, modes: list[str], model: str | None, log: Callable[[s
         for name, qs in sorted(by_ws.items()):
             index_path = work / f"locomo-{name}-{'bm25' if mode == 'bm25' else 'local'}.sqlite"
             memory = build(root / name, index_path, model, mode, log)
+            search = with_overrides(memory.settings, search={"decay_half_life_days": half_life}).search
+            last_day = max(filter(None, (file_date(p.name) for p in (root / name / "memory").glob("*.md"))))
+            provider = memory.provider if mode != "bm25" else None
             for q in qs:
-                answer = memory.search(SearchRequest(q["question"], max_results=20, min_score=0.0,
-                                                     mode=MODES[mode]["mode"]))
-                hits = answer["results"]  # type: ignore[assignment]
+                bounds: dict[str, str] = {}
+                if window is not None:
+                    day = evidence_date(q)
+                    assert day is not None
+                    bounds = {"since": (day - dt.timedelta(days=window)).isoformat(),
+                              "before": (day + dt.timedelta(days=window + 1)).isoformat()}
+                request = SearchRequest(q["question"], max_results=20, min_score=0.0, mode=MODES[mode]["mode"],
+                                        **bounds)
+                outcome = run_search(memory.reader(), provider, request, search,
+                                     today=dt.date.fromisoformat(last_day))
+                hits = [r.as_dict() for r in outcome.results]
                 expected = {(e["file"], e["line"]) for e in q["expected"]}
 
                 def covered(k: int) -> set[tuple[str, int]]:
@@ -188,6 +213,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/clawmem-quality"))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "quality.json")
     parser.add_argument("--vector-weight", type=float, help="weighted fusion: vector weight (text = 1 - it)")
+    parser.add_argument("--decay", default="0", help="LoCoMo: recency half-lives to compare, days (0: off)")
+    parser.add_argument("--windows", default="", help="LoCoMo temporal questions: +/- days around the evidence")
     args = parser.parse_args()
     if args.vector_weight is not None:
         SEARCH_OVERRIDES.update(vector_weight=args.vector_weight, text_weight=1.0 - args.vector_weight)
@@ -196,10 +223,17 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     modes = args.modes.split(",")
     out: dict[str, Any] = {"model": args.model, "search": SEARCH_OVERRIDES}
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
     for name in args.sets.split(","):
         print(f"{name}:", flush=True)
-        runner = run_scifact if name == "scifact" else run_locomo
-        out[name] = runner(args.work, modes, args.model, lambda msg: print(msg, flush=True))
+        if name == "scifact":
+            out[name] = run_scifact(args.work, modes, args.model, log)
+            continue
+        for half_life in map(float, args.decay.split(",")):
+            key = name if not half_life else f"{name}-decay-{half_life:g}d"
+            out[key] = run_locomo(args.work, modes, args.model, log, half_life=half_life)
+        for window in (int(w) for w in args.windows.split(",") if w):
+            out[f"{name}-temporal-window-{window}d"] = run_locomo(args.work, modes, args.model, log, window=window)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
     print(json.dumps(out, indent=2))
