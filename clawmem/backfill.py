@@ -24,7 +24,7 @@ from clawmem.embeddings.jobs import BatchEmbedder
 from clawmem.errors import ProviderError
 from clawmem.store import JobRow, Store
 
-__all__ = ["JobsReport", "advance", "batch_capable", "covered"]
+__all__ = ["JobsReport", "advance", "batch_capable", "batch_enabled", "covered"]
 
 
 @dataclass
@@ -47,6 +47,14 @@ def batch_capable(provider: EmbeddingProvider | None) -> bool:
     return isinstance(provider, BatchEmbedder)
 
 
+def batch_enabled(provider: EmbeddingProvider | None, settings: BatchSettings) -> bool:
+    """`on`: whenever the provider can; `auto`: only against the vendor's own endpoint (an OpenAI-compatible
+    server seldom has the Files and Batches endpoints, and asking would cost every large backfill a failure)."""
+    if settings.enabled == "off" or not batch_capable(provider):
+        return False
+    return settings.enabled == "on" or bool(getattr(provider, "official_endpoint", False))
+
+
 def covered(store: Store, provider: EmbeddingProvider) -> set[str]:
     """Chunk hashes that running jobs will embed: synchronous passes leave them to the jobs."""
     info = provider.info
@@ -62,7 +70,7 @@ def advance(store: Store, provider: EmbeddingProvider, settings: BatchSettings, 
     pending, and synchronous requests (or the next round) take over.
     """
     report = JobsReport()
-    if not settings.enabled or not batch_capable(provider):
+    if not batch_enabled(provider, settings):
         return report
     jobs_provider: BatchEmbedder = provider  # type: ignore[assignment]
     info = provider.info

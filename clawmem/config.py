@@ -113,7 +113,7 @@ class SearchSettings:
 class BatchSettings:
     """Large backfills as provider batch jobs (OpenAI, Gemini): cheaper, asynchronous, minutes to hours."""
 
-    enabled: bool = True
+    enabled: str = "auto"  # auto: with the vendor's own endpoint (OpenAI, Gemini); on; off
     threshold: int = 5000  # chunks waiting for a vector, not in the cache, before a job is worth it
     wait: bool = True  # `clawmem index` waits for its jobs (the daemon never waits: it polls)
     poll_interval: float = 30.0
@@ -121,6 +121,7 @@ class BatchSettings:
     concurrency: int = 2  # jobs running at once
 
     def validate(self) -> None:
+        _require(self.enabled in ("auto", "on", "off"), "batch.enabled", "must be auto, on or off")
         _require(self.threshold >= 1, "batch.threshold", "must be >= 1")
         _require(self.poll_interval > 0, "batch.poll_interval", "must be > 0")
         _require(self.timeout_minutes > 0, "batch.timeout_minutes", "must be > 0")
@@ -133,12 +134,14 @@ class DaemonSettings:
     max_delay: float = 10.0
     rescan_interval: float = 300.0
     idle_timeout: float = 300.0
+    first_build_wait: float = 30.0  # seconds a query waits for a new index's first keyword pass
 
     def validate(self) -> None:
         _require(self.debounce >= 0, "daemon.debounce", "must be >= 0")
         _require(self.max_delay >= self.debounce, "daemon.max_delay", "must be >= daemon.debounce")
         _require(self.rescan_interval >= 0, "daemon.rescan_interval", "must be >= 0 (0 disables)")
         _require(self.idle_timeout > 0, "daemon.idle_timeout", "must be > 0")
+        _require(self.first_build_wait >= 0, "daemon.first_build_wait", "must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,8 @@ def notes(write: Any, n: int, prefix: str = "note") -> None:
 
 
 def batched(settings: Settings, **batch: Any) -> Settings:
-    return with_overrides(settings, batch={"threshold": 20, "wait": False, "poll_interval": 0.01, **batch})
+    return with_overrides(settings, batch={"enabled": "on", "threshold": 20, "wait": False, "poll_interval": 0.01,
+                                           **batch})
 
 
 def test_below_the_threshold_requests_are_synchronous(settings: Settings, write: Any) -> None:
@@ -211,7 +212,7 @@ def test_clawmem_index_hands_a_backfill_to_openai_batches_and_collects_it(worksp
     config = tmp_path / "clawmem.toml"
     with FakeServer(service) as server:
         config.write_text(f'[embedding]\nprovider = "openai"\nbase_url = "{server.url}/v1"\napi_key = "sk-test"\n'
-                          'dimensions = 8\n[batch]\nthreshold = 20\nwait = false\n')
+                          'dimensions = 8\n[batch]\nenabled = "on"\nthreshold = 20\nwait = false\n')
 
         def clawmem(*args: str) -> subprocess.CompletedProcess[str]:
             env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWMEM_")}
@@ -232,3 +233,17 @@ def test_clawmem_index_hands_a_backfill_to_openai_batches_and_collects_it(worksp
         status = json.loads(clawmem("status", "--json").stdout)
         assert status["batch_jobs"] == 0 and status["pending_embeddings"] == 0 and status["fresh"]
         assert not any(r.path.endswith("/embeddings") for r in server.requests)  # nothing sent synchronously
+
+
+def test_auto_uses_batch_jobs_only_at_the_vendors_own_endpoint(settings: Settings, write: Any) -> None:
+    """An OpenAI-compatible server seldom has batch endpoints: `auto` sends it requests, `on` tries jobs."""
+    from clawmem.backfill import batch_enabled
+    from clawmem.config import EmbeddingSettings
+    from clawmem.embeddings.openai import OpenAIProvider
+
+    compatible = OpenAIProvider(EmbeddingSettings(base_url="http://127.0.0.1:9/v1", api_key="k"), environ={})
+    official = OpenAIProvider(EmbeddingSettings(api_key="k"), environ={})
+    auto, on, off = (with_overrides(settings, batch={"enabled": value}).batch for value in ("auto", "on", "off"))
+    assert not batch_enabled(compatible, auto) and batch_enabled(compatible, on)
+    assert batch_enabled(official, auto) and not batch_enabled(official, off)
+    assert not batch_enabled(FakeProvider(), on)

@@ -73,6 +73,7 @@ class GeminiProvider(RemoteProvider):
         if not api_key:
             raise ProviderError("gemini: no API key (set GEMINI_API_KEY, GOOGLE_API_KEY or embedding.api_key)")
         base_url, api_version = split_base_url(settings.base_url or DEFAULT_BASE_URL)
+        self.official_endpoint = base_url == DEFAULT_BASE_URL  # batch jobs only where Google serves them
         headers = dict(settings.headers)
         model = settings.model or DEFAULT_MODEL
         super().__init__(settings, model=model, endpoint=describe_endpoint(f"{base_url}/{api_version}", headers),

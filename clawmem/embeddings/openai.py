@@ -65,6 +65,7 @@ class OpenAIProvider(RemoteProvider):
             raise ProviderError("openai: no API key (set OPENAI_API_KEY or embedding.api_key)")
         headers = dict(settings.headers)
         model = settings.model or DEFAULT_MODEL
+        self.official_endpoint = base_url == DEFAULT_BASE_URL  # batch jobs: OpenAI has them, compatible servers rarely
         super().__init__(settings, model=model, endpoint=describe_endpoint(base_url, headers), limits=_LIMITS,
                          secrets=[api_key, *secret_values(headers)], sleep=sleep)
         import openai
