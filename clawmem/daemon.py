@@ -139,6 +139,7 @@ class Daemon:
         self.socket_activated = False
         self._lock: InstanceLock | None = None
         self._stopped = threading.Event()
+        self._first_build = threading.Event()
         self._started_at = time.monotonic()
         self._wake_w: int | None = None
         self.reloads = 0
@@ -163,6 +164,8 @@ class Daemon:
             self.embedder.start()
             self.watcher = self._new_watcher(settings)
             self.watcher.start()
+            if self.index.has_been_built():
+                self._first_build.set()
             self.writer.request_sync("startup")
             self.server = RpcServer(self, listener, path=None if self.socket_activated else path,
                                     idle_timeout=settings.daemon.idle_timeout, workers=self._query_workers,
@@ -351,6 +354,8 @@ class Daemon:
 
     def _on_run(self, run: Run) -> None:
         report = run.report
+        if run.kind != "embed":
+            self._first_build.set()  # done or failed: either way waiting longer answers nothing new
         if run.kind != "embed" and run.error is None and not run.cancelled:
             self.embedder.wake()  # the new chunks' vectors
             if report is not None:
@@ -378,17 +383,25 @@ class Daemon:
 
     # -- Backend (what the socket serves) ----------------------------------------------------
 
+    def _await_first_build(self) -> None:
+        """Hold a query while a new index gets its first keyword pass, so the first answer is a real one.
+
+        Socket activation makes this the common case: the first query is what starts the daemon.
+        """
+        if self._first_build.is_set():
+            return
+        bound = self.settings.daemon.first_build_wait
+        if not self._first_build.wait(bound):
+            raise IndexUnavailable(f"the daemon is still building this workspace's first index after {bound:g} s:"
+                                   " try again shortly (`clawmem status` shows progress)")
+
     def search(self, request: SearchRequest) -> dict[str, object]:
-        try:
-            return self.index.search(request)
-        except IndexUnavailable:
-            if not self.index.path.exists() and self.writer.state()["running"] in ("sync", "reindex"):
-                raise IndexUnavailable("the daemon is building this workspace's first index: try again shortly"
-                                       " (`clawmem status` shows progress)") from None
-            raise
+        self._await_first_build()
+        return self.index.search(request)
 
     def get(self, path: str, start: int | None = None, lines: int | None = None,
             max_bytes: int | None = None) -> dict[str, object]:
+        self._await_first_build()
         return self.index.get(path, start, lines, max_bytes)
 
     def status(self) -> dict[str, object]:

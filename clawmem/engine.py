@@ -131,6 +131,10 @@ class MemoryIndex:
                 self._stores.append(store)
         return store
 
+    def has_been_built(self) -> bool:
+        """Whether a sync ever completed into this index: until one has, a new daemon's queries wait."""
+        return self.path.exists() and self.reader().get_meta("last_sync") is not None
+
     def close(self) -> None:
         with self._stores_lock:
             for store in self._stores:

@@ -257,25 +257,62 @@ def test_new_notes_are_keyword_searchable_while_the_provider_is_stuck(workspace:
         assert "memory/urgent.md" in [r["path"] for r in answer["results"]]
 
 
-def test_queries_during_the_first_build_say_so(workspace: Path, dsettings: Settings) -> None:
+def held_first_build(settings: Settings) -> tuple[Any, threading.Event]:
+    """A daemon whose first build stops at its first progress report until the returned gate opens."""
     from clawmem.daemon import Daemon
 
-    (workspace / "MEMORY.md").write_text("# Memory\nThe tapir.\n")
-    daemon = Daemon(dsettings, environ={}, log=RecordingLog())
+    daemon = Daemon(settings, environ={}, log=RecordingLog())
     gate = threading.Event()
     checked = daemon.writer._check_stop
 
-    def held_progress(done: int, total: int) -> None:  # hold the first build until the test has asked
+    def held_progress(done: int, total: int) -> None:
         assert gate.wait(10)
         checked(done, total)
 
     daemon.writer._check_stop = held_progress  # type: ignore[method-assign]
+    return daemon, gate
+
+
+def test_the_first_query_waits_for_the_first_build_and_answers(workspace: Path, dsettings: Settings) -> None:
+    (workspace / "MEMORY.md").write_text("# Memory\nThe tapir.\n")
+    daemon, gate = held_first_build(dsettings)
+    waiting = threading.Event()
+    awaited = daemon._await_first_build
+
+    def noted_wait() -> None:
+        waiting.set()
+        awaited()
+
+    daemon._await_first_build = noted_wait  # type: ignore[method-assign]
+    daemon.start()
+    answers: list[dict[str, Any]] = []
+    try:
+        wait_until(lambda: daemon.writer.state()["running"] == "sync", message="the first build")
+        with client_for(dsettings) as client:
+            asking = threading.Thread(target=lambda: answers.append(client.search(SearchRequest("tapir", mode="bm25"))))
+            asking.start()
+            assert waiting.wait(BOUND)
+            assert not answers
+            gate.set()
+            asking.join(BOUND)
+        assert [r["path"] for r in answers[0]["results"]] == ["MEMORY.md"]
+    finally:
+        gate.set()
+        daemon.stop()
+
+
+def test_a_first_build_past_its_bound_is_an_error_that_does_not_advise_indexing(workspace: Path, tmp_path: Path,
+                                                                               sock_dir: Path) -> None:
+    (workspace / "MEMORY.md").write_text("# Memory\nThe tapir.\n")
+    settings = daemon_settings(workspace, tmp_path, sock_dir, **{"daemon.first_build_wait": 0.2})
+    daemon, gate = held_first_build(settings)
     daemon.start()
     try:
-        with client_for(dsettings) as client:
+        with client_for(settings) as client:
             wait_until(lambda: daemon.writer.state()["running"] == "sync", message="the first build")
-            with pytest.raises(IndexUnavailable, match="building this workspace's first index"):
+            with pytest.raises(IndexUnavailable, match="still building this workspace's first index") as refused:
                 client.search(SearchRequest("tapir"))
+            assert "clawmem index" not in str(refused.value)
             gate.set()
             wait_until(lambda: finds(client, "tapir", "MEMORY.md"), message="the built index")
     finally:
