@@ -1,0 +1,115 @@
+"""The README's examples, run as written, so they cannot rot.
+
+Every fenced block tagged `sh`, `python` or `js` is an example a user will copy: each runs in a
+shell as that user would have it after the README's set-up (`clawmem` on PATH, a home with the
+starter workspace in `~/agent` indexed and its daemon serving on the default socket), with the
+workspace as the current directory. Indented blocks are synopses and commands that change the
+system (installing, systemd); fenced `toml` blocks are configuration, loaded by the real loader.
+Keyword-only (`CLAWMEM_PROVIDER=none`), so no example waits for a model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from daemon_helpers import short_dir, stop_process, wait_listening
+
+from clawmem.config import load_settings
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+RUNNERS = {"sh": ["bash", "-euo", "pipefail", "-c"], "python": [sys.executable, "-c"], "js": ["node", "--input-type=module", "-e"]}
+FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+EXAMPLE_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class Example:
+    language: str
+    code: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.language}@L{self.line}"
+
+
+def examples(*languages: str) -> list[Example]:
+    text = README.read_text(encoding="utf-8")
+    return [Example(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1)
+            for m in FENCE.finditer(text) if m.group(1) in languages]
+
+
+@dataclass(frozen=True)
+class Home:
+    env: dict[str, str]
+    workspace: Path
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Home]:
+    """A user's home after the README's set-up, with the starter workspace served by its daemon."""
+    root = tmp_path_factory.mktemp("readme")
+    runtime = next(short_dir())
+    bin_dir = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWMEM_") and k not in ("VIRTUAL_ENV",)}
+    env.update(HOME=str(root / "home"), XDG_CACHE_HOME=str(root / "home" / ".cache"),
+               XDG_CONFIG_HOME=str(root / "home" / ".config"), XDG_RUNTIME_DIR=str(runtime),
+               PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", CLAWMEM_PROVIDER="none", NO_COLOR="1")
+    workspace = root / "home" / "agent"
+    subprocess.run(["clawmem", "init", str(workspace)], env=env, check=True, capture_output=True)
+    subprocess.run(["clawmem", "index"], env=env, cwd=workspace, check=True, capture_output=True)
+    status = subprocess.run(["clawmem", "status", "--json"], env=env, cwd=workspace, check=True, capture_output=True)
+    socket_path = Path(json.loads(status.stdout)["socket"])
+    log = (root / "serve.log").open("wb")
+    daemon = subprocess.Popen(["clawmem", "serve"], env=env, cwd=workspace, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        wait_listening(socket_path, daemon)
+        yield Home(env, workspace)
+    finally:
+        stop_process(daemon)
+        log.close()
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def run(example: Example, home: Home) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*RUNNERS[example.language], example.code], env=home.env, cwd=home.workspace,
+                          capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT)
+
+
+@pytest.mark.parametrize("example", examples("sh", "python", "js"), ids=str)
+def test_the_example_runs_as_written(example: Example, home: Home) -> None:
+    tools = {"js": "node"}.get(example.language), *re.findall(r"\bsocat\b", example.code)
+    missing = [tool for tool in tools if tool is not None and shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"not installed here: {', '.join(missing)} (optional for users; CI installs them)")
+    done = run(example, home)
+    assert done.returncode == 0, f"README line {example.line} failed:\n{done.stdout}\n{done.stderr}"
+    assert done.stdout.strip(), f"README line {example.line} printed nothing"
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("example", examples("toml"), ids=str)
+def test_the_configuration_example_loads(example: Example, tmp_path: Path) -> None:
+    tomllib.loads(example.code)
+    (tmp_path / "clawmem.toml").write_text(example.code, encoding="utf-8")
+    load_settings(workspace=tmp_path, environ={})
+
+
+def test_the_readme_has_examples_in_each_language() -> None:
+    found = {e.language for e in examples("sh", "python", "js", "toml")}
+    assert found == {"sh", "python", "js", "toml"}
+
+
+def test_a_failing_example_fails(home: Home) -> None:
+    """The harness itself: an example that errors must not pass for printing something."""
+    broken = Example("sh", "clawmem get ../outside.md\n", 0)
+    assert run(broken, home).returncode != 0
