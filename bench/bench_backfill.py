@@ -10,7 +10,10 @@ clawmem's cost, not the server's. Measured in process, with the real `openai` SD
 
 - the keyword index of `--notes` generated notes (provider none), for scale;
 - the hybrid index of the same notes (OpenAI provider, `--dims` dimensions), cold;
-- `reindex` of `--reindex-notes` notes whose every vector is already in the embedding cache.
+- `reindex` of `--reindex-notes` notes whose every vector is already in the embedding cache
+  (every file read and chunked again), and that workspace's keyword index, for scale;
+- a switch to another model and back: the rebuild back finds every vector in the cache and
+  carries the chunks over from the index it replaces (no file read again).
 """
 
 from __future__ import annotations
@@ -111,6 +114,11 @@ def main() -> None:
             big = generate(root / "big", args.reindex_notes, seed=11)
             results["reindex_cold_index"] = timed_sync(big, root / "big.sqlite", openai)
             results["reindex_from_cache"] = timed_sync(big, root / "big.sqlite", openai, reindex=True)
+            results["reindex_keyword_index"] = timed_sync(big, root / "big-keyword.sqlite",
+                                                          {"embedding.provider": "none"})
+            other = {**openai, "embedding.model": "bench-other"}
+            results["switch_to_other_model"] = timed_sync(big, root / "big.sqlite", other)
+            results["switch_back_from_cache"] = timed_sync(big, root / "big.sqlite", openai)
     finally:
         server.terminate()
     args.out.parent.mkdir(parents=True, exist_ok=True)

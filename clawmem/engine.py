@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import apsw
+
 from clawmem import __version__
 from clawmem.backfill import advance, covered
 from clawmem.config import Settings, check_workspace
@@ -44,6 +46,7 @@ from clawmem.store import SCHEMA_VERSION, Store, make_private_dirs, make_private
 from clawmem.sync import Progress, SyncReport, embed_pending, sync_workspace
 from clawmem.timefmt import iso_time, seconds
 from clawmem.files import GET_MAX_BYTES, read_window
+from clawmem.keywords import index_text
 from clawmem.workspace import open_memory_file, scan
 
 __all__ = ["MemoryIndex"]
@@ -245,7 +248,7 @@ class MemoryIndex:
                 return sync_workspace(store, self.settings, progress=progress, paths=paths)
             finally:
                 store.close()
-        report = self._rebuild(fingerprint, progress, store)
+        report = self._rebuild(fingerprint, progress, store, carry_chunks=True)
         live = self._open_live()
         assert live is not None
         try:
@@ -285,9 +288,16 @@ class MemoryIndex:
         except IndexCorrupt:
             return None
 
-    def _rebuild(self, fingerprint: str, progress: Progress | None, replacing: Store | None) -> SyncReport:
-        """Build a new index privately (keyword rows, and the vectors the cache has) and swap it in."""
+    def _rebuild(self, fingerprint: str, progress: Progress | None, replacing: Store | None, *,
+                 carry_chunks: bool = False) -> SyncReport:
+        """Build a new index privately (keyword rows, and the vectors the cache has) and swap it in.
+
+        With `carry_chunks` (a new provider or model, not `reindex`), the old index's chunks are
+        copied when it was chunked the same way, and only files changed since are read again.
+        """
+        carry = False
         if replacing is not None:
+            carry = carry_chunks and _same_chunking(replacing.get_meta("fingerprint"), fingerprint)
             replacing.close()
         started = time.perf_counter()
         tmp = self.path.with_name(f"{self.path.name}.rebuild-{os.getpid()}")
@@ -295,11 +305,17 @@ class MemoryIndex:
         try:
             fresh = Store(tmp, fast_unsafe=True)
             try:
+                carried = 0
                 if self.path.exists():
                     with contextlib.suppress(Exception):
                         fresh.copy_cache_from(self.path)
+                    if carry:
+                        with contextlib.suppress(apsw.Error):  # rolled back: every file is read instead
+                            carried = fresh.copy_chunks_from(self.path, index_text)
                 fresh.set_meta("fingerprint", fingerprint)
                 report = sync_workspace(fresh, self.settings, progress=progress, bulk=True)
+                if carried:  # the sync counted only the carried chunks it reused within changed files
+                    report.chunks_kept = carried - report.chunks_removed
                 if self.provider is not None:
                     report.embedded, _ = embed_pending(fresh, self.provider, cache_only=True, cache_max_entries=0)
                 self._swap_in(fresh)
@@ -504,3 +520,15 @@ class MemoryIndex:
 
 def _has_vectors(store: Store) -> bool:
     return '"provider": "none"' not in (store.get_meta("fingerprint") or '"provider": "none"')
+
+
+_CHUNKING_KEYS = ("schema", "keywords", "tokenizer", "chunk_tokens", "chunk_overlap")
+
+
+def _same_chunking(old: str | None, new: str) -> bool:
+    """Whether two fingerprints chunk and tokenize files identically (their providers may differ)."""
+    try:
+        before, after = json.loads(old or "{}"), json.loads(new)
+    except ValueError:
+        return False
+    return all(k in before and before[k] == after.get(k) for k in _CHUNKING_KEYS)

@@ -81,11 +81,38 @@ def test_switching_models_rebuilds_and_switching_back_embeds_nothing(settings: S
     MemoryIndex(settings, provider=a).sync()
     assert a.documents_embedded == 5
     report = MemoryIndex(settings, provider=b).sync()
-    assert b.documents_embedded == 5 and report.added == 5
+    assert b.documents_embedded == 5 and report.chunks_kept == 5
     again = FakeProvider(model="fake-a")
     MemoryIndex(settings, provider=again).sync()
     assert again.documents_embedded == 0
     assert '"model": "fake-a"' in (MemoryIndex(settings, provider=again).reader().get_meta("fingerprint") or "")
+
+
+def test_a_new_model_carries_the_chunks_over_and_reads_only_changed_files(settings: Settings, write) -> None:
+    notes(write)
+    MemoryIndex(settings, provider=FakeProvider(model="fake-a")).sync()
+    edited = write("memory/n3.md", "# Note 3\nthe greenhouse roof was replaced\n")
+    switched = MemoryIndex(settings, provider=FakeProvider(model="fake-b"))
+    report = switched.sync()
+    assert report.bytes_read == edited.stat().st_size  # the other four files were not read again
+    assert (report.chunks_kept, report.updated + report.added) == (4, 1)
+    assert switched.reader().pending_embeddings() == 0
+    found = switched.search(SearchRequest("greenhouse", mode="bm25", min_score=0.0, max_results=10))
+    assert sorted(r["path"] for r in found["results"]) == [f"memory/n{i}.md" for i in range(5)]  # type: ignore[index]
+    roof = switched.search(SearchRequest("roof", mode="bm25", min_score=0.0))
+    assert [r["path"] for r in roof["results"]] == ["memory/n3.md"]  # type: ignore[index]
+
+
+def test_reindex_and_new_chunking_settings_read_every_file_again(settings: Settings, write, workspace: Path,
+                                                                 tmp_path: Path) -> None:
+    notes(write)
+    total = sum(p.stat().st_size for p in (workspace / "memory").glob("*.md"))
+    index = MemoryIndex(settings, provider=FakeProvider(model="fake-a"))
+    index.sync()
+    assert index.reindex().bytes_read == total
+    rechunked = load_settings(workspace=workspace, overrides={"index": str(settings.index_path),
+                                                               "embedding.provider": "none", "chunking.tokens": 200})
+    assert MemoryIndex(rechunked, provider=FakeProvider(model="fake-a")).sync().bytes_read == total
 
 
 class ZeroProvider:
