@@ -46,7 +46,6 @@ from clawmem.store import SCHEMA_VERSION, Store, make_private_dirs, make_private
 from clawmem.sync import Progress, SyncReport, embed_pending, sync_workspace
 from clawmem.timefmt import iso_time, seconds
 from clawmem.files import GET_MAX_BYTES, read_window
-from clawmem.keywords import index_text
 from clawmem.workspace import open_memory_file, scan
 
 __all__ = ["MemoryIndex"]
@@ -248,7 +247,12 @@ class MemoryIndex:
                 return sync_workspace(store, self.settings, progress=progress, paths=paths)
             finally:
                 store.close()
-        report = self._rebuild(fingerprint, progress, store, carry_chunks=True)
+        if store is not None and _same_chunking(store.get_meta("fingerprint"), fingerprint):
+            try:
+                return self._switch_vectors(fingerprint, store, progress)
+            except apsw.Error:
+                pass  # rolled back (a schema-1 vector table, say): rebuild from the files instead
+        report = self._rebuild(fingerprint, progress, store)
         live = self._open_live()
         assert live is not None
         try:
@@ -288,16 +292,28 @@ class MemoryIndex:
         except IndexCorrupt:
             return None
 
-    def _rebuild(self, fingerprint: str, progress: Progress | None, replacing: Store | None, *,
-                 carry_chunks: bool = False) -> SyncReport:
-        """Build a new index privately (keyword rows, and the vectors the cache has) and swap it in.
+    def _switch_vectors(self, fingerprint: str, store: Store, progress: Progress | None) -> SyncReport:
+        """A new provider or model over the same chunks: new vectors (from the cache) in place, in one transaction.
 
-        With `carry_chunks` (a new provider or model, not `reindex`), the old index's chunks are
-        copied when it was chunked the same way, and only files changed since are read again.
+        Readers see the old index until the commit and the new one after it, never a mix; only
+        files changed since the last sync are read. Re-chunking every file and copying the whole
+        index (embedding cache included) is most of what a rebuild costs.
         """
-        carry = False
+        try:
+            with store.transaction():
+                chunks = store.reset_vectors()
+                store.set_meta("fingerprint", fingerprint)
+                report = sync_workspace(store, self.settings, progress=progress)
+                if self.provider is not None:
+                    report.embedded, _ = embed_pending(store, self.provider, cache_only=True, cache_max_entries=0)
+        finally:
+            store.close()
+        report.chunks_kept = chunks - report.chunks_removed
+        return report
+
+    def _rebuild(self, fingerprint: str, progress: Progress | None, replacing: Store | None) -> SyncReport:
+        """Build a new index privately (keyword rows, and the vectors the cache has) and swap it in."""
         if replacing is not None:
-            carry = carry_chunks and _same_chunking(replacing.get_meta("fingerprint"), fingerprint)
             replacing.close()
         started = time.perf_counter()
         tmp = self.path.with_name(f"{self.path.name}.rebuild-{os.getpid()}")
@@ -305,17 +321,11 @@ class MemoryIndex:
         try:
             fresh = Store(tmp, fast_unsafe=True)
             try:
-                carried = 0
                 if self.path.exists():
                     with contextlib.suppress(Exception):
                         fresh.copy_cache_from(self.path)
-                    if carry:
-                        with contextlib.suppress(apsw.Error):  # rolled back: every file is read instead
-                            carried = fresh.copy_chunks_from(self.path, index_text)
                 fresh.set_meta("fingerprint", fingerprint)
                 report = sync_workspace(fresh, self.settings, progress=progress, bulk=True)
-                if carried:  # the sync counted only the carried chunks it reused within changed files
-                    report.chunks_kept = carried - report.chunks_removed
                 if self.provider is not None:
                     report.embedded, _ = embed_pending(fresh, self.provider, cache_only=True, cache_max_entries=0)
                 self._swap_in(fresh)

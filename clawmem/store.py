@@ -15,7 +15,7 @@ import os
 import stat
 import time
 from array import array
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -673,29 +673,17 @@ class Store:
         finally:
             self.conn.execute("DETACH DATABASE old")
 
-    def copy_chunks_from(self, other: Path, fts_text: Callable[[str], str]) -> int:
-        """Carry another index's files and chunks over, their vectors left to find (returns the chunks copied).
+    def reset_vectors(self) -> int:
+        """Forget every vector (a new model's go in their place); returns the chunks now waiting for one.
 
-        Only for an index chunked exactly as this one: a chunk is then a function of its file's
-        bytes, and a sync after the copy re-reads every file whose stat differs, as any incremental
-        sync does. Re-chunking thousands of unchanged files is most of a rebuild's time.
+        Only inside a transaction that also stores the new fingerprint: readers keep the old
+        vectors until it commits. A schema-1 vec0 table cannot be dropped without sqlite-vec: apsw.Error.
         """
-        self.conn.create_scalar_function("clawmem_fts_text", fts_text, 1, deterministic=True)
-        self.conn.execute("ATTACH DATABASE ? AS old", (str(other),))
-        try:
-            with self.transaction():
-                self.conn.execute(
-                    "INSERT INTO files(path, source, hash, mtime, size, state, indexed_at)"
-                    " SELECT path, source, hash, mtime, size, state, indexed_at FROM old.files")
-                self.conn.execute(
-                    "INSERT INTO chunks(seq, id, path, source, start_line, end_line, hash, text, date, updated_at)"
-                    " SELECT seq, id, path, source, start_line, end_line, hash, text, date, updated_at FROM old.chunks")
-                self.conn.execute(
-                    "INSERT INTO chunks_fts(rowid, text, id, path, source, model, start_line, end_line)"
-                    " SELECT seq, clawmem_fts_text(text), id, path, source, '', start_line, end_line FROM chunks")
-                return int(self.conn.execute("SELECT count(*) FROM chunks").fetchone()[0])
-        finally:
-            self.conn.execute("DETACH DATABASE old")
+        self.conn.execute("DROP TABLE IF EXISTS chunks_vec_bits")
+        self.conn.execute("DROP TABLE IF EXISTS chunks_vec")
+        self.conn.execute("DELETE FROM meta WHERE key IN ('vector_dims', 'vector_partitions', ?)", (_BITS_STALE,))
+        self.conn.execute("UPDATE chunks SET embedded = 0, model = ''")
+        return self.conn.changes()
 
     # -- batch jobs ---------------------------------------------------------------------------
 
