@@ -64,9 +64,15 @@ class Refusal:
     missing: bool = False
 
     def error(self) -> PathError:
-        exc = PathError(f"{self.reason}: {self.path!r}")
+        exc = PathError(f"{self.reason}: {shown(self.path)}")
         exc.refusal = self  # type: ignore[attr-defined]
         return exc
+
+
+def shown(path: str) -> str:
+    """A path quoted for a message as the user would type it: a `\\xHH` key keeps its one backslash
+    (repr would double it), and only characters that cannot be printed are escaped."""
+    return "'" + "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in path) + "'"
 
 
 def refused(path: str, reason: str, *, missing: bool = False) -> PathError:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 from clawmem.errors import PathError
-from clawmem.files import OpenFile, describe_mode, open_beneath, path_key, refusal_of, unescape_key
+from clawmem.files import OpenFile, describe_mode, open_beneath, path_key, refusal_of, shown, unescape_key
 
 __all__ = [
     "MemoryFile",
@@ -172,15 +172,15 @@ def memory_key(requested: str, extra_paths: Sequence[str] = (), exclude: Sequenc
         raise PathError("path must be a non-empty workspace-relative path")
     key = path_key(requested)
     if key.startswith(("/", "\\", "~")) or os.path.isabs(key):
-        raise PathError(f"absolute paths are refused: {key!r} (give a path relative to the workspace)")
+        raise PathError(f"absolute paths are refused: {shown(key)} (give a path relative to the workspace)")
     parts = PurePosixPath(key).parts
     if ".." in parts:
-        raise PathError(f"'..' is refused in paths: {key!r}")
+        raise PathError(f"'..' is refused in paths: {shown(key)}")
     key = "/".join(parts)
     if not is_memory_path(key, extra_paths):
-        raise PathError(f"not a memory file: {key!r} (only MEMORY.md and memory/**/*.md are readable)")
+        raise PathError(f"not a memory file: {shown(key)} (only MEMORY.md and memory/**/*.md are readable)")
     if excluded(key, exclude):
-        raise PathError(f"not a memory file: {key!r} is left out by the `exclude` setting")
+        raise PathError(f"not a memory file: {shown(key)} is left out by the `exclude` setting")
     return key
 
 

@@ -16,7 +16,7 @@ from clawmem.chunking import split_lines
 from clawmem.config import Settings, load_settings
 from clawmem.engine import MemoryIndex
 from clawmem.errors import PathError, QueryError
-from clawmem.files import GET_MAX_BYTES, open_beneath, path_key, read_window, refusal_of, unescape_key
+from clawmem.files import GET_MAX_BYTES, open_beneath, path_key, read_window, refusal_of, refused, unescape_key
 
 
 def byte_file(directory: Path, name: bytes, content: bytes) -> None:
@@ -249,3 +249,8 @@ def test_get_refuses_fifos_and_hard_links_when_told(tmp_path: Path, workspace: P
     for path in ("memory/a.md", "memory/b.md"):
         with pytest.raises(PathError, match="hard-linked"):
             strict.get(path)
+
+
+def test_a_refused_path_is_shown_as_typed_with_unprintable_characters_escaped() -> None:
+    assert str(refused("memory/b\\xff.md", "no such memory file")) == "no such memory file: 'memory/b\\xff.md'"
+    assert str(refused("memory/a\nb.md", "no such memory file")) == "no such memory file: 'memory/a\\nb.md'"
