@@ -12,12 +12,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from clawmem import __version__
 from clawmem.errors import ClawmemError
+
+if TYPE_CHECKING:
+    from clawmem.api import Client
 
 __all__ = ["main"]
 
@@ -43,62 +46,22 @@ class Context:
 
         return MemoryIndex(self.settings(**overrides))
 
-    def backend(self) -> Backend:
-        """Where queries go: the running daemon when its socket answers, else the index in-process."""
-        backend = Backend(self.settings(), self.daemon)
+    def client(self) -> Client:
+        """Where queries go: a clawmem.api.Client (the daemon when its socket answers, else the index read-only)."""
+        from clawmem.api import Client
+
+        client = Client(self.flags["workspace"], config=self.flags["config"], socket=self.flags["socket"],
+                        index=self.flags["index"], provider=self.flags["embedding.provider"])
         click_context = click.get_current_context(silent=True)
         if click_context is not None:
-            click_context.call_on_close(backend.close)
-        return backend
+            click_context.call_on_close(client.close)
+        return client
 
     def daemon(self, settings: Any = None) -> Any:
         """A connected DaemonClient when a daemon listens on this workspace's socket, else None."""
         from clawmem.client import find_daemon
 
         return find_daemon(settings if settings is not None else self.settings())
-
-
-class Backend:
-    """search/get/status from the daemon when it answers, else from the index in-process.
-
-    A daemon that turns the client away (every connection busy) or stops answering is not an
-    error for a query: the index file is readable by anyone the daemon serves, so the query is
-    answered in-process instead.
-    """
-
-    def __init__(self, settings: Any, find_daemon: Callable[[Any], Any]) -> None:
-        self.settings = settings
-        self._daemon = find_daemon(settings)
-        self._local: Any = None
-
-    def _call(self, method: str, *args: Any) -> Any:
-        from clawmem.errors import DaemonUnreachable, ServerBusy
-
-        if self._daemon is not None:
-            try:
-                return getattr(self._daemon, method)(*args)
-            except (DaemonUnreachable, ServerBusy):
-                self._daemon.close()
-                self._daemon = None
-        if self._local is None:
-            from clawmem.engine import MemoryIndex
-
-            self._local = MemoryIndex(self.settings)
-        return getattr(self._local, method)(*args)
-
-    def search(self, request: Any) -> Any:
-        return self._call("search", request)
-
-    def get(self, path: str, start: int | None, lines: int | None, max_bytes: int | None = None) -> Any:
-        return self._call("get", path, start, lines, max_bytes)
-
-    def status(self) -> Any:
-        return self._call("status")
-
-    def close(self) -> None:
-        for part in (self._daemon, self._local):
-            if part is not None:
-                part.close()
 
 
 def _argument(value: str) -> str:
@@ -278,11 +241,9 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
     ctx = _ctx(kwargs)
 
     def action() -> None:
-        from clawmem.search import SearchRequest
-
-        request = SearchRequest(" ".join(map(_argument, query)), max_results, min_score, mode,
-                                _argument(path_prefix) if path_prefix is not None else None, source, since, before)
-        answer = ctx.backend().search(request)
+        answer = ctx.client().search(" ".join(map(_argument, query)), max_results=max_results, min_score=min_score,
+                                     mode=mode, path_prefix=_argument(path_prefix) if path_prefix is not None else None,
+                                     source=source, since=since, before=before)
         if as_json:
             click.echo(json.dumps(answer, ensure_ascii=False))
             return
@@ -313,10 +274,10 @@ def get(path: str, start: int | None, lines: int | None, **kwargs: Any) -> None:
     def action() -> None:
         from clawmem.files import path_key
 
-        backend, key = ctx.backend(), path_key(path)
+        client, key = ctx.client(), path_key(path)
         first, left = start or 1, lines
         while True:  # a large file comes in bounded pieces: print each, ask for the next
-            answer = backend.get(key, first, left)
+            answer = client.get(key, start=first, lines=left)
             text = str(answer["text"])
             if answer.get("lines"):
                 click.echo(text)
@@ -333,13 +294,56 @@ def get(path: str, start: int | None, lines: int | None, **kwargs: Any) -> None:
 
 @cli.command()
 @_global_options
+@click.argument("query", nargs=-1, required=True)
+@click.option("--budget", type=click.IntRange(min=0), metavar="TOKENS",
+              help="Most tokens the block may take (tiktoken, the index's tokenizer) [default 1500:"
+                   " search.context_budget].")
+@click.option("--json", "as_json", is_flag=True, help="Print the socket API's context object as JSON.")
+@click.option("-n", "--max-results", type=click.IntRange(1, 1000), help="How many search results to draw on.")
+@click.option("--mode", type=click.Choice(["hybrid", "bm25", "vector"]), help="Ranking mode (default hybrid).")
+@click.option("--min-score", type=click.FloatRange(0.0, 1.0), help="Leave out results scoring below this.")
+@click.option("--path-prefix", metavar="PREFIX", help="Only files whose path starts with PREFIX.")
+@click.option("--since", metavar="DATE", help="Only chunks dated on or after DATE (YYYY-MM-DD).")
+@click.option("--before", metavar="DATE", help="Only chunks dated before DATE (YYYY-MM-DD).")
+def context(query: tuple[str, ...], budget: int | None, as_json: bool, max_results: int | None, mode: str | None,
+            min_score: float | None, path_prefix: str | None, since: str | None, before: str | None,
+            **kwargs: Any) -> None:
+    """Print the memory block for a prompt: the best lines for QUERY, grouped by file, within a token budget.
+
+    Each range is labelled `### PATH#LSTART-LEND`; whole lines only. Nothing is printed (and a note
+    goes to stderr) when nothing matches or nothing fits.
+    """
+    ctx = _ctx(kwargs)
+
+    def action() -> None:
+        answer = ctx.client().context(" ".join(map(_argument, query)), budget=budget, max_results=max_results,
+                                      min_score=min_score, mode=mode,
+                                      path_prefix=_argument(path_prefix) if path_prefix is not None else None,
+                                      since=since, before=before)
+        if as_json:
+            click.echo(json.dumps(answer, ensure_ascii=False))
+            return
+        if answer.get("warning"):
+            click.echo(f"clawmem: note: {answer['warning']}", err=True)
+        if answer["text"]:
+            click.echo(answer["text"])
+        elif answer["hits"]:
+            click.echo(f"nothing fits in {answer['budget']} tokens", err=True)
+        else:
+            click.echo("no results", err=True)
+
+    _run(action)
+
+
+@cli.command()
+@_global_options
 @click.option("--json", "as_json", is_flag=True, help="Print the status object as JSON.")
 def status(as_json: bool, **kwargs: Any) -> None:
     """Show what is indexed, with which model, and how fresh it is."""
     ctx = _ctx(kwargs)
 
     def action() -> None:
-        data = ctx.backend().status()
+        data = ctx.client().status()
         if as_json:
             click.echo(json.dumps(data, ensure_ascii=False))
             return
@@ -414,6 +418,29 @@ def serve(log_level: str | None, **kwargs: Any) -> None:
             return ctx.settings(log_level=log_level)
 
         sys.exit(run_daemon(load(), reload_settings=load))
+
+    _run(action)
+
+
+@cli.command()
+@_global_options
+@click.option("--http", "http", is_flag=True, help="Serve Streamable HTTP on 127.0.0.1 instead of stdio.")
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Port for --http (0: pick a free one; the URL is printed on stderr).")
+def mcp(http: bool, port: int, **kwargs: Any) -> None:
+    """Serve the memory tools to agent hosts over MCP: memory_search, memory_get, memory_status, memory_context.
+
+    stdio by default (what hosts such as Claude Desktop, Claude Code or Cursor launch). Queries go to
+    the workspace's daemon when it answers, else to the index file, read-only. Needs the MCP SDK:
+    pip install 'clawmem[mcp]'.
+    """
+    ctx = _ctx(kwargs)
+
+    def action() -> None:
+        from clawmem.mcp_server import require_sdk, serve
+
+        require_sdk()
+        sys.exit(serve(ctx.client(), http=http, port=port))
 
     _run(action)
 

@@ -164,6 +164,17 @@ class DaemonClient:
         result: dict[str, Any] = self.call("status", timeout=self.timeout)
         return result
 
+    def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"query": request.query}
+        for name in ("max_results", "min_score", "mode", "path_prefix", "source", "since", "before"):
+            value = getattr(request, name)
+            if value is not None:
+                params[name] = value
+        if budget is not None:
+            params["budget"] = budget
+        result: dict[str, Any] = self.call("context", params, timeout=self.timeout)
+        return result
+
     def sync(self, wait: bool = False) -> dict[str, Any]:
         result: dict[str, Any] = self.call("sync", {"wait": wait}, timeout=None if wait else self.timeout)
         return result

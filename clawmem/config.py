@@ -32,6 +32,7 @@ PROVIDERS = ("auto", "openai", "gemini", "voyage", "local", "none")
 SEARCH_MODES = ("hybrid", "bm25", "vector")
 FUSIONS = ("weighted", "rrf")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_CONTEXT_BUDGET = 100_000  # tokens of a `context` block: 250 chunks of 400
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class SearchSettings:
     query_timeout: float = 2.0  # seconds a search waits for its query vector before answering keyword-only
     decay_half_life_days: float = 0.0  # 0: off; else dated chunks lose half their score every so many days
     mmr_lambda: float = 0.0  # 0: off; else relevance vs diversity (1.0: relevance only)
+    context_budget: int = 1500  # tokens of a `context` block (about 4 chunks): a prompt's share for memory
 
     def validate(self) -> None:
         _require(self.mode in SEARCH_MODES, "search.mode", f"must be one of {', '.join(SEARCH_MODES)}")
@@ -107,6 +109,8 @@ class SearchSettings:
         _require(0 < self.query_timeout <= 600, "search.query_timeout", "must be > 0 and <= 600 seconds")
         _require(self.decay_half_life_days >= 0, "search.decay_half_life_days", "must be >= 0 (0 turns decay off)")
         _require(0.0 <= self.mmr_lambda <= 1.0, "search.mmr_lambda", "must be between 0 (off) and 1")
+        _require(0 <= self.context_budget <= MAX_CONTEXT_BUDGET, "search.context_budget",
+                 f"must be between 0 and {MAX_CONTEXT_BUDGET} tokens")
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,7 @@ ENV_KEYS: dict[str, str] = {
     "CLAWMEM_LOCAL_MODEL": "embedding.local_model",
     "CLAWMEM_FALLBACK": "embedding.fallback",
     "CLAWMEM_LOG_LEVEL": "log_level",
+    "CLAWMEM_SOURCES": "sources",  # "memory,sessions"
 }
 
 
@@ -368,6 +373,9 @@ def _coerce(key: str, value: Any, ftype: Any) -> Any:
                 raise ValueError(value)
             return dict(value)
         if "tuple" in t:
+            if key == "sources" and isinstance(value, str):
+                parts = value.replace(os.pathsep, ",").split(",")
+                return tuple(part.strip().lower() for part in parts if part.strip())
             items = value.split(os.pathsep) if isinstance(value, str) else value
             if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
                 raise ValueError(value)

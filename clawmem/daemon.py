@@ -109,7 +109,7 @@ def _read_holder(fd: int) -> tuple[int | None, str]:
 
 
 class Daemon:
-    """The running service: also the socket's Backend (search/get/status/sync/reindex)."""
+    """The running service: also the socket's Backend (search/get/status/context/sync/reindex)."""
 
     def __init__(self, settings: Settings, *, reload_settings: Callable[[], Settings] | None = None,
                  provider: EmbeddingProvider | None = _UNSET, notifier: Notifier | None = None,
@@ -303,7 +303,8 @@ class Daemon:
         self.settings = kept
         if self.server is not None:
             self.server.idle_timeout = kept.daemon.idle_timeout
-        if kept.daemon != old.daemon or kept.extra_paths != old.extra_paths:
+        if (kept.daemon, kept.extra_paths, kept.sources, kept.sessions_dir) != (
+                old.daemon, old.extra_paths, old.sources, old.sessions_dir):
             if self.watcher is not None:
                 self.watcher.stop()
             self.watcher = self._new_watcher(kept)
@@ -350,7 +351,8 @@ class Daemon:
         return WorkspaceWatcher(settings.workspace, self.writer.request_sync, extra_paths=settings.extra_paths,
                                 debounce=d.debounce, max_delay=d.max_delay, rescan_interval=d.rescan_interval,
                                 observer_factory=self._observer_factory, polling_factory=self._polling_factory,
-                                log=self.log)
+                                log=self.log,
+                                sessions=settings.sessions_dir if "sessions" in settings.sources else None)
 
     def _on_run(self, run: Run) -> None:
         report = run.report
@@ -398,6 +400,10 @@ class Daemon:
     def search(self, request: SearchRequest) -> dict[str, object]:
         self._await_first_build()
         return self.index.search(request)
+
+    def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, object]:
+        self._await_first_build()
+        return self.index.context(request, budget)
 
     def get(self, path: str, start: int | None = None, lines: int | None = None,
             max_bytes: int | None = None) -> dict[str, object]:

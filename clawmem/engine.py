@@ -24,6 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,26 +32,28 @@ import apsw
 
 from clawmem import __version__
 from clawmem.backfill import advance, covered
-from clawmem.config import Settings, check_workspace
+from clawmem.config import MAX_CONTEXT_BUDGET, Settings, check_workspace
 from clawmem.embeddings.base import EmbeddingProvider
 from clawmem.errors import (
     ClawmemError,
     IndexBusy,
     IndexCorrupt,
     IndexUnavailable,
+    PathError,
     ProviderError,
     QueryError,
 )
 from clawmem.search import SearchRequest, run_search
 from clawmem.store import SCHEMA_VERSION, Store, make_private_dirs, make_private_file
-from clawmem.sync import Progress, SyncReport, embed_pending, sync_workspace
+from clawmem.sync import Progress, SyncReport, embed_pending, source_scope, sync_workspace
 from clawmem.timefmt import iso_time, seconds
-from clawmem.files import GET_MAX_BYTES, read_window
+from clawmem.files import GET_MAX_BYTES, Window, read_window
 from clawmem.workspace import open_memory_file, scan
 
 __all__ = ["MemoryIndex"]
 
 KEYWORD_FORMAT = "porter-unicode61+cjk-1+dates"  # chunks carry their daily file's date
+CONTEXT_READ_BYTES = 1 << 20  # at least this much of each range of hit lines is read for `context`
 _UNRESOLVED: Any = object()
 _REPORTED_PROBLEMS = 20  # per sync, kept in meta for `status`
 
@@ -58,9 +61,14 @@ _REPORTED_PROBLEMS = 20  # per sync, kept in meta for `status`
 class MemoryIndex:
     def __init__(self, settings: Settings, *, provider: EmbeddingProvider | None = _UNRESOLVED,
                  lock_timeout: float = 30.0, pending_files: Callable[[], int] | None = None,
-                 files_on_disk: Callable[[], int] | None = None) -> None:
-        """`pending_files` and `files_on_disk` are answered by a watcher without a scan (the daemon's)."""
+                 files_on_disk: Callable[[], int] | None = None, read_only: bool = False) -> None:
+        """`pending_files` and `files_on_disk` are answered by a watcher without a scan (the daemon's).
+
+        `read_only`: a query client's index (clawmem.api): its connections cannot write, and sync and
+        reindex are refused, so a reader beside the daemon never becomes a second writer.
+        """
         self.settings = settings
+        self.read_only = read_only
         self._pending_files = pending_files
         self._files_on_disk = files_on_disk
         self.path = settings.index_path
@@ -127,7 +135,7 @@ class MemoryIndex:
         if store is None:
             if not self.path.exists():
                 raise IndexUnavailable(f"no index at {self.path} yet: run `clawmem index` first")
-            store = Store(self.path, create=False)
+            store = Store(self.path, create=False, read_only=self.read_only)
             self._local.store = store
             with self._stores_lock:
                 self._stores.append(store)
@@ -201,6 +209,9 @@ class MemoryIndex:
     def _write(self, work: Callable[[str, Store | None], SyncReport], embed: bool,
                embed_progress: Progress | None, notify: Callable[[str], None] | None = None) -> SyncReport:
         """Run `work` under the writer lock, embed what is pending, and record how it went in `meta`."""
+        if self.read_only:
+            raise IndexUnavailable(f"the index {self.path} is open read-only here: `clawmem index` (or the daemon)"
+                                   " updates it")
         check_workspace(self.settings.workspace)
         started = time.perf_counter()
         with self.write_lock():
@@ -411,14 +422,55 @@ class MemoryIndex:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise QueryError(f"'{name}' must be {what} >= 1")
         first = start or 1
-        with open_memory_file(self.settings.workspace, path, self.settings.extra_paths,
-                              refuse_hardlinks=self.settings.refuse_hardlinks, exclude=self.settings.exclude) as opened:
-            window = read_window(opened.fd, first, lines, GET_MAX_BYTES if max_bytes is None else max_bytes)
-        answer: dict[str, object] = {"path": opened.path, "text": window.text, "from": first, "lines": window.lines,
+        key, window = self._read_window(path, first, lines, GET_MAX_BYTES if max_bytes is None else max_bytes)
+        answer: dict[str, object] = {"path": key, "text": window.text, "from": first, "lines": window.lines,
                                      "truncated": window.truncated}
         if window.next_from is not None:
             answer["next_from"] = window.next_from
         return answer
+
+    def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, object]:
+        """The search's best lines as one prompt block of at most `budget` tokens (clawmem.context).
+
+        Lines are read from the memory files as they are now, through the same checks as `get`; a
+        hit whose file is gone or refused since the last sync is left out. Transcript hits are left
+        out too (their lines are JSON): the block is made of memory files.
+        """
+        from clawmem.context import Hit, build_context
+        from clawmem.tokens import MAX_TOKEN_BYTES, count_tokens
+
+        budget = self.settings.search.context_budget if budget is None else budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget <= MAX_CONTEXT_BUDGET:
+            raise QueryError(f"'budget' must be between 0 and {MAX_CONTEXT_BUDGET} tokens")
+        if request.source not in (None, "memory"):
+            raise QueryError("the context block is made of memory files: leave 'source' out")
+        answer = self.search(replace(request, source="memory"))
+        results: list[dict[str, Any]] = answer.pop("results")  # type: ignore[assignment]
+        hits = [Hit(r["path"], r["start_line"], r["end_line"], r["score"]) for r in results]
+        tokenizer = self.settings.chunking.tokenizer
+        # Hits are a few KiB of lines each; only a line longer than any that fits (text of n bytes is at
+        # least n / MAX_TOKEN_BYTES tokens) may be cut short by the read, and is then left out.
+        room = max((budget + 1) * MAX_TOKEN_BYTES, CONTEXT_READ_BYTES)
+        block = build_context(hits, lambda path, first, last: self._context_lines(path, first, last, room),
+                              lambda text: count_tokens(text, tokenizer), budget)
+        return {**block.as_dict(), "tokenizer": tokenizer, **answer}
+
+    def _context_lines(self, path: str, first: int, last: int, max_bytes: int) -> list[str | None]:
+        """Lines first..last of a memory file for `context`: None for one cut short, none if the file cannot be read."""
+        try:
+            _, window = self._read_window(path, first, last - first + 1, max_bytes)
+        except PathError:
+            return []
+        lines: list[str | None] = [line.removesuffix("\r") for line in window.text.split("\n")] if window.lines else []
+        if window.cut:
+            lines[-1] = None
+        return lines
+
+    def _read_window(self, path: str, first: int, count: int | None, max_bytes: int) -> tuple[str, Window]:
+        """(the file's index key, its lines) through a descriptor opened beneath the workspace."""
+        with open_memory_file(self.settings.workspace, path, self.settings.extra_paths,
+                              refuse_hardlinks=self.settings.refuse_hardlinks, exclude=self.settings.exclude) as opened:
+            return opened.path, read_window(opened.fd, first, count, max_bytes)
 
     def pending_files(self, store: Store) -> int:
         """Files added, changed or deleted on disk since the last sync (stat only, nothing read)."""
@@ -427,10 +479,12 @@ class MemoryIndex:
         return self.disk_state(store)[1]
 
     def disk_state(self, store: Store | None) -> tuple[int, int]:
-        """(memory files on disk, files changed since the last sync), by one stat scan."""
+        """(files of the configured sources on disk, files changed since the last sync), by one stat scan."""
         indexed = store.files() if store is not None else {}
         on_disk = pending = present = 0
-        for f in scan(self.settings.workspace, self.settings.extra_paths, exclude=self.settings.exclude):
+        memory, sessions = source_scope(self.settings)
+        for f in scan(self.settings.workspace, self.settings.extra_paths, exclude=self.settings.exclude,
+                      memory=memory, sessions=sessions):
             on_disk += 1
             row = indexed.get(f.path)
             if row is None or (row.mtime, row.size) != (f.mtime_ns, f.size):

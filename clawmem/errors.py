@@ -4,6 +4,7 @@
     ├── ConfigError            a bad setting (names the key)            exit 1, rpc -32010
     ├── PathError              a path `get` refuses or cannot find      exit 1, rpc -32011
     ├── QueryError             a query that cannot be answered          exit 1, rpc -32012
+    ├── ExtraNotInstalled      an optional part whose extra is missing  exit 1, rpc -32013
     ├── ProviderError          the embedding provider failed            exit 1, rpc -32020
     │   ├── RateLimited        429 after all retries
     │   ├── ProviderTimeout    timeouts / 5xx after all retries
@@ -27,6 +28,7 @@ __all__ = [
     "ClawmemError",
     "ConfigError",
     "DaemonUnreachable",
+    "ExtraNotInstalled",
     "IndexBusy",
     "IndexCorrupt",
     "IndexUnavailable",
@@ -62,6 +64,12 @@ class QueryError(ClawmemError):
     """A search request that cannot be answered as asked (bad mode, empty query...)."""
 
     rpc_code = -32012
+
+
+class ExtraNotInstalled(ClawmemError):
+    """An optional part of clawmem (`clawmem mcp`) whose packages are not installed; the message names the extra."""
+
+    rpc_code = -32013
 
 
 class ProviderError(ClawmemError):

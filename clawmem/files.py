@@ -20,7 +20,7 @@ import os
 import re
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import BinaryIO, Self
 
@@ -106,12 +106,17 @@ class OpenFile:
 
 @dataclass(frozen=True)
 class Window:
-    """Lines of a file as `get` returns them; `next_from` is where to go on when `truncated`."""
+    """Lines of a file as `get` returns them; `next_from` is where to go on when `truncated`.
+
+    `cut`: the one line of the window is only the start of a line longer than the byte cap (those
+    who must not show part of a line, such as `context`, leave it out).
+    """
 
     text: str
     lines: int
     truncated: bool = False
     next_from: int | None = None
+    cut: bool = field(default=False, compare=False)
 
 
 # -- index keys -------------------------------------------------------------------------------
@@ -290,7 +295,7 @@ def read_window(fd: int, first: int, count: int | None, max_bytes: int) -> Windo
             if picked:
                 return Window("\n".join(picked), len(picked), True, first + len(picked))
             cut = text.encode("utf-8")[:max_bytes].decode("utf-8", "ignore")
-            return Window(cut, 1, True, first + 1)
+            return Window(cut, 1, True, first + 1, cut=True)
     return Window("\n".join(picked), len(picked))
 
 

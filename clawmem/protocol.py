@@ -33,11 +33,14 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from clawmem.config import MAX_CONTEXT_BUDGET
 from clawmem.errors import ClawmemError
 from clawmem.files import GET_MAX_BYTES
-from clawmem.search import SearchRequest
+
+if TYPE_CHECKING:
+    from clawmem.search import SearchRequest
 
 __all__ = [
     "FREE_BYTES",
@@ -60,6 +63,7 @@ __all__ = [
     "error_object",
     "parse_line",
     "safe_log",
+    "search_request",
     "validate_params",
 ]
 
@@ -94,6 +98,8 @@ class Backend(Protocol):
             max_bytes: int | None = None) -> dict[str, object]: ...
 
     def status(self) -> dict[str, object]: ...
+
+    def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, object]: ...
 
     def sync(self, wait: bool) -> dict[str, object]: ...
 
@@ -181,11 +187,14 @@ PARAMS: dict[str, dict[str, tuple[str, bool]]] = {
                "since": ("str", False), "before": ("str", False)},
     "get": {"path": ("str", True), "from": ("int", False), "lines": ("int", False), "max_bytes": ("int", False)},
     "status": {},
+    "context": {"query": ("str", True), "budget": ("int", False), "max_results": ("int", False),
+                "min_score": ("number", False), "mode": ("str", False), "path_prefix": ("str", False),
+                "source": ("str", False), "since": ("str", False), "before": ("str", False)},
     "sync": {"wait": ("bool", False)},
     "reindex": {"wait": ("bool", False)},
 }
 # Methods answered on the query pool (bounded read connections); sync/reindex only wait on the writer.
-POOLED = frozenset({"search", "get", "status"})
+POOLED = frozenset({"search", "get", "status", "context"})
 
 _KIND_NAMES = {"str": "a string", "int": "an integer", "number": "a number", "bool": "true or false"}
 
@@ -239,13 +248,15 @@ def _check_ranges(method: str, p: dict[str, Any]) -> None:
     def bad(message: str) -> RpcError:
         return RpcError(INVALID_PARAMS, f"invalid params: {message}")
 
-    if method == "search":
+    if method in ("search", "context"):
         if "max_results" in p and not 1 <= p["max_results"] <= 1000:
             raise bad("'max_results' must be between 1 and 1000")
         if "min_score" in p and not 0.0 <= p["min_score"] <= 1.0:
             raise bad("'min_score' must be between 0 and 1")
         if "mode" in p and p["mode"] not in SEARCH_MODES:
             raise bad(f"'mode' must be one of {', '.join(SEARCH_MODES)}")
+        if "budget" in p and not 0 <= p["budget"] <= MAX_CONTEXT_BUDGET:
+            raise bad(f"'budget' must be between 0 and {MAX_CONTEXT_BUDGET} tokens")
     elif method == "get":
         for name in ("from", "lines"):
             if name in p and p[name] < 1:
@@ -510,10 +521,10 @@ class Dispatcher:
         p = validate_params(method, raw_params)
         backend = self.backend
         call: Callable[[], object]
-        if method == "search":
-            request = SearchRequest(p["query"], p.get("max_results"), p.get("min_score"), p.get("mode"),
-                                    p.get("path_prefix"), p.get("source"), p.get("since"), p.get("before"))
-            call = lambda: backend.search(request)
+        if method in ("search", "context"):
+            request = search_request(p)
+            call = (lambda: backend.search(request)) if method == "search" else (
+                lambda: backend.context(request, p.get("budget")))
         elif method == "get":
             call = lambda: backend.get(p["path"], p.get("from"), p.get("lines"), p.get("max_bytes"))
         elif method == "status":
@@ -523,6 +534,14 @@ class Dispatcher:
         else:
             call = lambda: backend.reindex(p.get("wait", False))
         return call()
+
+
+def search_request(params: dict[str, Any]) -> SearchRequest:
+    """The SearchRequest of validated `search` (or `context`) params."""
+    from clawmem.search import SearchRequest
+
+    return SearchRequest(params["query"], params.get("max_results"), params.get("min_score"), params.get("mode"),
+                         params.get("path_prefix"), params.get("source"), params.get("since"), params.get("before"))
 
 
 @dataclass(frozen=True)

@@ -217,22 +217,36 @@ MIGRATIONS: list[tuple[str, str]] = [
 class Store:
     """One open index file. Not shared between threads: open one Store per thread."""
 
-    def __init__(self, path: Path, *, create: bool = True, fast_unsafe: bool = False) -> None:
+    def __init__(self, path: Path, *, create: bool = True, fast_unsafe: bool = False, read_only: bool = False) -> None:
+        """`read_only`: a connection SQLite refuses every write on (a query client beside a writer).
+
+        It neither sets the journal mode nor migrates: an index that needs a migration is refused,
+        for its writer (the daemon, `clawmem index`) to upgrade.
+        """
         self.path = path
+        self.read_only = read_only
         self._layout: tuple[int, _VectorLayout] | None = None
-        flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if create else 0)
+        if read_only:
+            flags = apsw.SQLITE_OPEN_READONLY
+        else:
+            flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if create else 0)
         try:
-            if create:
+            if create and not read_only:
                 make_private_file(path)
             self.conn = apsw.Connection(str(path), flags=flags)
             self.conn.set_busy_timeout(10_000)
-            if fast_unsafe:
+            if read_only:
+                pass  # the writer set WAL mode; a reader joins it as it is
+            elif fast_unsafe:
                 # A rebuild writes a private file that is thrown away if anything fails: no journal needed.
                 self.conn.execute("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-65536")
             else:
                 self.conn.execute("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL")
             self.vec_loaded, self.vec_error = _load_sqlite_vec(self.conn)
-            self._migrate()
+            if read_only:
+                self._check_migrated()
+            else:
+                self._migrate()
         except (apsw.NotADBError, apsw.CorruptError) as exc:
             raise IndexCorrupt(f"index {path} is damaged: {exc}") from exc
         except apsw.Error as exc:
@@ -279,6 +293,17 @@ class Store:
                 self.conn.execute("INSERT INTO migrations VALUES(?, ?)", (name, time.time()))
                 self.conn.execute("INSERT OR REPLACE INTO meta VALUES('schema_version', ?)", (str(SCHEMA_VERSION),))
                 self.conn.execute("INSERT OR IGNORE INTO meta VALUES('created_at', ?)", (str(time.time()),))
+
+    def _check_migrated(self) -> None:
+        """A read-only connection cannot migrate: an index some migration has not reached is refused."""
+        try:
+            done = {row[0] for row in self.conn.execute("SELECT name FROM migrations")}
+        except apsw.SQLError:
+            done = set()
+        if any(name not in done for name, _ in MIGRATIONS):
+            self.conn.close()
+            raise IndexUnavailable(f"index {self.path} is from an older clawmem and a reader cannot upgrade it:"
+                                   " run `clawmem index` (or start `clawmem serve`) once")
 
     @contextlib.contextmanager
     def _raw_transaction(self) -> Iterator[None]:

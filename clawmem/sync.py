@@ -2,13 +2,15 @@
 
 A file whose (mtime, size) match the index is not opened. A changed file is read, hashed, and if
 its hash moved, re-chunked; chunks whose text is unchanged keep their rows and vectors (only their
-line numbers move). Each file is applied in one transaction, so a crash at any point leaves an
-index that is consistent and converges on the next run.
+line numbers move). A changed transcript (source "sessions") is read from where the last sync
+stopped when it only grew (`clawmem.sessions`). Each file is applied in one transaction, so a
+crash at any point leaves an index that is consistent and converges on the next run.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -23,10 +25,29 @@ from clawmem.embeddings.batching import in_flight
 from clawmem.errors import PathError, ProviderError
 from clawmem.files import hardlink_reason, open_beneath, read_all, refusal_of
 from clawmem.keywords import index_text
+from clawmem.sessions import (
+    SessionChunk,
+    TailState,
+    Transcript,
+    TranscriptReader,
+    chunk_messages,
+    describe_malformed,
+    read_transcript,
+)
 from clawmem.store import FileRow, Store
-from clawmem.workspace import file_date, MemoryFile, Skipped, path_key, scan, stat_memory_file
+from clawmem.workspace import (
+    MemoryFile,
+    SessionsDir,
+    Skipped,
+    file_date,
+    path_key,
+    scan,
+    sessions_dir,
+    stat_memory_file,
+    stat_session_file,
+)
 
-__all__ = ["SyncReport", "embed_pending", "sync_workspace"]
+__all__ = ["SyncReport", "embed_pending", "source_scope", "sync_workspace"]
 
 Progress = Callable[[int, int], None]
 
@@ -46,6 +67,7 @@ class SyncReport:
     chunks_removed: int = 0
     chunks_kept: int = 0
     bytes_read: int = 0
+    malformed_lines: int = 0  # transcript lines skipped as not JSON or not a transcript line (each also in `skipped`)
     embedded: int = 0
     embed_error: str | None = None
     batch_jobs: int = 0  # provider batch jobs still running when the run ended
@@ -73,6 +95,33 @@ class ParsedFile:
     refused: bool = False  # may not be read (now a symlink, FIFO...): `error` says why, None if it is just gone
 
 
+@dataclass(frozen=True)
+class ParsedSession:
+    """A transcript's new messages (or all of them, `transcript.whole`) as chunks, or why it was not read."""
+
+    file: MemoryFile
+    transcript: Transcript | None
+    chunks: list[SessionChunk]
+    error: str | None = None
+    refused: bool = False
+
+
+def source_scope(settings: Settings) -> tuple[bool, SessionsDir | None]:
+    """`scan`'s `memory` and `sessions` arguments for the configured sources (sessions: None when off)."""
+    sessions = sessions_dir(settings.workspace, settings.sessions_dir) if "sessions" in settings.sources else None
+    return "memory" in settings.sources, sessions
+
+
+def _stat_source_file(settings: Settings, key: str, skipped: list[Skipped]) -> MemoryFile | None:
+    """One file of the configured sources by its index key (a targeted sync), None if it is no such file now."""
+    memory, sessions = source_scope(settings)
+    if sessions is not None and sessions.names_of(key) is not None:
+        return stat_session_file(sessions, key, skipped, settings.exclude)
+    if not memory:
+        return None
+    return stat_memory_file(settings.workspace, key, settings.extra_paths, skipped, settings.exclude)
+
+
 def sync_workspace(store: Store, settings: Settings, *, progress: Progress | None = None,
                    bulk: bool = False, paths: Iterable[str] | None = None) -> SyncReport:
     """One pass over the workspace, or over just `paths` (index keys a watcher saw change).
@@ -83,12 +132,13 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
     report = SyncReport()
     skipped: list[Skipped] = []
     if paths is None:
-        on_disk = {f.path: f for f in scan(settings.workspace, settings.extra_paths, skipped, settings.exclude)}
+        memory, sessions = source_scope(settings)
+        on_disk = {f.path: f for f in scan(settings.workspace, settings.extra_paths, skipped, settings.exclude,
+                                           memory=memory, sessions=sessions)}
         indexed = store.files()
     else:
         wanted = {path_key(p) for p in paths}
-        found = (stat_memory_file(settings.workspace, p, settings.extra_paths, skipped, settings.exclude)
-                 for p in sorted(wanted))
+        found = (_stat_source_file(settings, p, skipped) for p in sorted(wanted))
         on_disk = {f.path: f for f in found if f is not None}
         indexed = {p: row for p in wanted if (row := store.file_row(p)) is not None}
     if settings.refuse_hardlinks:
@@ -110,8 +160,12 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
         progress(0, len(stale))
 
     per_transaction = 500 if bulk else 1
-    batch: list[ParsedFile] = []
-    for done, item in enumerate(_parse_all(stale, settings, indexed), start=1):
+    batch: list[ParsedFile | ParsedSession] = []
+    notes = [f for f in stale if f.source != "sessions"]
+    transcripts = [f for f in stale if f.source == "sessions"]
+    parsed = itertools.chain[ParsedFile | ParsedSession](
+        _parse_all(notes, settings, indexed), (_parse_session(f, settings, indexed.get(f.path)) for f in transcripts))
+    for done, item in enumerate(parsed, start=1):
         batch.append(item)
         if len(batch) >= per_transaction:
             _apply_batch(store, batch, indexed, report)
@@ -124,22 +178,62 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
     return report
 
 
-def _apply_batch(store: Store, batch: Sequence[ParsedFile], indexed: dict[str, FileRow], report: SyncReport) -> None:
+def _apply_batch(store: Store, batch: Sequence[ParsedFile | ParsedSession], indexed: dict[str, FileRow],
+                 report: SyncReport) -> None:
     with store.transaction():
         for item in batch:
-            _apply_file(store, item, indexed.get(item.file.path), report)
+            previous = indexed.get(item.file.path)
+            if _unreadable(store, item, previous, report):
+                continue
+            if isinstance(item, ParsedSession):
+                _apply_session(store, item, previous, report)
+            else:
+                _apply_file(store, item, previous, report)
+
+
+def _unreadable(store: Store, item: ParsedFile | ParsedSession, previous: FileRow | None,
+                report: SyncReport) -> bool:
+    """Not readable as a regular file now: whatever the index held for it can no longer be served."""
+    if not item.refused and item.error is None:
+        return False
+    if item.error is not None:
+        (report.skipped if item.refused else report.errors).append(f"{item.file.path}: {item.error}")
+    if previous is not None:
+        report.chunks_removed += store.delete_file(item.file.path)
+        report.removed += 1
+    return True
+
+
+def _apply_session(store: Store, item: ParsedSession, previous: FileRow | None, report: SyncReport) -> None:
+    """Add the chunks of a transcript's new messages; a transcript read whole replaces all of its chunks first."""
+    f, transcript = item.file, item.transcript
+    assert transcript is not None
+    report.bytes_read += transcript.bytes_read
+    if transcript.malformed_lines:
+        report.malformed_lines += len(transcript.malformed_lines)
+        report.skipped.append(f"{f.path}: {describe_malformed(transcript.malformed_lines)}")
+    if transcript.whole:
+        report.chunks_removed += store.delete_file(f.path)
+    base = xxhash.xxh3_64_hexdigest(f.path.encode("utf-8", "surrogatepass"))
+    for n, chunk in enumerate(item.chunks):
+        # Tail chunks start after every line indexed before, so the start line keeps ids unique.
+        store.insert_chunk(id=f"{base}:{chunk.hash}:{chunk.start_line}:{n}", path=f.path, source="sessions",
+                           start_line=chunk.start_line, end_line=chunk.end_line, hash=chunk.hash, text=chunk.text,
+                           fts_text=index_text(chunk.text), date=chunk.date)
+    report.chunks_added += len(item.chunks)
+    state = transcript.state
+    store.upsert_file(FileRow(f.path, "sessions", f"{state.offset}:{state.tail}", f.mtime_ns, f.size,
+                              state.to_json()))
+    if previous is None:
+        report.added += 1
+    elif transcript.whole or item.chunks:
+        report.updated += 1
+    else:
+        report.touched += 1
 
 
 def _apply_file(store: Store, item: ParsedFile, previous: FileRow | None, report: SyncReport) -> None:
     f = item.file
-    if item.refused or item.error is not None:
-        # Not readable as a regular file now: whatever the index held for it can no longer be served.
-        if item.error is not None:
-            (report.skipped if item.refused else report.errors).append(f"{f.path}: {item.error}")
-        if previous is not None:
-            report.chunks_removed += store.delete_file(f.path)
-            report.removed += 1
-        return
     report.bytes_read += item.size
     row = FileRow(f.path, f.source, item.hash, f.mtime_ns, f.size)
     if previous is not None and previous.hash == item.hash:
@@ -234,6 +328,27 @@ def _parse_one(f: MemoryFile, args: tuple[int, int, str, bool], previous: FileRo
     text = data.decode("utf-8", errors="replace")
     chunks = chunk_markdown(text, max_tokens=max_tokens, overlap=overlap, tokenizer=tokenizer)
     return ParsedFile(f, digest, chunks, len(data))
+
+
+def _parse_session(f: MemoryFile, settings: Settings, previous: FileRow | None) -> ParsedSession:
+    """Read a transcript's new lines (all of them when it is not a pure append) through a counting reader."""
+    chunking = settings.chunking
+    params = (chunking.tokens, chunking.overlap, chunking.tokenizer)
+    state = TailState.from_json(previous.state) if previous is not None and previous.source == "sessions" else None
+    try:
+        with open_beneath(f.root, f.names, display=f.path, refuse_hardlinks=settings.refuse_hardlinks) as opened:
+            transcript = read_transcript(TranscriptReader(opened.fd, opened.stat.st_size), state, params)
+            f = f.as_read(opened.stat)
+    except PathError as exc:
+        why = refusal_of(exc)
+        if why is not None and why.missing:
+            return ParsedSession(f, None, [], refused=True)
+        return ParsedSession(f, None, [], error=why.reason if why else str(exc), refused=True)
+    except OSError as exc:
+        return ParsedSession(f, None, [], error=f"cannot read: {exc.strerror or exc}")
+    chunks = chunk_messages(transcript.messages, max_tokens=chunking.tokens, overlap=chunking.overlap,
+                            tokenizer=chunking.tokenizer)
+    return ParsedSession(f, transcript, chunks)
 
 
 @dataclass(frozen=True)

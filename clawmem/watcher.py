@@ -6,7 +6,8 @@ build tree (exhausting the user's limit, or making the polling fallback stat the
 daemon for every build. The roots are the workspace itself, non-recursively (`MEMORY.md`, and
 `memory/` or an extra path appearing, vanishing or moving), `memory/` recursively when it is a real
 folder (never a symlink: the scanner does not follow them either), each extra folder recursively,
-and the parent of an extra file (or of an extra folder not there yet) non-recursively. When an
+and the parent of an extra file (or of an extra folder not there yet) non-recursively; with the
+sessions source on, the transcripts' folder recursively (or its parent until it exists). When an
 event creates, deletes or moves a root or one of its parents, the worker thread re-schedules the
 roots before the sync that event asked for can fire; a periodic check catches what no event told.
 
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from clawmem.workspace import MEMORY_DIR, SKIPPED_DIRS, is_memory_path, path_key
+from clawmem.workspace import MEMORY_DIR, SKIPPED_DIRS, is_memory_path, path_key, sessions_dir
 
 if TYPE_CHECKING:
     from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -117,7 +118,8 @@ class WorkspaceWatcher:
                  debounce: float = 1.5, max_delay: float = 10.0, rescan_interval: float = 300.0,
                  polling_interval: float = 2.0, observer_factory: ObserverFactory | None = None,
                  polling_factory: ObserverFactory | None = None, health_interval: float = HEALTH_INTERVAL,
-                 log: Any = None) -> None:
+                 log: Any = None, sessions: str | None = None) -> None:
+        """`sessions`: the `sessions_dir` setting when the sessions source is on (None: transcripts are not watched)."""
         self.workspace = Path(os.path.abspath(workspace))
         self.on_sync = on_sync
         self.rescan_interval = rescan_interval
@@ -129,6 +131,9 @@ class WorkspaceWatcher:
         self._rel_extras, self._abs_extras = _split_extras(self.workspace, extra_paths)
         self._memory_root = os.path.join(self.workspace, MEMORY_DIR)
         self._extra_roots = tuple(os.path.normpath(self.workspace / e) for e in self._rel_extras) + self._abs_extras
+        self._sessions = sessions_dir(self.workspace, sessions) if sessions is not None else None
+        # Folders watched like extra folders: recursively, or through their parent until they exist.
+        self._dir_roots = self._extra_roots + ((self._sessions.path,) if self._sessions is not None else ())
         self._debounce = Debounce(debounce, max_delay)
         self._cond = threading.Condition()
         self._reasons: set[str] = set()
@@ -231,6 +236,9 @@ class WorkspaceWatcher:
         Keys are made as the scanner makes them (`path_key`), so a name that is not valid UTF-8
         names the same key here as in the index.
         """
+        transcript = self._session_key(path, is_directory)
+        if transcript is None or transcript:
+            return transcript
         rel = os.path.relpath(path, self.workspace)
         if rel.startswith(".."):
             # Outside the workspace (an extra path): index keys are absolute there; scan it all.
@@ -241,11 +249,24 @@ class WorkspaceWatcher:
             return None if _memory_dir(rel, self._rel_extras) else frozenset()
         return frozenset({path_key(rel)}) if is_memory_path(rel, self._rel_extras) else frozenset()
 
+    def _session_key(self, path: str, is_directory: bool) -> frozenset[str] | None:
+        """The transcript a path is (its key), empty if none, None for a folder in the sessions tree (full pass)."""
+        where = self._sessions
+        if where is None or not _within(path, where.path):
+            return frozenset()
+        parts = Path(os.path.relpath(path, where.path)).parts if path != where.path else ()
+        if any(p.startswith(".") or p in SKIPPED_DIRS for p in parts):
+            return frozenset()
+        if is_directory:
+            return None
+        key = where.key_of(parts)
+        return frozenset({key}) if parts and where.names_of(key) is not None else frozenset()
+
     def _touched_roots(self, event: FileSystemEvent) -> frozenset[str]:
         """The paths of an event that are a memory root or one of its parents (the roots to redo)."""
         if event.event_type not in _ROOT_EVENTS:
             return frozenset()
-        candidates = (self._memory_root, *self._extra_roots)
+        candidates = (self._memory_root, *self._dir_roots)
         return frozenset(path for path in _event_paths(event) if any(_within(c, path) for c in candidates))
 
     def _on_event(self, event: FileSystemEvent) -> None:
@@ -392,7 +413,7 @@ class WorkspaceWatcher:
         if workspace is not None:
             found[(str(self.workspace), False)] = workspace
         candidates: list[RootKey] = [(self._memory_root, True)]
-        for extra in self._extra_roots:
+        for extra in self._dir_roots:
             if _dir_identity(extra) is not None:
                 candidates.append((extra, True))
             else:  # a single file, or a folder not there yet: its parent sees it come

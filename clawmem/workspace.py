@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import errno
 import functools
+import itertools
 import os
 import re
 import stat
@@ -21,7 +22,9 @@ from clawmem.errors import PathError
 from clawmem.files import OpenFile, describe_mode, open_beneath, path_key, refusal_of, shown, unescape_key
 
 __all__ = [
+    "SESSION_SUFFIX",
     "MemoryFile",
+    "SessionsDir",
     "Skipped",
     "excluded",
     "file_date",
@@ -30,11 +33,15 @@ __all__ = [
     "open_memory_file",
     "path_key",
     "scan",
+    "sessions_dir",
     "stat_memory_file",
+    "stat_session_file",
 ]
 
 ROOT_FILES = ("MEMORY.md", "memory.md")
 MEMORY_DIR = "memory"
+MEMORY_SUFFIX = ".md"
+SESSION_SUFFIX = ".jsonl"
 SKIPPED_DIRS = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__"})
 _LIST_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -73,21 +80,67 @@ class Skipped:
         return f"{self.path}: {self.reason}"
 
 
+@dataclass(frozen=True, slots=True)
+class SessionsDir:
+    """Where transcripts live (the `sessions_dir` setting, resolved) and how their index keys are made.
+
+    Inside the workspace a transcript's key is workspace-relative (`sessions/2026-11-22-abc.jsonl`);
+    outside it is absolute, as for an extra path. `anchor` and `names` say how to open the folder
+    (beneath the workspace when inside it, so a symlink there is refused like anywhere else).
+    """
+
+    path: str
+    anchor: str
+    names: tuple[str, ...]
+    key: str
+
+    def key_of(self, rel_names: Sequence[str]) -> str:
+        """The index key of the file at `rel_names` below this folder."""
+        rel = "/".join(path_key(name) for name in rel_names)
+        return f"{self.key}/{rel}" if self.key else rel
+
+    def names_of(self, key: str) -> tuple[str, ...] | None:
+        """The names (from `anchor`) of the transcript a key stands for, or None if it names none."""
+        prefix = f"{self.key}/" if self.key else ""
+        if not key.startswith(prefix) or not key.lower().endswith(SESSION_SUFFIX):
+            return None
+        parts = tuple(key[len(prefix):].split("/"))
+        if any(not p or p in (".", "..") or p.startswith(".") or p in SKIPPED_DIRS for p in parts):
+            return None
+        return self.names + parts
+
+
+def sessions_dir(workspace: Path | str, setting: str) -> SessionsDir:
+    """The transcripts' folder for a `sessions_dir` setting (relative to the workspace, or absolute, `~` expanded)."""
+    root = os.path.abspath(workspace)
+    target = os.path.normpath(os.path.join(root, os.path.expanduser(setting)))
+    rel = os.path.relpath(target, root)
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        return SessionsDir(target, os.path.dirname(target), (os.path.basename(target),), path_key(target))
+    names = tuple(p for p in rel.split(os.sep) if p != ".")
+    return SessionsDir(target, root, names, "/".join(path_key(n) for n in names))
+
+
 Note = Callable[[Skipped], object]
 _Found = tuple[MemoryFile, tuple[int, int]]
 
 
 def scan(workspace: Path, extra_paths: Sequence[str] = (), skipped: list[Skipped] | None = None,
-         exclude: Sequence[str] = ()) -> Iterator[MemoryFile]:
+         exclude: Sequence[str] = (), *, memory: bool = True,
+         sessions: SessionsDir | None = None) -> Iterator[MemoryFile]:
     """Every memory file of the workspace, symlinks never followed, hidden and tool folders skipped.
 
-    What looks like memory but cannot be indexed (a symlink, FIFO or device, an unreadable or too
-    long path, a name whose key another file already has) is appended to `skipped` with the reason.
-    Files whose key matches an `exclude` pattern are left out quietly: the user asked for that.
+    With `sessions`, also every `*.jsonl` transcript below that folder (source "sessions"); without
+    `memory`, only those. What looks like memory but cannot be indexed (a symlink, FIFO or device,
+    an unreadable or too long path, a name whose key another file already has) is appended to
+    `skipped` with the reason. Files whose key matches an `exclude` pattern are left out quietly:
+    the user asked for that.
     """
     note: Note = skipped.append if skipped is not None else _ignore
     seen: dict[str, tuple[int, int]] = {}
-    for found, identity in _candidates(str(workspace), extra_paths, note):
+    found_all = itertools.chain(_candidates(str(workspace), extra_paths, note) if memory else (),
+                                _transcripts(sessions, note) if sessions is not None else ())
+    for found, identity in found_all:
         if excluded(found.path, exclude):
             continue
         known = seen.get(found.path)
@@ -113,6 +166,24 @@ def stat_memory_file(workspace: Path, rel: str, extra_paths: Sequence[str] = (),
                               root=str(workspace), names=opened.names, nlink=st.st_nlink)
     except PathError as exc:
         why = refusal_of(exc)  # None: not a memory file by name, so not one a targeted sync may look at
+        if why is not None and not why.missing and skipped is not None:
+            skipped.append(Skipped(why.path, why.reason))
+        return None
+
+
+def stat_session_file(where: SessionsDir, key: str, skipped: list[Skipped] | None = None,
+                      exclude: Sequence[str] = ()) -> MemoryFile | None:
+    """One transcript by its index key, or None if it is gone or not a transcript (for targeted syncs)."""
+    names = where.names_of(path_key(key))
+    if names is None or excluded(path_key(key), exclude):
+        return None
+    try:
+        with open_beneath(where.anchor, names, display=path_key(key)) as opened:
+            st = opened.stat
+            return MemoryFile(opened.path, os.path.join(where.anchor, *opened.names), st.st_mtime_ns, st.st_size,
+                              source="sessions", root=where.anchor, names=opened.names, nlink=st.st_nlink)
+    except PathError as exc:
+        why = refusal_of(exc)
         if why is not None and not why.missing and skipped is not None:
             skipped.append(Skipped(why.path, why.reason))
         return None
@@ -177,6 +248,9 @@ def memory_key(requested: str, extra_paths: Sequence[str] = (), exclude: Sequenc
     if ".." in parts:
         raise PathError(f"'..' is refused in paths: {shown(key)}")
     key = "/".join(parts)
+    if key.lower().endswith(SESSION_SUFFIX):
+        raise PathError(f"not a memory file: {shown(key)} (session transcripts are searched, not read with `get`;"
+                        " only MEMORY.md and memory/**/*.md are readable)")
     if not is_memory_path(key, extra_paths):
         raise PathError(f"not a memory file: {shown(key)} (only MEMORY.md and memory/**/*.md are readable)")
     if excluded(key, exclude):
@@ -204,6 +278,13 @@ def _candidates(root: str, extra_paths: Sequence[str], note: Note) -> Iterator[_
         target = os.path.normpath(os.path.join(root, os.path.expanduser(extra)))
         if not _inside(target, memory_dir):
             yield from _extra(root, target, note)
+
+
+def _transcripts(where: SessionsDir, note: Note) -> Iterator[_Found]:
+    """Every `*.jsonl` below the sessions folder, recursively (the folder itself is not followed if a symlink)."""
+    if _real_dir(where.path, where.key or ".", note):
+        for found, identity in _walk(where.anchor, where.names, where.key, note, SESSION_SUFFIX):
+            yield replace(found, source="sessions"), identity
 
 
 def _root_files(root: str, note: Note) -> Iterator[_Found]:
@@ -236,12 +317,13 @@ def _extra(root: str, target: str, note: Note) -> Iterator[_Found]:
         yield _memory_file(anchor, names, key, st)
 
 
-def _walk(anchor: str, names: tuple[str, ...], key: str, note: Note) -> Iterator[_Found]:
-    """The memory files below `anchor/names`, a folder at a time (no descriptor is held between folders)."""
+def _walk(anchor: str, names: tuple[str, ...], key: str, note: Note,
+          suffix: str = MEMORY_SUFFIX) -> Iterator[_Found]:
+    """The files named `*suffix` below `anchor/names`, a folder at a time (no descriptor is held between folders)."""
     stack = [(names, key)]
     while stack:
         dir_names, dir_key = stack.pop()
-        entries = _list_dir(os.path.join(anchor, *dir_names), dir_key, note)
+        entries = _list_dir(os.path.join(anchor, *dir_names), dir_key, note, suffix)
         siblings = {name for name, _, _ in entries}
         for name, kind, st in entries:
             entry_key = f"{dir_key}/{path_key(name)}" if dir_key else path_key(name)
@@ -260,10 +342,11 @@ def _walk(anchor: str, names: tuple[str, ...], key: str, note: Note) -> Iterator
                 yield _memory_file(anchor, dir_names + (name,), entry_key, st)
 
 
-def _list_dir(path: str, key: str, note: Note) -> list[tuple[str, str, os.stat_result | OSError | None]]:
+def _list_dir(path: str, key: str, note: Note,
+              suffix: str = MEMORY_SUFFIX) -> list[tuple[str, str, os.stat_result | OSError | None]]:
     """(name, "link" | "dir" | "file", stat) for the entries of a folder that may hold memory.
 
-    Hidden entries, tool folders and files not named *.md are left out. The kind comes from the
+    Hidden entries, tool folders and files not named *suffix are left out. The kind comes from the
     folder listing (no system call); only candidate files are lstat'ed, while the folder is open.
     Opened O_NOFOLLOW, so a symlink swapped in for the folder since its check is not listed.
     """
@@ -285,7 +368,7 @@ def _list_dir(path: str, key: str, note: Note) -> list[tuple[str, str, os.stat_r
                     elif entry.is_dir(follow_symlinks=False):
                         if name not in SKIPPED_DIRS:
                             entries.append((name, "dir", None))
-                    elif name.lower().endswith(".md"):
+                    elif name.lower().endswith(suffix):
                         entries.append((name, "file", entry.stat(follow_symlinks=False)))
                 except OSError as exc:
                     entries.append((name, "file", exc))

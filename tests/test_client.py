@@ -320,4 +320,4 @@ def test_a_non_utf8_argument_through_the_daemon_is_a_clean_answer(live: Settings
                           str(live.socket_path), b"memory/nope\xff.md"], capture_output=True, timeout=60, check=False,
                          env={**os.environ, "CLAWMEM_PROVIDER": "none"})
     assert out.returncode == 1 and b"Traceback" not in out.stderr
-    assert b"no such memory file: 'memory/nope\\\\xff.md'" in out.stderr
+    assert b"no such memory file: 'memory/nope\\xff.md'" in out.stderr

@@ -114,7 +114,8 @@ def test_an_edit_syncs_only_that_file_and_answers_say_it_is_pending(workspace: P
 
         wait_until(lambda: pending() == 1, 0.9, message="the answer to count the unsynced edit")
         wait_until(lambda: finds(client, "jerboa", "memory/late.md"), WITHIN, message="the edit")
-        assert pending() == 0
+        # write_text is two events (create, then the write's close): the second may be a sync behind
+        wait_until(lambda: pending() == 0, WITHIN, message="nothing pending once the edit is in")
         last = daemon.writer.state()["last"]["sync"]  # type: ignore[index]
         assert last["paths"] == 1 and last["report"]["files_seen"] == 1  # not all 31 files
 

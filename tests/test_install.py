@@ -126,6 +126,20 @@ def test_a_named_provider_on_a_plain_install_fails_naming_its_extra(starter: Pat
     assert f"{SDKS[name].label} is not installed: pip install 'clawmem[{name}]'" in indexed.stderr
 
 
+def test_a_plain_install_builds_context_blocks(starter: Path) -> None:
+    assert core_only("index", "--workspace", str(starter), "--provider", "none").returncode == 0
+    block = core_only("context", "--workspace", str(starter), "--provider", "none", "--budget", "80", "staging server")
+    assert block.returncode == 0, block.stderr
+    assert block.stdout.startswith("### MEMORY.md#L")
+
+
+def test_mcp_on_a_plain_install_fails_naming_its_extra(starter: Path) -> None:
+    assert "mcp" in CORE_ONLY.split(",")
+    served = core_only("mcp", "--workspace", str(starter))
+    assert served.returncode == 1, served.stderr
+    assert "pip install 'clawmem[mcp]'" in served.stderr and "Traceback" not in served.stderr
+
+
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
     yield from short_dir()
@@ -165,5 +179,6 @@ def test_every_provider_has_an_extra_and_all_has_them_all() -> None:
         assert listed & sdk, f"[{name}] does not install {SDKS[name].module}"
         assert not core & sdk
     (everything,) = (Requirement(line) for line in extras["all"])
-    assert everything.name == "clawmem" and everything.extras == set(PROVIDERS)
+    assert everything.name == "clawmem" and everything.extras == {*PROVIDERS, "mcp"}
+    assert {canonicalize_name(Requirement(line).name) for line in extras["mcp"]} == {"mcp"}, "`clawmem mcp`'s SDK"
     assert {"gguf", "safetensors"} <= {canonicalize_name(Requirement(line).name) for line in extras["local"]}

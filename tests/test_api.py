@@ -1,0 +1,252 @@
+"""The public Python client: same answers and errors with a daemon and without, settings found like the CLI's."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon_helpers import daemon_settings, running_daemon, short_dir, wait_until
+
+import clawmem
+from clawmem import api
+from clawmem.api import Client
+from clawmem.config import Settings
+from clawmem.embeddings.fake import FakeProvider
+from clawmem.engine import MemoryIndex
+from clawmem.errors import ConfigError, IndexUnavailable, PathError, QueryError
+from clawmem.search import SearchRequest
+from clawmem.store import MIGRATIONS, Store
+
+pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    yield from short_dir()
+
+
+@pytest.fixture
+def indexed(workspace: Path, settings: Settings) -> Settings:
+    (workspace / "MEMORY.md").write_text("# Memory\n\n- We chose SQLite: one file, no server.\n")
+    (workspace / "memory" / "2026-11-22.md").write_text("# 2026-11-22\n\n- Dana asked why sqlite won.\n- ocelot\n")
+    MemoryIndex(settings).sync()
+    return settings
+
+
+def offline(settings: Settings, sock_dir: Path, **kwargs: object) -> Client:
+    """A client whose socket has no daemon: it answers from the index file."""
+    return Client(settings.workspace, index=settings.index_path, socket=sock_dir / "none.sock", provider="none",
+                  **kwargs)  # type: ignore[arg-type]
+
+
+def files_of(index: Path) -> dict[str, str]:
+    """The index's bytes (and its WAL's): a reader may create an empty WAL and the shared-memory file, no more."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in index.parent.iterdir()
+            if p.name.startswith(index.name) and not p.name.endswith("-shm") and p.stat().st_size}
+
+
+def test_without_a_daemon_it_answers_from_the_index(indexed: Settings, sock_dir: Path) -> None:
+    with offline(indexed, sock_dir) as client:
+        found = client.search("why sqlite", max_results=3, mode="bm25")
+        assert client.served_by == "index"
+        assert found["results"][0]["path"] in ("MEMORY.md", "memory/2026-11-22.md")
+        assert {"results", "provider", "model", "mode", "index"} <= found.keys()
+        assert all(isinstance(r, dict) and {"path", "start_line", "end_line", "score", "snippet", "source"} <= r.keys()
+                   for r in found["results"])
+        assert client.get("MEMORY.md", start=3, lines=1)["text"] == "- We chose SQLite: one file, no server."
+        assert client.get(Path("memory/2026-11-22.md"))["lines"] == 4
+        assert client.status()["files_indexed"] == 2
+        block = client.context("ocelot", budget=100, mode="bm25")
+        assert block["text"] == "### memory/2026-11-22.md#L1-L4\n# 2026-11-22\n\n- Dana asked why sqlite won.\n- ocelot"
+
+
+def test_the_in_process_index_is_read_only(indexed: Settings, sock_dir: Path) -> None:
+    before = files_of(indexed.index_path)
+    with offline(indexed, sock_dir) as client:
+        client.search("sqlite", mode="bm25")
+        client.context("sqlite", mode="bm25")
+        client.status()
+        local = client._index
+        assert local is not None and local.read_only
+        with pytest.raises(IndexUnavailable, match="read-only"):
+            local.sync()
+    assert files_of(indexed.index_path) == before
+
+
+def test_a_vector_query_in_process_writes_nothing(workspace: Path, settings: Settings) -> None:
+    """The query vector is made and used, never cached: a reader stays a reader with a provider too."""
+    (workspace / "MEMORY.md").write_text("# Memory\nThe capybara plan.\n")
+    writer = MemoryIndex(settings, provider=FakeProvider())
+    writer.sync()
+    writer.close()
+    before = files_of(settings.index_path)
+    reader = MemoryIndex(settings, provider=FakeProvider(), read_only=True)
+    answer = reader.search(SearchRequest("capybara plan", mode="hybrid", min_score=0.0))
+    assert answer["mode"] == "hybrid" and answer["results"][0].get("vector_score") is not None
+    reader.context(SearchRequest("capybara plan", mode="vector"))
+    reader.close()
+    assert files_of(settings.index_path) == before
+
+
+def test_an_index_that_needs_a_migration_is_refused_not_migrated(indexed: Settings, sock_dir: Path) -> None:
+    store = Store(indexed.index_path)
+    store.conn.execute("DELETE FROM migrations WHERE name = ?", (MIGRATIONS[-1][0],))
+    store.close()
+    before = files_of(indexed.index_path)
+    with offline(indexed, sock_dir) as client, pytest.raises(IndexUnavailable, match="run `clawmem index`"):
+        client.search("sqlite")
+    assert files_of(indexed.index_path) == before
+
+
+def test_errors_are_clawmems_and_the_same_with_a_daemon(indexed: Settings, workspace: Path, tmp_path: Path,
+                                                       sock_dir: Path) -> None:
+    def failures(client: Client) -> list[tuple[type, str]]:
+        seen = []
+        for ask in (lambda: client.get("../etc/passwd"), lambda: client.get("memory/nope.md"),
+                    lambda: client.search("   "), lambda: client.search("x", max_results=0),
+                    lambda: client.search("x", mode="psychic"), lambda: client.context("x", budget=-1),
+                    lambda: client.search("x", since="yesterday"), lambda: client.get("MEMORY.md", lines=0)):
+            with pytest.raises((PathError, QueryError)) as caught:
+                ask()
+            seen.append((type(caught.value), str(caught.value)))
+        return seen
+
+    with offline(indexed, sock_dir) as client:
+        alone = failures(client)
+    settings = daemon_settings(workspace, tmp_path, sock_dir, index=str(indexed.index_path))
+    with running_daemon(settings) as daemon:
+        wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
+        with Client(workspace, index=indexed.index_path, socket=settings.socket_path, provider="none") as client:
+            served = failures(client)
+            client.status()
+            assert client.served_by == "daemon"
+    assert served == alone
+    assert [cls for cls, _ in alone] == [PathError, PathError, *[QueryError] * 6]
+
+
+def test_with_a_daemon_it_asks_the_daemon(indexed: Settings, workspace: Path, tmp_path: Path, sock_dir: Path) -> None:
+    settings = daemon_settings(workspace, tmp_path, sock_dir, index=str(indexed.index_path))
+    with offline(indexed, sock_dir) as client:
+        alone = client.search("ocelot", mode="bm25")
+    with running_daemon(settings) as daemon:
+        wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
+        # An index path where none exists: only the daemon can answer.
+        with Client(workspace, index=tmp_path / "elsewhere.sqlite", socket=settings.socket_path,
+                    provider="none") as client:
+            assert client.search("ocelot", mode="bm25") == alone
+            assert client.status()["daemon"]["socket"] == str(settings.socket_path)
+            assert client.served_by == "daemon"
+    assert not (tmp_path / "elsewhere.sqlite").exists()
+
+
+def refusing(path: Path, answer: bytes | None) -> tuple[socket.socket, threading.Thread]:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+
+    def serve() -> None:
+        try:
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    if answer is not None:
+                        conn.sendall(answer)
+        except OSError:
+            return
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+@pytest.mark.parametrize("answer", [
+    b'{"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"too many connections: try again later"}}\n',
+    None,
+], ids=["busy", "hangs-up"])
+def test_a_daemon_that_turns_it_away_is_answered_in_process(indexed: Settings, sock_dir: Path,
+                                                            answer: bytes | None) -> None:
+    listener, thread = refusing(sock_dir / "busy.sock", answer)
+    try:
+        with Client(indexed.workspace, index=indexed.index_path, socket=sock_dir / "busy.sock",
+                    provider="none") as client:
+            assert client.search("ocelot", mode="bm25")["results"][0]["path"] == "memory/2026-11-22.md"
+            assert client.served_by == "index"
+            assert client.get("MEMORY.md", lines=1)["text"] == "# Memory"
+    finally:
+        listener.close()
+        thread.join(5)
+
+
+def test_a_daemon_started_later_is_found(indexed: Settings, workspace: Path, tmp_path: Path, sock_dir: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api, "DAEMON_RETRY", 0.0)
+    settings = daemon_settings(workspace, tmp_path, sock_dir, index=str(indexed.index_path))
+    with Client(workspace, index=indexed.index_path, socket=settings.socket_path, provider="none") as client:
+        client.status()
+        assert client.served_by == "index"
+        with running_daemon(settings) as daemon:
+            wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
+            client.status()
+            assert client.served_by == "daemon"
+        assert client.search("ocelot", mode="bm25")["results"], "the daemon gone: the index answers again"
+        assert client.served_by == "index"
+
+
+def test_settings_come_from_the_workspace_config_and_environment_like_the_cli(
+        indexed: Settings, workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (workspace / "clawmem.toml").write_text(f'index = "{indexed.index_path}"\n[embedding]\nprovider = "none"\n')
+    monkeypatch.setenv("CLAWMEM_WORKSPACE", str(workspace))
+    with Client() as client:
+        assert client.workspace == workspace.resolve() and client.index_path == indexed.index_path
+        assert client.search("ocelot", mode="bm25")["results"]
+    elsewhere = tmp_path / "other.toml"
+    elsewhere.write_text('socket = "/nonexistent/s.sock"\n')
+    with Client(workspace, config=elsewhere) as client:
+        assert client.socket_path == Path("/nonexistent/s.sock")
+    monkeypatch.chdir(workspace)
+    monkeypatch.delenv("CLAWMEM_WORKSPACE")
+    assert Client().workspace == workspace.resolve()
+    with pytest.raises(ConfigError, match="does not exist"):
+        Client(tmp_path / "typo")
+    with pytest.raises(ConfigError, match="embedding.provider"):
+        Client(workspace, provider="skynet")
+
+
+def test_no_index_yet_is_index_unavailable(workspace: Path, tmp_path: Path, sock_dir: Path) -> None:
+    with Client(workspace, index=tmp_path / "none.sqlite", socket=sock_dir / "s.sock", provider="none") as client:
+        with pytest.raises(IndexUnavailable, match="no index"):
+            client.search("anything")
+        assert client.status()["index_exists"] is False
+
+
+def test_the_signature_is_plain_python() -> None:
+    for name in ("__init__", "search", "get", "status", "context", "close"):
+        signature = str(inspect.signature(getattr(Client, name)))
+        assert "Settings" not in signature and "SearchRequest" not in signature and "MemoryIndex" not in signature
+    assert clawmem.Client is Client
+    assert "Client" in clawmem.__all__
+
+
+def test_import_clawmem_stays_light() -> None:
+    probe = ("import sys, clawmem\n"
+             "print(sorted(m for m in ('clawmem.api', 'clawmem.engine', 'apsw', 'tiktoken') if m in sys.modules))\n"
+             "from clawmem import Client\n"
+             "print(sorted(m for m in ('clawmem.engine', 'apsw', 'tiktoken') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True,
+                         env={**os.environ})
+    assert out.stdout.splitlines() == ["[]", "[]"]
+
+
+def test_the_answers_are_json(indexed: Settings, sock_dir: Path) -> None:
+    with offline(indexed, sock_dir) as client:
+        for answer in (client.search("sqlite"), client.get("MEMORY.md"), client.status(), client.context("sqlite")):
+            assert json.loads(json.dumps(answer)) == answer

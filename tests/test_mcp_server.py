@@ -1,0 +1,283 @@
+"""`clawmem mcp` through the official MCP SDK's own clients: stdio and Streamable HTTP, with and without a daemon."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from daemon_helpers import daemon_settings, running_daemon, short_dir, stop_process, wait_until
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from clawmem.api import Client
+from clawmem.config import Settings
+from clawmem.engine import MemoryIndex
+from clawmem.mcp_server import TOOLS, call_tool
+
+pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
+
+STARTUP = 60.0
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    yield from short_dir()
+
+
+@pytest.fixture
+def indexed(workspace: Path, settings: Settings) -> Settings:
+    (workspace / "MEMORY.md").write_text("# Memory\n\n- Dana likes one file and no server.\n")
+    (workspace / "memory" / "2026-11-22.md").write_text(
+        "# 2026-11-22\n\n## Decisions\n- Why sqlite: the index is a disposable cache.\n- Dana agreed.\n")
+    index = MemoryIndex(settings)
+    index.sync()
+    index.close()
+    return settings
+
+
+def server_args(settings: Settings, socket_path: Path, *extra: str) -> list[str]:
+    return ["-m", "clawmem", "mcp", "--workspace", str(settings.workspace), "--index", str(settings.index_path),
+            "--socket", str(socket_path), *extra]
+
+
+def server_env() -> dict[str, str]:
+    return {**os.environ, "CLAWMEM_PROVIDER": "none"}
+
+
+async def exercise(read: Any, write: Any) -> dict[str, Any]:
+    """Everything a host does: handshake, list, and one call of each tool (and two that must fail)."""
+    async with ClientSession(read, write) as session:
+        seen: dict[str, Any] = {"init": await session.initialize(), "tools": (await session.list_tools()).tools}
+        calls = {
+            "search": ("memory_search", {"query": "why sqlite", "maxResults": 3}),
+            "dana": ("memory_search", {"query": "Dana"}),
+            "dana_floor": ("memory_search", {"query": "Dana", "minScore": 0.99}),
+            "get": ("memory_get", {"path": "memory/2026-11-22.md", "from": 3, "lines": 2}),
+            "status": ("memory_status", {}),
+            "context": ("memory_context", {"query": "why sqlite", "budget": 60}),
+            "refused": ("memory_get", {"path": "../etc/passwd"}),
+            "empty": ("memory_search", {"query": ""}),
+            "bad_number": ("memory_search", {"query": "sqlite", "maxResults": "many"}),
+        }
+        for key, (name, arguments) in calls.items():
+            seen[key] = await session.call_tool(name, arguments)
+        return seen
+
+
+def check(seen: dict[str, Any], served_by: str) -> None:
+    assert seen["init"].server_info.name == "clawmem"
+    assert "memory_search" in (seen["init"].instructions or "")
+    tools = {t.name: t for t in seen["tools"]}
+    assert list(tools) == ["memory_search", "memory_get", "memory_status", "memory_context"]
+    assert set(tools["memory_search"].input_schema["properties"]) == {"query", "maxResults", "minScore"}
+    assert tools["memory_search"].input_schema["required"] == ["query"]
+    assert set(tools["memory_get"].input_schema["properties"]) == {"path", "from", "lines"}
+    assert "before answering" in (tools["memory_search"].description or "")
+
+    search = seen["search"]
+    assert not search.is_error
+    data = search.structured_content
+    assert {"results", "provider", "model", "mode", "index"} <= data.keys()
+    assert data["index"].keys() == {"pending_files", "pending_embeddings"}
+    top = data["results"][0]
+    assert top.keys() >= {"path", "startLine", "endLine", "score", "snippet", "source", "citation"}
+    assert top["path"] == "memory/2026-11-22.md" and top["citation"] == f"memory/2026-11-22.md#L1-L{top['endLine']}"
+    assert '"citation":"memory/2026-11-22.md#L1-L' in search.content[0].text, "the model reads the same JSON"
+    assert len(seen["dana"].structured_content["results"]) == 2
+    assert len(seen["dana_floor"].structured_content["results"]) == 1, "minScore reaches the search"
+
+    get = seen["get"]
+    assert not get.is_error
+    assert get.structured_content == {"path": "memory/2026-11-22.md", "text": "## Decisions\n- Why sqlite: the index"
+                                      " is a disposable cache.", "from": 3, "lines": 2, "truncated": False}
+
+    status = seen["status"].structured_content
+    assert status["files_indexed"] == 2 and status["served_by"] == served_by
+    assert ("daemon" in status) == (served_by == "daemon")
+
+    context = seen["context"]
+    assert not context.is_error and context.structured_content["tokens"] <= 60
+    assert context.content[0].text == context.structured_content["text"]
+    assert context.content[0].text.startswith("### memory/2026-11-22.md#L1")
+
+    assert seen["refused"].is_error and "'..' is refused" in seen["refused"].content[0].text
+    assert seen["empty"].is_error and "the query is empty" in seen["empty"].content[0].text
+    assert seen["bad_number"].is_error and "'maxResults' must be an integer" in seen["bad_number"].content[0].text
+
+
+def over_stdio(settings: Settings, socket_path: Path, errlog: Path) -> dict[str, Any]:
+    params = StdioServerParameters(command=sys.executable, args=server_args(settings, socket_path), env=server_env())
+
+    async def run() -> dict[str, Any]:
+        with errlog.open("w") as log:
+            async with stdio_client(params, errlog=log) as (read, write):
+                with anyio.fail_after(STARTUP):
+                    return await exercise(read, write)
+
+    return anyio.run(run)
+
+
+def test_stdio_without_a_daemon(indexed: Settings, sock_dir: Path, tmp_path: Path) -> None:
+    check(over_stdio(indexed, sock_dir / "none.sock", tmp_path / "err.log"), "index")
+
+
+def test_stdio_with_a_daemon(indexed: Settings, workspace: Path, tmp_path: Path, sock_dir: Path) -> None:
+    settings = daemon_settings(workspace, tmp_path, sock_dir, index=str(indexed.index_path))
+    with running_daemon(settings) as daemon:
+        wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
+        check(over_stdio(indexed, settings.socket_path, tmp_path / "err.log"), "daemon")
+
+
+def test_stdio_before_any_index_answers_tool_errors(workspace: Path, tmp_path: Path, sock_dir: Path) -> None:
+    (workspace / "MEMORY.md").write_text("# Memory\n")
+    params = StdioServerParameters(command=sys.executable, env=server_env(), args=[
+        "-m", "clawmem", "mcp", "--workspace", str(workspace), "--index", str(tmp_path / "none.sqlite"),
+        "--socket", str(sock_dir / "none.sock")])
+
+    async def run() -> Any:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            with anyio.fail_after(STARTUP):
+                await session.initialize()
+                return await session.call_tool("memory_search", {"query": "anything"})
+
+    answer = anyio.run(run)
+    assert answer.is_error and "no index" in answer.content[0].text
+
+
+class HttpServer:
+    """`clawmem mcp --http --port 0` as a process, with the URL it prints on stderr."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, *args], env=server_env(), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.url = wait_until(self._url, timeout=STARTUP, message="the server's URL on stderr")
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.put(line)
+
+    def _url(self) -> str | None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"clawmem mcp exited with {self.proc.returncode}")
+        while not self.lines.empty():
+            found = re.search(r"http://127\.0\.0\.1:\d+/mcp", self.lines.get())
+            if found:
+                return found.group(0)
+        return None
+
+    def stop(self) -> int:
+        status = stop_process(self.proc)  # type: ignore[arg-type]
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+        return status
+
+
+def over_http(url: str) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        async with streamable_http_client(url) as (read, write):
+            with anyio.fail_after(STARTUP):
+                return await exercise(read, write)
+
+    return anyio.run(run)
+
+
+@pytest.mark.parametrize("with_daemon", [False, True], ids=["no-daemon", "daemon"])
+def test_streamable_http_on_localhost(indexed: Settings, workspace: Path, tmp_path: Path, sock_dir: Path,
+                                      with_daemon: bool) -> None:
+    settings = daemon_settings(workspace, tmp_path, sock_dir, index=str(indexed.index_path))
+    daemon = running_daemon(settings) if with_daemon else None
+    live = daemon.__enter__() if daemon is not None else None
+    try:
+        if live is not None:
+            wait_until(lambda: live.writer.counts["sync"] >= 1, message="the start-up sync")
+        server = HttpServer(server_args(indexed, settings.socket_path, "--http", "--port", "0"))
+        try:
+            assert server.url.startswith("http://127.0.0.1:")
+            check(over_http(server.url), "daemon" if with_daemon else "index")
+        finally:
+            assert server.stop() == 0
+    finally:
+        if daemon is not None:
+            daemon.__exit__(None, None, None)
+
+
+def test_a_port_in_use_is_a_clear_error(indexed: Settings, sock_dir: Path) -> None:
+    server = HttpServer(server_args(indexed, sock_dir / "none.sock", "--http", "--port", "0"))
+    try:
+        port = server.url.rsplit(":", 1)[1].split("/")[0]
+        out = subprocess.run([sys.executable, *server_args(indexed, sock_dir / "none.sock", "--http", "--port", port)],
+                             env=server_env(), capture_output=True, text=True, timeout=STARTUP,
+                             stdin=subprocess.DEVNULL, check=False)
+        assert out.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in out.stderr
+    finally:
+        server.stop()
+
+
+def test_the_server_loads_no_index_code_before_the_first_call(indexed: Settings, sock_dir: Path) -> None:
+    probe = ("import sys\nfrom clawmem.api import Client\nfrom clawmem.mcp_server import build_server\n"
+             f"build_server(Client({str(indexed.workspace)!r}, socket={str(sock_dir / 'none.sock')!r}))\n"
+             "print(sorted(m for m in ('clawmem.engine', 'apsw', 'tiktoken', 'numpy', 'structlog')"
+             " if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", probe], env=server_env(), capture_output=True, text=True,
+                         timeout=STARTUP, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# -- the tools without a transport ---------------------------------------------------------------
+
+
+def test_tool_arguments_are_checked_leniently_and_named(indexed: Settings, sock_dir: Path) -> None:
+    with Client(indexed.workspace, index=indexed.index_path, socket=sock_dir / "none.sock", provider="none") as client:
+        assert not call_tool(client, "memory_search", {"query": "sqlite", "maxResults": 2.0}).error
+        assert not call_tool(client, "memory_search", {"query": "sqlite", "maxResults": "2", "minScore": "0"}).error
+        for arguments, message in [
+            ({}, "memory_search needs 'query'"),
+            ({"query": 3}, "'query' must be a string"),
+            ({"query": "x", "maxResults": 2.5}, "'maxResults' must be an integer"),
+            ({"query": "x", "maxResults": 0}, "'maxResults' must be between 1 and 1000"),
+            ({"query": "x", "minScore": 2}, "'minScore' must be between 0 and 1"),
+            ({"query": "x", "maxResults": True}, "'maxResults' must be an integer"),
+            ({"query": "x", "max_results": 3}, "unknown argument 'max_results' for memory_search"),
+        ]:
+            answer = call_tool(client, "memory_search", arguments)
+            assert answer.error and message in answer.text, (arguments, answer.text)
+        answer = call_tool(client, "memory_get", {"path": "MEMORY.md", "from": 0})
+        assert answer.error and "'from' must be >= 1" in answer.text
+        answer = call_tool(client, "memory_context", {"query": "zeppelin"})
+        assert not answer.error and answer.text == "(no memory matched this query)" and answer.data["text"] == ""
+        answer = call_tool(client, "memory_context", {"query": "sqlite", "budget": 0})
+        assert not answer.error and answer.text == "(no memory lines fit in 0 tokens)"
+        answer = call_tool(client, "memory_frobnicate", {})
+        assert answer.error and "unknown tool" in answer.text
+
+
+def test_a_failing_tool_is_a_tool_error_not_a_crash(indexed: Settings, sock_dir: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("disk on fire")
+
+    with Client(indexed.workspace, index=indexed.index_path, socket=sock_dir / "none.sock", provider="none") as client:
+        monkeypatch.setattr(client, "search", broken)
+        answer = call_tool(client, "memory_search", {"query": "sqlite"})
+        assert answer.error and answer.text == "internal error in memory_search: RuntimeError: disk on fire"
+        assert not call_tool(client, "memory_get", {"path": "MEMORY.md"}).error
+
+
+def test_every_tool_has_a_schema_and_description() -> None:
+    for tool in TOOLS:
+        assert tool.input_schema["type"] == "object" and len(tool.description) > 60
+        for name in tool.input_schema["required"]:
+            assert name in tool.input_schema["properties"]
