@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
-from clawmem.config import as_dict, load_settings
+from clawmem.config import Settings, as_dict, load_settings
 from clawmem.errors import ConfigError
 
 
@@ -88,3 +90,25 @@ def test_secrets_are_not_in_the_public_view(tmp_path: Path) -> None:
 
 def test_the_starter_config_is_valid(template_workspace: Path) -> None:
     load_settings(workspace=template_workspace, environ={})
+
+
+def _keys(cls: type, prefix: str = "") -> list[str]:
+    found: list[str] = []
+    for f in dataclasses.fields(cls):
+        factory = f.default_factory
+        if factory is not dataclasses.MISSING and dataclasses.is_dataclass(factory):
+            found += _keys(factory, f"{prefix}{f.name}.")  # type: ignore[arg-type]
+        elif f.name not in ("workspace", "config_file"):  # where the settings come from, not settings
+            found.append(prefix + f.name)
+    return found
+
+
+@pytest.mark.parametrize("key", _keys(Settings))
+def test_every_setting_is_documented_in_the_readme_and_the_starter_config(key: str) -> None:
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## Configuration"):]
+    starter = (root / "workspace_template" / "clawmem.toml").read_text(encoding="utf-8")
+    name = key.rpartition(".")[2]
+    assert f"`{name}`" in table, f"{key} is missing from the README's configuration table"
+    assert re.search(rf"^# ?{re.escape(name)} =", starter, re.MULTILINE), f"{key} is missing from clawmem.toml"
