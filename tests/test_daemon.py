@@ -571,6 +571,31 @@ def test_socket_activation_uses_the_inherited_socket(proc_paths: dict[str, Path]
         listener.close()
 
 
+def test_the_query_that_activates_a_daemon_on_a_workspace_with_no_index_gets_results(
+        proc_paths: dict[str, Path], sock_dir: Path) -> None:
+    """As systemd does it: the query is already waiting on the socket when the daemon starts."""
+    path = sock_dir / "activated.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(16)
+    asking = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    asking.settimeout(60)
+    asking.connect(str(path))
+    asking.sendall(b'{"jsonrpc":"2.0","id":1,"method":"search","params":{"query":"narwhal","mode":"bm25"}}\n')
+    assert not proc_paths["index"].exists()
+    args = [sys.executable, "-c", _ACTIVATE, str(listener.fileno()), "serve", "--workspace", str(proc_paths["workspace"]),
+            "--index", str(proc_paths["index"]), "--socket", str(sock_dir / "unused.sock")]
+    proc = subprocess.Popen(args, env={**os.environ, "CLAWMEM_PROVIDER": "none"}, pass_fds=(listener.fileno(),),
+                            stderr=subprocess.DEVNULL)
+    try:
+        answer = json.loads(asking.makefile("rb").readline())
+        assert [r["path"] for r in answer["result"]["results"]] == ["MEMORY.md"], answer
+    finally:
+        asking.close()
+        stop_process(proc)
+        listener.close()
+
+
 def test_an_inotify_overflow_triggers_a_full_rescan(proc_paths: dict[str, Path], tmp_path: Path) -> None:
     """Stop the daemon, flood the kernel queue past max_queued_events, then write a note: its events
     are lost in the overflow, so only the overflow handling can get it indexed."""
