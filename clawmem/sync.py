@@ -358,6 +358,7 @@ class _Batch:
     pending: list[tuple[int, str, str]]
     cached: dict[str, bytes]
     missing: dict[str, str]
+    borrowed: frozenset[str] = frozenset()  # texts an earlier batch still in flight asks for
 
 
 def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entries: int, batch: int = EMBED_BATCH,
@@ -382,6 +383,10 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
     size = max(batch, getattr(provider, "preferred_batch", batch))
     total = store.pending_embeddings()
 
+    asked: set[str] = set()  # texts sent in this pass
+    lent: set[str] = set()  # ... that a later batch waits for too
+    made: dict[str, bytes | None] = {}  # the vectors of those, once they came back
+
     def batches() -> Iterator[_Batch]:  # read on this thread, as the pass goes
         cursor = 0
         while not (should_stop and should_stop()):
@@ -391,10 +396,19 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
             cursor = pending[-1][0]
             cached = store.cached_embeddings(info.provider, info.model, key, (h for _, h, _ in pending), touch=False)
             missing: dict[str, str] = {}
+            borrowed: set[str] = set()
             for _, h, text in pending:
-                if h not in cached and h not in exclude:
+                if h in cached or h in exclude:
+                    continue
+                if h in asked:  # not in the cache yet because its batch is still in flight: never ask twice
+                    borrowed.add(h)
+                else:
                     missing.setdefault(h, text)
-            yield _Batch(pending, cached, {} if cache_only else missing)
+            if cache_only:
+                missing, borrowed = {}, set()
+            asked.update(missing)
+            lent.update(borrowed)
+            yield _Batch(pending, cached, missing, frozenset(borrowed))
 
     def fetch(item: _Batch) -> tuple[_Batch, dict[str, bytes | None]]:
         vectors = provider.embed_documents(list(item.missing.values())) if item.missing else []
@@ -405,7 +419,8 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
     error: str | None = None
     try:
         for item, fresh in in_flight((functools.partial(fetch, item) for item in batches()), 2):
-            known = {**item.cached, **fresh}
+            made.update((h, blob) for h, blob in fresh.items() if h in lent)
+            known = {**item.cached, **fresh, **{h: made[h] for h in item.borrowed if h in made}}
             with store.transaction():
                 if fingerprint is not None and store.get_meta("fingerprint") != fingerprint:
                     break  # replaced by a rebuild for another model: these vectors belong to no chunk of it

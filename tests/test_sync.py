@@ -372,3 +372,20 @@ def test_a_file_deleted_between_the_scan_and_the_read_is_just_removed(settings: 
     report = index.sync()
     assert report.removed == 1 and not report.skipped and not report.errors
     assert paths_found(index, "alpha bravo") == {"memory/b.md"}
+
+
+def test_a_text_in_several_batches_in_flight_is_embedded_once(settings: Settings, write) -> None:
+    from clawmem.embeddings.fake import FakeProvider
+    from clawmem.sync import embed_pending
+
+    for i in range(6):
+        write(f"memory/copy{i}.md", "# Same\nthe very same sentence in every file\n")
+    index = MemoryIndex(settings)
+    index.sync()
+    store = index.reader()
+    assert store.pending_embeddings() == 6
+    provider = FakeProvider(model="fake-dup")
+    done, error = embed_pending(store, provider, cache_max_entries=0, batch=2)
+    assert (done, error) == (6, None)
+    assert provider.documents_embedded == 1
+    assert store.pending_embeddings() == 0
