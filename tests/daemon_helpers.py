@@ -201,3 +201,41 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait()
+
+
+def refusing_daemon(path: Path, answer: bytes | None) -> tuple[socket.socket, threading.Thread]:
+    """A socket that turns every client away: with `answer` (a busy daemon) or by hanging up (a dying one)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+    listener.settimeout(10)
+
+    def serve() -> None:
+        try:
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    if answer is not None:
+                        conn.sendall(answer)
+        except OSError:
+            return
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+def held_first_build(settings: Settings) -> tuple[Any, threading.Event]:
+    """A daemon whose first build stops at its first progress report until the returned gate opens."""
+    from clawmem.daemon import Daemon
+
+    daemon = Daemon(settings, environ={}, log=RecordingLog())
+    gate = threading.Event()
+    checked = daemon.writer._check_stop
+
+    def held_progress(done: int, total: int) -> None:
+        assert gate.wait(10)
+        checked(done, total)
+
+    daemon.writer._check_stop = held_progress  # type: ignore[method-assign]
+    return daemon, gate

@@ -6,15 +6,13 @@ import hashlib
 import inspect
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_helpers import daemon_settings, running_daemon, short_dir, wait_until
+from daemon_helpers import daemon_settings, refusing_daemon, running_daemon, short_dir, wait_until
 
 import clawmem
 from clawmem import api
@@ -148,33 +146,13 @@ def test_with_a_daemon_it_asks_the_daemon(indexed: Settings, workspace: Path, tm
     assert not (tmp_path / "elsewhere.sqlite").exists()
 
 
-def refusing(path: Path, answer: bytes | None) -> tuple[socket.socket, threading.Thread]:
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    listener.listen(8)
-
-    def serve() -> None:
-        try:
-            while True:
-                conn, _ = listener.accept()
-                with conn:
-                    if answer is not None:
-                        conn.sendall(answer)
-        except OSError:
-            return
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return listener, thread
-
-
 @pytest.mark.parametrize("answer", [
     b'{"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"too many connections: try again later"}}\n',
     None,
 ], ids=["busy", "hangs-up"])
 def test_a_daemon_that_turns_it_away_is_answered_in_process(indexed: Settings, sock_dir: Path,
                                                             answer: bytes | None) -> None:
-    listener, thread = refusing(sock_dir / "busy.sock", answer)
+    listener, thread = refusing_daemon(sock_dir / "busy.sock", answer)
     try:
         with Client(indexed.workspace, index=indexed.index_path, socket=sock_dir / "busy.sock",
                     provider="none") as client:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from daemon_helpers import daemon_settings, running_daemon, short_dir, wait_until
+from daemon_helpers import daemon_settings, refusing_daemon, running_daemon, short_dir, wait_until
 
 from clawmem import errors
 from clawmem.cli import cli
@@ -254,28 +254,6 @@ def test_cli_search_through_the_daemon_starts_light(live: Settings) -> None:
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["results"]
     assert out.stderr.strip().splitlines()[-1] == "[]"
-
-
-def refusing_daemon(path: Path, answer: bytes | None) -> tuple[socket.socket, threading.Thread]:
-    """A socket that turns every client away: with `answer` (a busy daemon) or by hanging up (a dying one)."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    listener.listen(8)
-    listener.settimeout(10)
-
-    def serve() -> None:
-        try:
-            while True:
-                conn, _ = listener.accept()
-                with conn:
-                    if answer is not None:
-                        conn.sendall(answer)
-        except OSError:
-            return
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return listener, thread
 
 
 @pytest.mark.parametrize("answer", [

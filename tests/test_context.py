@@ -7,14 +7,13 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tiktoken
-from daemon_helpers import RawClient, RecordingLog, daemon_settings, running_daemon, short_dir, wait_until
+from daemon_helpers import RawClient, daemon_settings, held_first_build, running_daemon, short_dir, wait_until
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from clawmem.api import Client
@@ -249,19 +248,9 @@ def test_the_daemon_answers_context_like_the_index(built: Settings, workspace: P
 
 
 def test_a_new_daemon_holds_context_until_its_first_build(workspace: Path, tmp_path: Path, sock_dir: Path) -> None:
-    from clawmem.daemon import Daemon
-
     (workspace / "MEMORY.md").write_text("# Memory\nThe tapir.\n")
     settings = daemon_settings(workspace, tmp_path, sock_dir, **{"daemon.first_build_wait": 0.2})
-    daemon = Daemon(settings, environ={}, log=RecordingLog())
-    gate = threading.Event()
-    checked = daemon.writer._check_stop
-
-    def held(done: int, total: int) -> None:
-        assert gate.wait(10)
-        checked(done, total)
-
-    daemon.writer._check_stop = held  # type: ignore[method-assign]
+    daemon, gate = held_first_build(settings)
     daemon.start()
     try:
         wait_until(lambda: daemon.writer.state()["running"] == "sync", message="the first build")

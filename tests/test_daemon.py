@@ -23,8 +23,8 @@ from daemon_helpers import (
     CLAWMEM,
     DEBOUNCE,
     RawClient,
-    RecordingLog,
     daemon_settings,
+    held_first_build,
     running_daemon,
     search_paths,
     short_dir,
@@ -256,22 +256,6 @@ def test_new_notes_are_keyword_searchable_while_the_provider_is_stuck(workspace:
         wait_until(lambda: client.status()["pending_embeddings"] == 0, WITHIN, message="the deferred embeddings")
         answer = client.search(SearchRequest("quokka escaped", mode="vector", min_score=0.0))
         assert "memory/urgent.md" in [r["path"] for r in answer["results"]]
-
-
-def held_first_build(settings: Settings) -> tuple[Any, threading.Event]:
-    """A daemon whose first build stops at its first progress report until the returned gate opens."""
-    from clawmem.daemon import Daemon
-
-    daemon = Daemon(settings, environ={}, log=RecordingLog())
-    gate = threading.Event()
-    checked = daemon.writer._check_stop
-
-    def held_progress(done: int, total: int) -> None:
-        assert gate.wait(10)
-        checked(done, total)
-
-    daemon.writer._check_stop = held_progress  # type: ignore[method-assign]
-    return daemon, gate
 
 
 def test_the_first_query_waits_for_the_first_build_and_answers(workspace: Path, dsettings: Settings) -> None:
