@@ -847,8 +847,12 @@ def test_at_the_cap_the_longest_idle_connection_is_evicted(serve_fake: Any, fake
     server = serve_fake(max_connections=3)
     oldest, idle, busy = RawClient(server.path), RawClient(server.path), RawClient(server.path)
     try:
+        # A reply reaches the client before the server marks the connection idle again: wait for
+        # that mark each time, or `idle` could look idle for longer than `oldest`.
         assert "result" in oldest.call("get", {"path": "MEMORY.md"})
+        wait_until(lambda: server.served == 1, message="the first get to be done with")
         assert "result" in idle.call("get", {"path": "MEMORY.md"})
+        wait_until(lambda: server.served == 2, message="the second get to be done with")
         fake.gate.clear()
         busy.send(json.dumps(req("status", rid="slow")).encode() + b"\n")
         wait_until(lambda: fake.waiting == 1, message="the busy request to reach the backend")
