@@ -125,14 +125,18 @@ def test_a_thousand_rapid_writes_to_one_file_cause_few_syncs(workspace: Path, ds
         wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
         before = daemon.writer.counts["sync"]
         note = workspace / "memory" / "busy.md"
-        started = time.monotonic()
+        written = [time.monotonic()]
         for i in range(1000):
             note.write_text(f"# Busy\nrevision{i} of the note\n")
-        elapsed = time.monotonic() - started
+            written.append(time.monotonic())
+        elapsed = written[-1] - written[0]
+        # A loaded machine may pause this loop for longer than the debounce: each such pause lets
+        # one sync through, as it should.
+        pauses = sum(later - earlier >= dsettings.daemon.debounce for earlier, later in zip(written, written[1:]))
         wait_until(lambda: finds(client, "revision999", "memory/busy.md"), WITHIN, message="the last revision")
         syncs = client.status()["daemon"]["runs"]["sync"] - before
-        # At most one sync per max_delay (1 s) of writing, plus the trailing one (and one in flight).
-        assert 1 <= syncs <= int(elapsed / dsettings.daemon.max_delay) + 3, syncs
+        # At most one sync per max_delay (1 s) of writing and per pause, plus the trailing one (and one in flight).
+        assert 1 <= syncs <= int(elapsed / dsettings.daemon.max_delay) + pauses + 3, (syncs, elapsed, pauses)
 
 
 def test_32_clients_with_100_mixed_requests_while_files_change(workspace: Path, dsettings: Settings) -> None:
