@@ -217,15 +217,19 @@ def test_irrelevant_writes_and_reads_do_not_signal(workspace: Path, watched: Wor
 def test_a_thousand_rapid_writes_give_few_signals(workspace: Path, watched: WorkspaceWatcher,
                                                   signals: Signals) -> None:
     note = workspace / "memory" / "busy.md"
-    started = time.monotonic()
+    written = [time.monotonic()]
     for i in range(1000):
         note.write_text(f"line {i}\n")
-    elapsed = time.monotonic() - started
+        written.append(time.monotonic())
+    elapsed = written[-1] - written[0]
+    # A loaded machine may pause this loop for longer than the debounce: each such pause lets one
+    # signal through, as it should.
+    pauses = sum(later - earlier >= DEBOUNCE for earlier, later in zip(written, written[1:]))
     first = signals.wait_new(0)
     assert first == "change"
     signals.quiet_for(1, DEBOUNCE * 3)
-    # One signal per max_delay (1 s) of writing at most, plus the trailing one.
-    assert 1 <= signals.count() <= int(elapsed / 1.0) + 2
+    # One signal per max_delay (1 s) of writing and per pause at most, plus the trailing one.
+    assert 1 <= signals.count() <= int(elapsed / 1.0) + pauses + 2, (signals.count(), elapsed, pauses)
 
 
 def test_a_continuous_stream_still_signals_within_max_delay(workspace: Path, signals: Signals) -> None:
