@@ -102,7 +102,7 @@ def test_an_edit_syncs_only_that_file_and_answers_say_it_is_pending(workspace: P
                                                                    sock_dir: Path) -> None:
     for i in range(30):
         (workspace / "memory" / f"other{i}.md").write_text(f"# Other {i}\nfiller\n")
-    slow = daemon_settings(workspace, tmp_path, sock_dir, **{"daemon.debounce": 1.0, "daemon.max_delay": 2.0})
+    slow = daemon_settings(workspace, tmp_path, sock_dir, **{"daemon.debounce": 2.0, "daemon.max_delay": 4.0})
     with running_daemon(slow) as daemon, client_for(slow) as client:
         wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
         wait_until(lambda: client.status()["pending_files"] == 0, message="a fresh index")
@@ -112,7 +112,7 @@ def test_an_edit_syncs_only_that_file_and_answers_say_it_is_pending(workspace: P
             answer = client.search(SearchRequest("filler", mode="bm25"))
             return int(answer["index"]["pending_files"])  # type: ignore[index,call-overload]
 
-        wait_until(lambda: pending() == 1, 0.9, message="the answer to count the unsynced edit")
+        wait_until(lambda: pending() == 1, 1.8, message="the answer to count the unsynced edit (before the debounce)")
         wait_until(lambda: finds(client, "jerboa", "memory/late.md"), WITHIN, message="the edit")
         # write_text is two events (create, then the write's close): the second may be a sync behind
         wait_until(lambda: pending() == 0, WITHIN, message="nothing pending once the edit is in")

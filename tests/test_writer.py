@@ -141,7 +141,7 @@ def test_stop_ends_after_the_transaction_in_flight(stub: StubIndex) -> None:
     t.start()
     assert writer.stop(5)
     t.join(5)
-    assert time.monotonic() - started < 1.0  # not the remaining ~10 s of the sync
+    assert time.monotonic() - started < 4.0  # not the remaining ~10 s of the sync (room for a loaded machine)
     assert 5 <= stub.committed < 1000
     last = writer.state()["last"]["sync"]  # type: ignore[index]
     assert last["cancelled"] is True
