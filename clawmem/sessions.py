@@ -18,11 +18,14 @@ being written is left for later), the line count, and hashes of the file's first
 bytes just before the offset. If the file grew and both samples still match, only the new bytes
 are read; otherwise (shrunk, rewritten, another chunking, an older state) it is read whole. An
 edit between the two samples goes unseen: transcripts are append-only by contract.
-The chunks of an appended tail start fresh at its first new message instead of re-windowing with
-the file's last chunk: chunks already indexed (and their vectors) never change, at the cost of a
-short chunk before each point where a sync caught up; a whole read packs the file again. A read
-from the start replaces every chunk of the file (their vectors come back from the embedding
-cache, by text hash).
+New messages are windowed together with the file's last chunk, so a transcript synced after
+every message gets the chunks one read of the whole file would give, not one short chunk per
+sync: the state carries the messages from the start of the last chunk that opens a message
+(where a whole read also starts a chunk), and an append replaces the chunks from there on
+(`Transcript.rewindow_from`; their vectors come back from the embedding cache when the text is
+unchanged). Messages are carried, not read again, so an append costs its own bytes even after a
+huge tool result; past CARRY_CHARS of carried text the next append starts a fresh chunk instead.
+A read from the start replaces every chunk of the file.
 
 All reads go through `TranscriptReader`, which counts the bytes it takes from the file, so the
 cost of a sync is observable (and tested) rather than assumed.
@@ -30,7 +33,9 @@ cost of a sync is observable (and tested) rather than assumed.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import itertools
 import json
 import math
 import os
@@ -51,11 +56,13 @@ __all__ = [
     "Transcript",
     "TranscriptReader",
     "chunk_messages",
+    "chunk_transcript",
     "describe_malformed",
     "read_transcript",
 ]
 
-STATE_VERSION = 1  # bump when parsing or rendering changes: older states then read their files whole
+STATE_VERSION = 2  # bump when parsing, rendering or the state changes: older states then read their files whole
+CARRY_CHARS = 32_768  # message text kept in the state to window with the next append; more: start afresh
 SAMPLE_BYTES = 4096  # head and tail samples that tell an append from a rewrite
 _BLOCK = 1 << 16
 _ROLES = {"user": "User", "assistant": "Assistant"}
@@ -80,6 +87,7 @@ class SessionChunk:
     text: str
     hash: str
     date: str | None
+    opens: int | None = None  # index of the message this chunk starts with, if it starts at its first line
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +101,13 @@ class TailState:
     header_date: str | None  # the session header's date, for later messages without a timestamp
     malformed: int  # malformed lines so far
     chunking: tuple[int, int, str]  # (tokens, overlap, tokenizer) the chunks were made with
+    carry: tuple[Message, ...] = ()  # the messages from the last chunk's start, windowed again with new ones
 
     def to_json(self) -> str:
         return json.dumps({"v": STATE_VERSION, "offset": self.offset, "lines": self.lines, "head": self.head,
                            "tail": self.tail, "header_date": self.header_date, "malformed": self.malformed,
-                           "chunking": list(self.chunking)}, sort_keys=True)
+                           "chunking": list(self.chunking),
+                           "carry": [[m.line, m.role, m.text, m.date] for m in self.carry]}, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> TailState | None:
@@ -107,12 +117,26 @@ class TailState:
             if not isinstance(data, dict) or data.get("v") != STATE_VERSION:
                 return None
             tokens, overlap, tokenizer = data["chunking"]
+            carry = tuple(_carried(item) for item in data["carry"])
             state = TailState(int(data["offset"]), int(data["lines"]), str(data["head"]), str(data["tail"]),
                               data["header_date"] if isinstance(data["header_date"], str) else None,
-                              int(data["malformed"]), (int(tokens), int(overlap), str(tokenizer)))
+                              int(data["malformed"]), (int(tokens), int(overlap), str(tokenizer)), carry)
         except (ValueError, TypeError, KeyError):
             return None
-        return state if state.offset >= 0 and state.lines >= 0 else None
+        ordered = all(a.line < b.line for a, b in itertools.pairwise(carry))
+        usable = state.offset >= 0 and state.lines >= 0 and ordered and all(m.line <= state.lines for m in carry)
+        return state if usable else None
+
+
+def _carried(item: object) -> Message:
+    """A carried message from its JSON form; ValueError when it is not one."""
+    if not isinstance(item, list) or len(item) != 4:
+        raise ValueError("not a carried message")
+    line, role, text, date = item
+    if (not isinstance(line, int) or isinstance(line, bool) or line < 1 or role not in _ROLES.values()
+            or not isinstance(text, str) or not (date is None or isinstance(date, str))):
+        raise ValueError("not a carried message")
+    return Message(line, role, text, date)
 
 
 @dataclass
@@ -124,6 +148,7 @@ class Transcript:
     whole: bool  # read from the start: the file's previous chunks are void
     malformed_lines: list[int] = field(default_factory=list)  # line numbers of the lines skipped this read
     bytes_read: int = 0
+    rewindow_from: int | None = None  # the file's chunks from this JSONL line on are made again from `messages`
 
 
 class TranscriptReader:
@@ -207,8 +232,13 @@ def read_transcript(reader: TranscriptReader, previous: TailState | None,
             elif isinstance(found, Message):
                 messages.append(found)
     head_hash = _hash(bytes(head)) if head is not None else previous.head if previous is not None else ""
-    state = TailState(offset, line_no, head_hash, _hash(bytes(tail)), header, malformed + len(bad), chunking)
-    return Transcript(messages, state, whole, bad, reader.bytes_read)
+    carry = previous.carry if previous is not None and not whole else ()
+    state = TailState(offset, line_no, head_hash, _hash(bytes(tail)), header, malformed + len(bad), chunking, carry)
+    rewindow_from = None
+    if messages and carry:  # nothing new to say: the last chunks stay as they are
+        messages[:0] = carry
+        rewindow_from = carry[0].line
+    return Transcript(messages, state, whole, bad, reader.bytes_read, rewindow_from)
 
 
 def _verified_tail(reader: TranscriptReader, previous: TailState) -> bytes | None:
@@ -307,20 +337,35 @@ def chunk_messages(messages: Sequence[Message], *, max_tokens: int = 400, overla
     from clawmem.tokens import get_encoding
 
     lines: list[str] = []
-    owner: list[Message] = []
+    owner: list[int] = []
     prio: list[int] = []
-    for message in messages:
+    for n, message in enumerate(messages):
         rendered = split_lines(f"{message.role}: {message.text}")
         lines.extend(rendered)
-        owner.extend([message] * len(rendered))
+        owner.extend([n] * len(rendered))
         prio.extend([HEADING] + [LINE] * (len(rendered) - 1))
     chunks = chunk_lines(lines, max_tokens=max_tokens, overlap=overlap, encoding=get_encoding(tokenizer),
                          priorities=lambda _: list(prio))
     out: list[SessionChunk] = []
     for chunk in chunks:
         first, last = owner[chunk.start_line - 1], owner[chunk.end_line - 1]
-        out.append(SessionChunk(first.line, last.line, chunk.text, chunk.hash, first.date))
+        opens = first if prio[chunk.start_line - 1] == HEADING else None
+        out.append(SessionChunk(messages[first].line, messages[last].line, chunk.text, chunk.hash,
+                                messages[first].date, opens))
     return out
+
+
+def chunk_transcript(transcript: Transcript, *, max_tokens: int = 400, overlap: int = 80,
+                     tokenizer: str = "cl100k_base") -> tuple[list[SessionChunk], TailState]:
+    """The chunks of a read's messages, and the state to keep: it carries what the next append re-windows."""
+    if not transcript.messages:
+        return [], transcript.state
+    chunks = chunk_messages(transcript.messages, max_tokens=max_tokens, overlap=overlap, tokenizer=tokenizer)
+    start = next((c.opens for c in reversed(chunks) if c.opens is not None), None)
+    carry = tuple(transcript.messages[start:]) if start is not None else ()
+    if sum(len(m.text) for m in carry) > CARRY_CHARS:
+        carry = ()
+    return chunks, dataclasses.replace(transcript.state, carry=carry)
 
 
 def _hash(data: bytes) -> str:

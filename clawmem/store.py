@@ -14,7 +14,6 @@ import math
 import os
 import stat
 import time
-from array import array
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -386,6 +385,13 @@ class Store:
         seqs = [row[0] for row in self.conn.execute("SELECT seq FROM chunks WHERE path = ?", (path,))]
         self.delete_chunks(seqs)
         self.conn.execute("DELETE FROM files WHERE path = ?", (path,))
+        return len(seqs)
+
+    def delete_chunks_from(self, path: str, start_line: int) -> int:
+        """Drop a file's chunks that start at `start_line` or later (a transcript's tail made again)."""
+        seqs = [row[0] for row in self.conn.execute(
+            "SELECT seq FROM chunks WHERE path = ? AND start_line >= ?", (path, start_line))]
+        self.delete_chunks(seqs)
         return len(seqs)
 
     def counts(self) -> tuple[int, int]:

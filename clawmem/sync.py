@@ -14,7 +14,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import xxhash
 
@@ -30,7 +30,7 @@ from clawmem.sessions import (
     TailState,
     Transcript,
     TranscriptReader,
-    chunk_messages,
+    chunk_transcript,
     describe_malformed,
     read_transcript,
 )
@@ -214,9 +214,11 @@ def _apply_session(store: Store, item: ParsedSession, previous: FileRow | None, 
         report.skipped.append(f"{f.path}: {describe_malformed(transcript.malformed_lines)}")
     if transcript.whole:
         report.chunks_removed += store.delete_file(f.path)
+    elif transcript.rewindow_from is not None:
+        report.chunks_removed += store.delete_chunks_from(f.path, transcript.rewindow_from)
     base = xxhash.xxh3_64_hexdigest(f.path.encode("utf-8", "surrogatepass"))
     for n, chunk in enumerate(item.chunks):
-        # Tail chunks start after every line indexed before, so the start line keeps ids unique.
+        # New chunks start after every line of the chunks kept, so the start line keeps ids unique.
         store.insert_chunk(id=f"{base}:{chunk.hash}:{chunk.start_line}:{n}", path=f.path, source="sessions",
                            start_line=chunk.start_line, end_line=chunk.end_line, hash=chunk.hash, text=chunk.text,
                            fts_text=index_text(chunk.text), date=chunk.date)
@@ -346,9 +348,9 @@ def _parse_session(f: MemoryFile, settings: Settings, previous: FileRow | None) 
         return ParsedSession(f, None, [], error=why.reason if why else str(exc), refused=True)
     except OSError as exc:
         return ParsedSession(f, None, [], error=f"cannot read: {exc.strerror or exc}")
-    chunks = chunk_messages(transcript.messages, max_tokens=chunking.tokens, overlap=chunking.overlap,
-                            tokenizer=chunking.tokenizer)
-    return ParsedSession(f, transcript, chunks)
+    chunks, state = chunk_transcript(transcript, max_tokens=chunking.tokens, overlap=chunking.overlap,
+                                     tokenizer=chunking.tokenizer)
+    return ParsedSession(f, replace(transcript, state=state), chunks)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from clawmem.config import Settings, load_settings, with_overrides
 from clawmem.engine import MemoryIndex
 from clawmem.errors import ConfigError, PathError
 from clawmem.search import SearchRequest
-from clawmem.sessions import SAMPLE_BYTES, TailState
+from clawmem.sessions import CARRY_CHARS, SAMPLE_BYTES, STATE_VERSION, Message, TailState
 from clawmem.watcher import WorkspaceWatcher
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
@@ -242,7 +242,7 @@ def test_a_partial_last_line_waits_until_it_is_completed(ssettings: Settings, wr
     with path.open("a") as fh:
         fh.write("\n")
     report = index.sync()
-    assert ranges(index, "tapir") == [(KEY, 3, 3, "sessions")]
+    assert ranges(index, "tapir") == [(KEY, 2, 3, "sessions")]  # one chunk with the question, as a whole read
     assert report.bytes_read <= len(rest) + 1 + 2 * SAMPLE_BYTES
 
 
@@ -265,15 +265,70 @@ def test_an_appended_line_is_indexed_without_reading_the_file_again(ssettings: S
     report = index.sync()
     assert report.bytes_read <= len(added) + 2 * SAMPLE_BYTES  # the new line and two 4 KiB samples
     assert report.bytes_read * 100 < size
-    assert (report.updated, report.chunks_added, report.chunks_removed) == (1, 1, 0)
-    assert ranges(index, "kinkajou") == [(KEY, len(lines) + 1, len(lines) + 1, "sessions")]
+    # The last chunk is made again with the new message (from the messages the state carries).
+    assert (report.updated, report.chunks_added, report.chunks_removed) == (1, 1, 1)
+    [(_, start, end, _)] = ranges(index, "kinkajou")
+    assert start == before[-1][1] < end == len(lines) + 1
     after = index.reader().execute("SELECT id, start_line, end_line, text FROM chunks ORDER BY seq")
-    assert after[:len(before)] == before  # earlier chunks untouched
+    assert after[:len(before) - 1] == before[:-1]  # earlier chunks untouched
 
     with path.open("a") as fh:  # lines with no conversation: read, nothing added
         fh.write(jsonl({"type": "model_change", "model": "m2"}))
     report = index.sync()
     assert (report.touched, report.chunks_added) == (1, 0) and report.bytes_read < 3 * SAMPLE_BYTES
+
+
+def chunk_rows(index: MemoryIndex) -> list[tuple[int, int, str]]:
+    return index.reader().execute("SELECT start_line, end_line, text FROM chunks ORDER BY start_line, end_line, seq")
+
+
+def test_a_transcript_synced_after_every_line_is_chunked_as_one_read_of_it(ssettings: Settings, write,
+                                                                          tmp_path: Path) -> None:
+    lines: list[object] = [header()]
+    for n in range(70):
+        lines.append(message("user" if n % 2 else "assistant", f"turn{n} " + "words about the plan " * (2 + n % 9)))
+        if n % 10 == 3:  # a message of many lines, cut inside, and one line longer than a window
+            lines.append(message("assistant", "\n".join(f"step {k} of turn{n}: " + "detail " * 12 for k in range(40))))
+            lines.append(message("user", f"turn{n} long " + "monolith " * 700))
+        if n % 10 == 5:
+            lines.append({"type": "tool_result", "tool": "read", "output": {"text": "x" * 3000}})
+    path = write(KEY, jsonl(lines[0]))
+    index = MemoryIndex(ssettings)
+    index.sync()
+    for line in lines[1:]:
+        with path.open("a") as fh:
+            fh.write(jsonl(line))
+        index.sync()
+    whole = MemoryIndex(load_settings(workspace=ssettings.workspace, overrides={
+        "index": str(tmp_path / "whole.sqlite"), "embedding.provider": "none", "sources": ["memory", "sessions"]}))
+    assert whole.sync().bytes_read == path.stat().st_size
+    assert len(chunk_rows(whole)) > 20
+    assert chunk_rows(index) == chunk_rows(whole)
+
+
+def test_past_the_carry_limit_an_append_starts_a_new_chunk_and_loses_nothing(ssettings: Settings, write) -> None:
+    huge = "the okapi said " + "rambling " * (CARRY_CHARS // 9 + 10)
+    path = write(KEY, jsonl(header(), message("user", "a short question"), message("assistant", huge)))
+    index = MemoryIndex(ssettings)
+    index.sync()
+    state = TailState.from_json(index.reader().file_row(KEY).state)  # type: ignore[union-attr]
+    assert state is not None and state.carry == ()  # the last message alone is over the limit
+    before = chunk_rows(index)
+    with path.open("a") as fh:
+        fh.write(jsonl(message("user", "and the quokka?")))
+    report = index.sync()
+    assert (report.chunks_added, report.chunks_removed) == (1, 0)
+    assert chunk_rows(index) == [*before, (4, 4, "User: and the quokka?")]
+    assert ranges(index, "okapi") and ranges(index, "quokka") == [(KEY, 4, 4, "sessions")]
+
+
+def test_a_damaged_carry_is_never_trusted() -> None:
+    good = TailState(10, 2, "h", "t", None, 0, (400, 80, "cl100k_base"), (Message(2, "User", "hi", None),))
+    assert TailState.from_json(good.to_json()) == good
+    data = json.loads(good.to_json())
+    for carry in ([[2, "Tool", "hi", None]], [[9, "User", "hi", None]], [[2, "User", 5, None]],
+                  [[2, "User", "a", None], [2, "User", "b", None]], [[True, "User", "hi", None]], "no", [[2]]):
+        assert TailState.from_json(json.dumps({**data, "carry": carry})) is None, carry
 
 
 def test_a_truncated_or_rewritten_transcript_is_reindexed_whole(ssettings: Settings, write) -> None:
@@ -331,7 +386,8 @@ def test_a_stale_or_damaged_state_is_never_trusted(ssettings: Settings, write, t
 
     writer = MemoryIndex(smaller)
     store = writer.reader()
-    store.execute("UPDATE files SET state = '{\"v\": 1, \"offset\": \"garbage\"}' WHERE path = ?", (KEY,))
+    garbage = json.dumps({"v": STATE_VERSION, "offset": "garbage"})
+    store.execute("UPDATE files SET state = ? WHERE path = ?", (garbage, KEY))
     with path.open("a") as fh:
         fh.write(jsonl(message("user", "the fennec")))
     report = writer.sync()
@@ -384,6 +440,7 @@ def test_the_daemon_makes_an_appended_line_searchable(workspace: Path, tmp_path:
                    message="a new transcript in a new sessions folder")
         with path.open("a") as fh:
             fh.write(jsonl(message("assistant", "the wolverine left at dawn, said the badger")))
-        wait_until(lambda: lines_of(client, "badger") == [("sessions/live.jsonl", 3)], DEBOUNCE + BOUND,
-                   message="an appended line")
+        wait_until(lambda: lines_of(client, "badger") == [("sessions/live.jsonl", 2)], DEBOUNCE + BOUND,
+                   message="an appended line, in one chunk with the question")
+        assert lines_of(client, "wolverine") == [("sessions/live.jsonl", 2)]  # the old chunk was replaced
         assert client.status()["files_on_disk"] == 1
