@@ -43,11 +43,11 @@ from clawmem.errors import (
     ProviderError,
     QueryError,
 )
+from clawmem.files import GET_MAX_BYTES, Window, read_window
 from clawmem.search import SearchRequest, run_search
 from clawmem.store import SCHEMA_VERSION, Store, make_private_dirs, make_private_file
 from clawmem.sync import Progress, SyncReport, embed_pending, source_scope, sync_workspace
 from clawmem.timefmt import iso_time, seconds
-from clawmem.files import GET_MAX_BYTES, Window, read_window
 from clawmem.workspace import open_memory_file, scan
 
 __all__ = ["MemoryIndex"]

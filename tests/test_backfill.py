@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import itertools
-import threading
 import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from daemon_helpers import RecordingLog, wait_until
-from fake_http import FakeServer, OpenAIBatches, no_proxy
+from fake_http import FakeServer, OpenAIBatches, no_proxy  # noqa: F401 (a fixture)
 
 from clawmem.config import Settings, with_overrides
 from clawmem.embedder import Embedder

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 import tiktoken
 from daemon_helpers import RawClient, daemon_settings, held_first_build, running_daemon, short_dir, wait_until
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from clawmem.api import Client
 from clawmem.client import DaemonClient

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -132,7 +133,7 @@ def test_a_thousand_rapid_writes_to_one_file_cause_few_syncs(workspace: Path, ds
         elapsed = written[-1] - written[0]
         # A loaded machine may pause this loop for longer than the debounce: each such pause lets
         # one sync through, as it should.
-        pauses = sum(later - earlier >= dsettings.daemon.debounce for earlier, later in zip(written, written[1:]))
+        pauses = sum(later - earlier >= dsettings.daemon.debounce for earlier, later in itertools.pairwise(written))
         wait_until(lambda: finds(client, "revision999", "memory/busy.md"), WITHIN, message="the last revision")
         syncs = client.status()["daemon"]["runs"]["sync"] - before
         # At most one sync per max_delay (1 s) of writing and per pause, plus the trailing one (and one in flight).

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from clawmem.config import EmbeddingSettings
-from clawmem.errors import ProviderError, ProviderUnavailable
 from clawmem.embeddings.base import ProviderInfo
 from clawmem.embeddings.gemini import GeminiProvider
 from clawmem.embeddings.openai import OpenAIProvider
 from clawmem.embeddings.registry import NO_PROVIDER, SDKS, ResolvedProvider, install_command, resolve_provider
 from clawmem.embeddings.voyage import VoyageProvider
+from clawmem.errors import ProviderError, ProviderUnavailable
 
 OPENAI_KEY = "sk-openai-SECRET-1111"
 GEMINI_KEY = "AIza-gemini-SECRET-2222"

@@ -18,11 +18,11 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from daemon_helpers import RawClient, short_dir, stop_process, wait_listening, wait_until
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from clawmem.embeddings.registry import REMOTE_PROVIDERS, SDKS
-from daemon_helpers import RawClient, short_dir, stop_process, wait_listening, wait_until
 
 PYPROJECT = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
 PROVIDERS = (*REMOTE_PROVIDERS, "local")

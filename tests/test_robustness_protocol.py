@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from daemon_helpers import RawClient, RecordingLog, daemon_settings, running_daemon, short_dir
 
-from clawmem.search import SearchRequest
 from clawmem.protocol import INTERNAL_ERROR, MAX_BATCH, Dispatcher, MemoryBudget
+from clawmem.search import SearchRequest
 from clawmem.server import MAX_LINE
 
 SEED = int(os.environ.get("CLAWMEM_FUZZ_SEED", "20261122"))

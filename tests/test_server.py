@@ -20,8 +20,8 @@ from daemon_helpers import RawClient, RecordingLog, short_dir, wait_until
 from clawmem.config import Settings
 from clawmem.engine import MemoryIndex
 from clawmem.errors import ConfigError
-from clawmem.search import SearchRequest
 from clawmem.protocol import MAX_BATCH, MAX_REPLY_BYTES, Dispatcher, MemoryBudget, encode_line
+from clawmem.search import SearchRequest
 from clawmem.server import RpcServer, bind_unix_socket
 
 

@@ -37,8 +37,8 @@ from clawmem.service import (
     render_templates,
     shipped_units,
     systemd_quote,
-    uninstall,
     unescape_path,
+    uninstall,
     unit_states,
 )
 

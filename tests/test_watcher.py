@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 import shutil
@@ -224,7 +225,7 @@ def test_a_thousand_rapid_writes_give_few_signals(workspace: Path, watched: Work
     elapsed = written[-1] - written[0]
     # A loaded machine may pause this loop for longer than the debounce: each such pause lets one
     # signal through, as it should.
-    pauses = sum(later - earlier >= DEBOUNCE for earlier, later in zip(written, written[1:]))
+    pauses = sum(later - earlier >= DEBOUNCE for earlier, later in itertools.pairwise(written))
     first = signals.wait_new(0)
     assert first == "change"
     signals.quiet_for(1, DEBOUNCE * 3)
