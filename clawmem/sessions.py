@@ -235,7 +235,7 @@ def read_transcript(reader: TranscriptReader, previous: TailState | None,
     carry = previous.carry if previous is not None and not whole else ()
     state = TailState(offset, line_no, head_hash, _hash(bytes(tail)), header, malformed + len(bad), chunking, carry)
     rewindow_from = None
-    if messages and carry:  # nothing new to say: the last chunks stay as they are
+    if messages and carry:  # with nothing new, the last chunks stay as they are
         messages[:0] = carry
         rewindow_from = carry[0].line
     return Transcript(messages, state, whole, bad, reader.bytes_read, rewindow_from)
