@@ -8,6 +8,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -252,6 +253,15 @@ def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         yield path
 
 
+def accepts_connections(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 @pytest.mark.skipif(ACTIVATE is None, reason="systemd-socket-activate is not installed")
 def test_clients_find_the_socket_activated_daemon(tmp_path: Path, workspace: Path, runtime_dir: Path) -> None:
     """What systemd would run, from the installed drop-ins: the socket it listens on, the ExecStart it starts."""
@@ -265,8 +275,11 @@ def test_clients_find_the_socket_activated_daemon(tmp_path: Path, workspace: Pat
     passed = [arg for name in ("HOME", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME") for arg in ("-E", name)]
     proc = subprocess.Popen([str(ACTIVATE), "-l", str(listen), *passed, *argv], stdout=log, stderr=log)
     try:
-        wait_until(listen.exists, timeout=15, message=f"systemd-socket-activate listening on {listen}")
+        # The socket file appears at bind(), a moment before listen(): wait until a connection is taken.
+        wait_until(lambda: accepts_connections(listen), timeout=15,
+                   message=f"systemd-socket-activate listening on {listen}")
         status = invoke("status", "--workspace", str(workspace), "--json")
+        assert status.exit_code == 0, (status.output, (tmp_path / "daemon.log").read_text())
         daemon = json.loads(status.stdout)["daemon"]
         assert daemon["socket_activated"] is True and daemon["socket"] == str(listen)
         proc.send_signal(signal.SIGTERM)
