@@ -382,10 +382,9 @@ class Store:
             self._drop_vector(seq, layout)
 
     def delete_file(self, path: str) -> int:
-        seqs = [row[0] for row in self.conn.execute("SELECT seq FROM chunks WHERE path = ?", (path,))]
-        self.delete_chunks(seqs)
+        removed = self.delete_chunks_from(path, 0)  # line numbers start at 1: every chunk
         self.conn.execute("DELETE FROM files WHERE path = ?", (path,))
-        return len(seqs)
+        return removed
 
     def delete_chunks_from(self, path: str, start_line: int) -> int:
         """Drop a file's chunks that start at `start_line` or later (a transcript's tail made again)."""
