@@ -149,6 +149,9 @@ class Embedder:
         try:
             if store.get_meta("fingerprint") != fingerprint:
                 return  # built for another model: the writer rebuilds it first, then wakes this thread
+            warm = getattr(provider, "warm", None)
+            if warm is not None:
+                warm()  # load the model / SDK here, not inside the first query's deadline
             jobs = advance(store, provider, index.settings.batch, due_only=True)
             for note in jobs.failed:
                 self._log.warning("batch_job", problem=note)

@@ -133,3 +133,26 @@ def test_no_provider_means_no_embedding_work(settings: Settings, write: Any) -> 
         wait_until(lambda: embedder.counts["embed"] >= 1 and not embedder.state()["running"],
                    message="the embedder to look")
         assert embedder.counts["failed"] == 0 and log.events("embed") == []
+
+
+class ColdProvider(FakeProvider):
+    """A provider with something to load before its first call, as the local model and the remote SDKs have."""
+
+    def __init__(self) -> None:
+        super().__init__(dims=16)
+        self.warmed = threading.Event()
+
+    def warm(self) -> None:
+        self.warmed.set()
+
+
+def test_the_embedding_thread_warms_the_provider_off_the_query_path(settings: Settings, write: Any) -> None:
+    write("memory/a.md", "# A\nalpha beta\n")
+    provider = ColdProvider()
+    index = MemoryIndex(settings, provider=provider)
+    with threads(index) as (writer, _embedder, _log):
+        writer.wait_sync(writer.request_sync("startup"), timeout=10)
+        wait_until(lambda: index.status()["pending_embeddings"] == 0, message="the embedding pass")
+        writer.wait_sync(writer.request_sync("again"), timeout=10)  # nothing to embed: still warmed
+        assert provider.warmed.wait(10)
+        assert provider.query_calls == 0

@@ -47,7 +47,9 @@ class EmbeddingProvider(Protocol):
 
     `embed_documents` returns one vector per input text, in order, each of `info.dims` floats.
     Raises `clawmem.errors.ProviderError` (or a subclass) when it gives up. A provider may also
-    have a `preferred_batch` attribute: how many texts to hand it per call (see `embed_pending`).
+    have a `preferred_batch` attribute: how many texts to hand it per call (see `embed_pending`),
+    and a `warm()` method that loads what its first call would (an SDK, a model): a command that
+    embeds nothing never calls it, the daemon calls it in the background so a query does not wait.
     """
 
     @property

@@ -78,18 +78,25 @@ class GeminiProvider(RemoteProvider):
         model = settings.model or DEFAULT_MODEL
         super().__init__(settings, model=model, endpoint=describe_endpoint(f"{base_url}/{api_version}", headers),
                          limits=_LIMITS, secrets=[api_key, *secret_values(headers)], sleep=sleep)
-        from google import genai
-        from google.genai import types
-
-        options = types.HttpOptions(base_url=base_url, api_version=api_version, headers=headers or None,
-                                    timeout=max(1, round(settings.timeout * 1000)),
-                                    retry_options=types.HttpRetryOptions(attempts=1))
-        self._types = types
-        self._client = genai.Client(api_key=api_key, vertexai=False, http_options=options)
+        self._connection = (api_key, base_url, api_version, headers)
         self._submitted: dict[str, Submitted] = {}
 
-    def close(self) -> None:
-        self._client.close()
+    def _make_client(self) -> Any:
+        from google import genai
+
+        api_key, base_url, api_version, headers = self._connection
+        types = self._types
+        options = types.HttpOptions(base_url=base_url, api_version=api_version, headers=headers or None,
+                                    timeout=max(1, round(self._settings.timeout * 1000)),
+                                    retry_options=types.HttpRetryOptions(attempts=1))
+        return genai.Client(api_key=api_key, vertexai=False, http_options=options)
+
+    @property
+    def _types(self) -> Any:
+        """The SDK's request types (`google.genai.types`), imported when a request is first built."""
+        from google.genai import types
+
+        return types
 
     def _request(self, inputs: list[str], kind: InputKind) -> list[list[float]]:
         config = self._types.EmbedContentConfig(task_type=_TASK_TYPES[kind],

@@ -1,7 +1,8 @@
 """The `local` provider: a GGUF embedding model run in-process by llama-cpp-python.
 
-llama_cpp is imported when a provider is built, not when this module is, so the daemon and the
-CLI only pay for it (about half a second) when the local provider is really used.
+llama_cpp is imported, and the model loaded, when the provider first tokenizes or embeds, not when
+it is built: its identity (name, dimensions) is read from the GGUF header, so a command that embeds
+nothing (status, a no-change sync, a keyword search) pays neither the import nor the ~100 MB model.
 
 How the work reaches llama.cpp, and why (measured on 2 busy cores with all-MiniLM-L6-v2):
 - One context of the model's trained length (capped at `MAX_CONTEXT`); n_batch = n_ubatch cover a
@@ -48,9 +49,10 @@ _SEGMENT = re.compile(r"\s*\S+\s*|\s+")
 
 
 class LocalProvider:
-    """An `EmbeddingProvider` over one GGUF file; loads the model when constructed.
+    """An `EmbeddingProvider` over one GGUF file; loads the model on first use.
 
-    Raises ProviderError when the file cannot be loaded as an embedding model.
+    Raises ProviderError when the file cannot be loaded as an embedding model (when constructed if
+    its header does not declare the vector size, else on first use).
     """
 
     def __init__(self, settings: EmbeddingSettings, model_path: Path, *, pack_tokens: int | None = None) -> None:
@@ -64,11 +66,34 @@ class LocalProvider:
         self.threads = settings.threads or _available_cpus()
         self._max_seqs = max(1, settings.batch_size)
         self._lock = threading.Lock()
-        self._llama = self._load(has_pooling=f"{arch}.pooling_type" in meta)
+        self._load_lock = threading.Lock()
+        self._has_pooling = f"{arch}.pooling_type" in meta
+        self._model: Llama | None = None
+        self._special_count: int | None = None
         name = str(meta.get("general.name") or self.model_path.stem)
-        self._info = ProviderInfo(provider="local", model=name, dims=int(self._llama.n_embd()),
-                                  endpoint=model_identity(self.model_path))
-        self._specials = len(self._llama.tokenize(b"", add_bos=True, special=False))
+        # llama.cpp's n_embd is this header field; a file without it is loaded now to ask.
+        dims = int(meta.get(f"{arch}.embedding_length") or 0) or int(self._llama.n_embd())
+        self._info = ProviderInfo(provider="local", model=name, dims=dims, endpoint=model_identity(self.model_path))
+
+    @property
+    def _llama(self) -> Llama:
+        """The model, loaded on first use (under its own lock: callers may hold `_lock`)."""
+        if self._model is None:
+            with self._load_lock:
+                if self._model is None:
+                    self._model = self._load(has_pooling=self._has_pooling)
+        return self._model
+
+    @property
+    def _specials(self) -> int:
+        """Tokens the model adds to every text (BOS/EOS)."""
+        if self._special_count is None:
+            self._special_count = len(self._llama.tokenize(b"", add_bos=True, special=False))
+        return self._special_count
+
+    def warm(self) -> None:
+        """Load the model now (the daemon does, off the query path)."""
+        self._specials  # noqa: B018
 
     @property
     def info(self) -> ProviderInfo:

@@ -264,8 +264,11 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
 def gguf_metadata(path: Path) -> dict[str, Any]:
     """The scalar key/values of a GGUF header (arrays such as the vocabulary are skipped).
 
-    The local provider needs a few of them (context length, name, pooling) before it creates a
-    llama.cpp context; reading them here costs milliseconds where gguf.GGUFReader takes seconds.
+    The local provider needs a few of them (context length, name, dimensions, pooling) and loads
+    the model only when it first embeds; reading them here costs milliseconds where
+    gguf.GGUFReader takes seconds. The tensor table is read too, so that a file cut short (an
+    interrupted copy) is refused here rather than at the first embedding: every tensor must start
+    inside the file.
     """
     with Path(path).open("rb") as fh:
         reader = _HeaderReader(fh)
@@ -274,7 +277,7 @@ def gguf_metadata(path: Path) -> dict[str, Any]:
         version = reader.scalar(4)
         if version < 2:
             raise ProviderError(f"{path}: GGUF version {version} is too old")
-        reader.scalar(10)
+        tensors = reader.scalar(10)
         count = reader.scalar(10)
         values: dict[str, Any] = {}
         for _ in range(count):
@@ -284,6 +287,15 @@ def gguf_metadata(path: Path) -> dict[str, Any]:
                 reader.skip_array()
             else:
                 values[key] = reader.value(vtype)
+        last_offset = 0
+        for _ in range(tensors):
+            fh.seek(reader.scalar(10), os.SEEK_CUR)  # name
+            fh.seek(8 * reader.scalar(4) + 4, os.SEEK_CUR)  # dimensions, type
+            last_offset = max(last_offset, reader.scalar(10))
+        alignment = int(values.get("general.alignment") or 32)
+        data_start = -(-fh.tell() // alignment) * alignment
+        if tensors and data_start + last_offset >= os.fstat(fh.fileno()).st_size:
+            raise ProviderError(f"{path} is cut short: its tensors reach past the end of the file")
         return values
 
 

@@ -1,6 +1,7 @@
 """OpenAI embeddings, and any OpenAI-compatible server (`base_url`, `api_key`, extra `headers`).
 
-The `openai` SDK is imported in the constructor, not at module import (it costs over a second).
+The `openai` SDK is imported when the first request needs its client, not at module import or in
+the constructor (it costs over a second; the provider's identity needs none of it).
 Its own retries are off (`max_retries=0`): `clawmem.embeddings.retry` is the one retry loop.
 
 Large backfills can go through the Batch API instead (`BatchEmbedder`): one JSONL line per text
@@ -68,14 +69,15 @@ class OpenAIProvider(RemoteProvider):
         self.official_endpoint = base_url == DEFAULT_BASE_URL  # batch jobs: OpenAI has them, compatible servers rarely
         super().__init__(settings, model=model, endpoint=describe_endpoint(base_url, headers), limits=_LIMITS,
                          secrets=[api_key, *secret_values(headers)], sleep=sleep)
-        import openai
-
-        self._client = openai.OpenAI(api_key=api_key or "no-key", base_url=base_url, max_retries=0,
-                                     timeout=settings.timeout, default_headers=headers)
+        self._connection = (api_key or "no-key", base_url, headers)
         self._submitted: dict[str, Submitted] = {}
 
-    def close(self) -> None:
-        self._client.close()
+    def _make_client(self) -> Any:
+        import openai
+
+        api_key, base_url, headers = self._connection
+        return openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=self._settings.timeout,
+                             default_headers=headers)
 
     def _request(self, inputs: list[str], kind: InputKind) -> list[Any]:
         """One request through the SDK's client (auth, headers, errors), its answer read as plain JSON.

@@ -1,8 +1,9 @@
 """What the OpenAI, Gemini and Voyage providers share: planning, retries, checks, identity.
 
-A subclass builds its SDK client (imported lazily, in its constructor) and implements two
-methods: `_request` makes exactly one HTTP call for a list of inputs, and `_classify` maps the
-SDK's exceptions to a `retry.Failure`. Everything else, from splitting over-limit inputs to
+A subclass implements three methods: `_make_client` builds its SDK client (called on first use
+only: importing an SDK costs up to a second, which a command that embeds nothing must not pay),
+`_request` makes exactly one HTTP call for a list of inputs, and `_classify` maps the SDK's
+exceptions to a `retry.Failure`. Everything else, from splitting over-limit inputs to
 refusing zero vectors, lives here once.
 """
 
@@ -104,6 +105,31 @@ class RemoteProvider(abc.ABC):
         self._lock = threading.Lock()
         self._concurrency = settings.concurrency
         self._pause = Pause(sleep)
+        self._client_lock = threading.Lock()
+        self._sdk_client: Any = None
+
+    @property
+    def _client(self) -> Any:
+        """The SDK client, made on first use; an SDK that fails to import then is a ProviderError naming it."""
+        if self._sdk_client is None:
+            with self._client_lock:
+                if self._sdk_client is None:
+                    try:
+                        self._sdk_client = self._make_client()
+                    except ImportError as exc:
+                        raise ProviderError(f"{self.name}: its SDK cannot be imported ({exc.name or exc}); "
+                                            "reinstall the provider's extra") from exc
+        return self._sdk_client
+
+    def warm(self) -> None:
+        """Import the SDK and build the client now (the daemon does, off the query path)."""
+        self._client  # noqa: B018
+
+    def close(self) -> None:
+        """Close the SDK client's connections, if one was ever made."""
+        close = getattr(self._sdk_client, "close", None)
+        if close is not None:
+            close()
 
     @property
     def info(self) -> ProviderInfo:
@@ -191,6 +217,10 @@ class RemoteProvider(abc.ABC):
 
     def _status_failure(self, status: int, headers: Mapping[str, str] | None, detail: str) -> Failure:
         return failure_from_status(status, headers, detail, clock=self._policy.clock)
+
+    @abc.abstractmethod
+    def _make_client(self) -> Any:
+        """The SDK's client for this provider's settings (the SDK is imported here, not at module import)."""
 
     @abc.abstractmethod
     def _request(self, inputs: list[str], kind: InputKind) -> list[list[float]]:

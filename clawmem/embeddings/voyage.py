@@ -3,8 +3,8 @@
 `voyageai.Client(base_url=...)` takes a base URL (it defaults to api.voyageai.com, or MongoDB's
 host for `al-` keys, exactly as the SDK decides). The SDK drops every request header except
 Authorization and Content-Type, so extra `headers` cannot be honoured and are refused rather than
-silently ignored. The SDK is imported in the constructor; `max_retries=0` turns its tenacity loop
-off.
+silently ignored. The SDK is imported when the first request needs it (importing it costs a third
+of a second); `max_retries=0` turns its tenacity loop off.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from clawmem.config import EmbeddingSettings
 from clawmem.embeddings.remote import InputKind, Limits, RemoteProvider, describe_endpoint, first_set
@@ -47,18 +47,20 @@ class VoyageProvider(RemoteProvider):
         if settings.headers:
             raise ConfigError("invalid setting 'embedding.headers': the voyageai SDK sends no extra headers; "
                               "remove them to use voyage")
-        from voyageai.client import Client
-        from voyageai.local.helpers import is_local_model
-        from voyageai.util import get_default_base_url
-
         model = settings.model or DEFAULT_MODEL
-        if is_local_model(model):
+        if model not in self.known_dims and _runs_in_process(model):
             raise ConfigError(f"invalid setting 'embedding.model': {model!r} runs in-process in the voyageai SDK "
                               "(downloading weights at run time); clawmem's voyage provider only calls the API")
-        base_url = (settings.base_url or get_default_base_url(api_key)).rstrip("/")
+        base_url = (settings.base_url or _default_base_url(api_key)).rstrip("/")
         super().__init__(settings, model=model, endpoint=describe_endpoint(base_url, {}), limits=_LIMITS,
                          secrets=[api_key], sleep=sleep)
-        self._client = Client(api_key=api_key, max_retries=0, timeout=settings.timeout, base_url=base_url)
+        self._connection = (api_key, base_url)
+
+    def _make_client(self) -> Any:
+        from voyageai.client import Client
+
+        api_key, base_url = self._connection
+        return Client(api_key=api_key, max_retries=0, timeout=self._settings.timeout, base_url=base_url)
 
     def _request(self, inputs: list[str], kind: InputKind) -> list[list[float]]:
         result = self._client.embed(list(inputs), model=self._model, input_type=kind, truncation=True,
@@ -81,3 +83,15 @@ class VoyageProvider(RemoteProvider):
                 return Failure(Kind.BAD_RESPONSE, detail)
             return self._status_failure(status, exc.headers, detail)
         return None
+
+
+def _default_base_url(api_key: str) -> str:
+    """The SDK's default endpoint for `api_key` (`voyageai.util.get_default_base_url`, without importing the SDK)."""
+    return "https://ai.mongodb.com/v1" if api_key.startswith("al-") else "https://api.voyageai.com/v1"
+
+
+def _runs_in_process(model: str) -> bool:
+    """Whether the SDK would run `model` in-process; asked only of names outside the known API models."""
+    from voyageai.local.helpers import is_local_model
+
+    return bool(is_local_model(model))

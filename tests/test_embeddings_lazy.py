@@ -1,0 +1,114 @@
+"""A command that embeds nothing imports no provider SDK and loads no model.
+
+Importing an SDK costs up to a second (openai ~1 s, voyageai ~0.4 s) and the local model ~100 MB:
+the provider's identity, which the index fingerprint needs on every command, is known from the
+settings and the GGUF header alone. Each command runs as a user runs it, in its own process, and
+reports which provider modules it had imported when it exited.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fake_http import FakeServer, fake_server, no_proxy, openai_reply
+
+__all__ = ["fake_server", "no_proxy"]
+
+SDK_MODULES = ("openai", "google.genai", "voyageai", "llama_cpp")
+
+# Runs the CLI, then prints the provider modules it imported (atexit runs after click's sys.exit).
+_PROBE = """
+import atexit, json, sys
+atexit.register(lambda: print("IMPORTED " + json.dumps(sorted(m for m in {modules!r} if m in sys.modules)),
+                              file=sys.stderr))
+sys.argv = ["clawmem", *sys.argv[1:]]
+from clawmem.cli import main
+main()
+"""
+
+
+def run(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    probe = _PROBE.format(modules=SDK_MODULES)
+    out = subprocess.run([sys.executable, "-c", probe, *args], env={**os.environ, **env}, capture_output=True,
+                         text=True, timeout=120, stdin=subprocess.DEVNULL)
+    marker = [line for line in out.stderr.splitlines() if line.startswith("IMPORTED ")]
+    assert marker, out.stderr
+    return out, json.loads(marker[-1].removeprefix("IMPORTED "))
+
+
+@pytest.fixture
+def notes(workspace: Path) -> Path:
+    (workspace / "MEMORY.md").write_text("# Memory\nThe staging server is called pinecone.\n")
+    (workspace / "memory" / "2026-11-20.md").write_text("Deploys go through staging first.\n")
+    return workspace
+
+
+def remote_env(notes: Path, tmp_path: Path, server: FakeServer) -> dict[str, str]:
+    return {"CLAWMEM_WORKSPACE": str(notes), "CLAWMEM_INDEX": str(tmp_path / "index.sqlite"),
+            "CLAWMEM_PROVIDER": "openai", "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{server.url}/v1",
+            "CLAWMEM_SOCKET": str(tmp_path / "none.sock")}
+
+
+@pytest.mark.usefixtures("no_proxy")
+def test_openai_sdk_is_imported_only_by_commands_that_embed(notes: Path, tmp_path: Path,
+                                                            fake_server: FakeServer) -> None:
+    fake_server.default = lambda request: openai_reply(request, dims=1536)
+    env = remote_env(notes, tmp_path, fake_server)
+    first, imported = run("index", env=env)
+    assert first.returncode == 0, first.stderr
+    assert "openai" in imported  # the first index embeds: the SDK is used, so imported
+    requests = len(fake_server.requests)
+    assert requests > 0
+
+    for command in (["index"], ["status"], ["search", "--mode", "bm25", "staging"]):
+        out, imported = run(*command, env=env)
+        assert out.returncode == 0, (command, out.stderr)
+        assert imported == [], command
+    assert len(fake_server.requests) == requests
+
+    out, imported = run("search", "--json", "which server is staging", env=env)  # hybrid: the query is embedded
+    assert out.returncode == 0, out.stderr
+    assert imported == ["openai"]
+    assert json.loads(out.stdout)["results"][0]["path"] == "MEMORY.md"
+
+
+def test_local_model_is_loaded_only_by_commands_that_embed(notes: Path, tmp_path: Path) -> None:
+    env = {"CLAWMEM_WORKSPACE": str(notes), "CLAWMEM_INDEX": str(tmp_path / "index.sqlite"),
+           "CLAWMEM_PROVIDER": "local", "CLAWMEM_SOCKET": str(tmp_path / "none.sock")}
+    first, imported = run("index", env=env)
+    assert first.returncode == 0, first.stderr
+    assert imported == ["llama_cpp"]
+
+    for command in (["index"], ["status", "--json"], ["search", "--mode", "bm25", "staging"]):
+        out, imported = run(*command, env=env)
+        assert out.returncode == 0, (command, out.stderr)
+        assert imported == [], command
+    status = json.loads(run("status", "--json", env=env)[0].stdout)
+    assert status["fresh"] is True and status["dims"] == 384
+
+
+@pytest.mark.parametrize(("factory", "key", "sdk"), [
+    ("clawmem.embeddings.openai:OpenAIProvider", "OPENAI_API_KEY", "openai"),
+    ("clawmem.embeddings.gemini:GeminiProvider", "GEMINI_API_KEY", "google.genai"),
+    ("clawmem.embeddings.voyage:VoyageProvider", "VOYAGE_API_KEY", "voyageai"),
+])
+def test_a_remote_provider_knows_its_identity_without_its_sdk(factory: str, key: str, sdk: str) -> None:
+    module, name = factory.split(":")
+    code = f"""
+import sys
+from clawmem.config import EmbeddingSettings
+from {module} import {name} as Provider
+provider = Provider(EmbeddingSettings(provider="x"), environ={{"{key}": "k-123"}})
+info = provider.info
+before = "{sdk}" in sys.modules
+provider._client
+print(info.provider, info.dims > 0, bool(info.endpoint), before, "{sdk}" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[1:] == ["True", "True", "False", "True"]
