@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 
-import clawmem.store as store_module  # noqa: E402
+import clawmem.vector_index as vector_index  # noqa: E402
 from clawmem.config import load_settings  # noqa: E402
 from clawmem.embeddings.base import ProviderInfo  # noqa: E402
 from clawmem.search import SearchRequest, run_search  # noqa: E402
@@ -112,15 +112,15 @@ def real_recall(store: Store, vectors: np.ndarray, queries: np.ndarray, factors:
     """recall@10 and @24 by oversampling factor (no minimum), then recall@k as configured."""
     seqs = seqs_of(store)
     sweep: dict[str, dict[str, float]] = {}
-    configured = (store_module.OVERSAMPLE, store_module.MIN_CANDIDATES)
+    configured = (vector_index.OVERSAMPLE, vector_index.MIN_CANDIDATES)
     try:
-        store_module.MIN_CANDIDATES = 0
+        vector_index.MIN_CANDIDATES = 0
         for factor in factors:
-            store_module.OVERSAMPLE = factor
+            vector_index.OVERSAMPLE = factor
             sweep[str(factor)] = {f"recall@{k}": round(recall(store, vectors, seqs, queries, k), 4) for k in (10, 24)}
             log(f"  {len(vectors)} vectors, oversample {factor:>2} (no minimum): {sweep[str(factor)]}")
     finally:
-        store_module.OVERSAMPLE, store_module.MIN_CANDIDATES = configured
+        vector_index.OVERSAMPLE, vector_index.MIN_CANDIDATES = configured
     found = {f"recall@{k}": round(recall(store, vectors, seqs, queries, k), 4) for k in (6, 10, 24, 50)}
     log(f"  {len(vectors)} vectors, configured: {found}")
     return {"vectors": len(vectors), "by_oversample": sweep, "configured": found}
@@ -143,7 +143,7 @@ def build(path: Path, vectors: np.ndarray, chunks: Sequence[tuple[str, str]]) ->
     if path.exists():
         store = Store(path, create=False)
         if (store.get_meta("bench_chunks"), store.get_meta("vector_partitions")) == (
-                str(len(vectors)), str(store_module.VECTOR_PARTITIONS)):
+                str(len(vectors)), str(vector_index.VECTOR_PARTITIONS)):
             return store
         store.close()
         path.unlink()
@@ -254,8 +254,8 @@ def main() -> None:
     real, chunks = read_scifact(Path(args.scifact))
     queries, texts, query_kind = query_set(work, args.model, real, args.queries)
     log(f"SciFact: {len(real)} chunk vectors ({real.shape[1]}-d), {len(queries)} queries: {query_kind}")
-    result: dict[str, Any] = {"k": K, "queries": query_kind, "partitions": store_module.VECTOR_PARTITIONS,
-                              "oversample": store_module.OVERSAMPLE, "min_candidates": store_module.MIN_CANDIDATES}
+    result: dict[str, Any] = {"k": K, "queries": query_kind, "partitions": vector_index.VECTOR_PARTITIONS,
+                              "oversample": vector_index.OVERSAMPLE, "min_candidates": vector_index.MIN_CANDIDATES}
 
     factors = [int(x) for x in args.oversample.split(",")]
     real_sets = [("scifact_chunks", real)]

@@ -175,7 +175,7 @@ def test_the_true_nearest_neighbour_wins_among_many_near_duplicates(store: Store
 
 
 def test_deleted_chunks_lose_their_vectors_and_sign_bits(store: Store, monkeypatch) -> None:
-    import clawmem.store as store_module
+    import clawmem.vector_index as vector_index
 
     rng = random.Random(3)
     vectors = [unit(rng, 16) for _ in range(200)]
@@ -191,16 +191,16 @@ def test_deleted_chunks_lose_their_vectors_and_sign_bits(store: Store, monkeypat
     store.delete_file("memory/a.md")
     assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(0,)]
     assert store.vector_search(pack(query), 5) == []
-    monkeypatch.setattr(store_module, "PREFIX_SCAN_ROWS", 0)
+    monkeypatch.setattr(vector_index, "PREFIX_SCAN_ROWS", 0)
     add(store, "pending", "not embedded yet")
     assert store.vector_search(pack(query), 5, ChunkFilter(path_prefix="memory/")) == []
 
 
 @pytest.mark.parametrize("scan_rows", [8192, 0], ids=["small-prefixes-ranked-exactly", "all-through-sign-bits"])
 def test_a_path_prefix_keeps_only_its_chunks_and_their_true_nearest(store: Store, monkeypatch, scan_rows: int) -> None:
-    import clawmem.store as store_module
+    import clawmem.vector_index as vector_index
 
-    monkeypatch.setattr(store_module, "PREFIX_SCAN_ROWS", scan_rows)
+    monkeypatch.setattr(vector_index, "PREFIX_SCAN_ROWS", scan_rows)
     rng = random.Random(4)
     vectors = clustered(rng, 80, 15, 64)
     paths = [f"notes/{i}.md" if i % 100 == 0 else f"memory/{'ab'[i % 2]}/{i}.md" for i in range(1200)]  # 12 notes
@@ -216,9 +216,9 @@ def test_a_path_prefix_keeps_only_its_chunks_and_their_true_nearest(store: Store
 
 def test_a_prefix_with_few_candidates_near_the_query_takes_more_of_them(store: Store, monkeypatch) -> None:
     """Under memory/a/ the nearest vector differs from the query in 5 sign bits; 450 vectors differ in 0 or 1."""
-    import clawmem.store as store_module
+    import clawmem.vector_index as vector_index
 
-    monkeypatch.setattr(store_module, "PREFIX_SCAN_ROWS", 0)
+    monkeypatch.setattr(vector_index, "PREFIX_SCAN_ROWS", 0)
     rng = random.Random(8)
     query = [rng.choice((-1.0, 1.0)) * (0.01 if i < 8 else 1.0) for i in range(64)]
 

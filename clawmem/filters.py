@@ -1,0 +1,65 @@
+"""What a search may return: the filter both the keyword and the vector index apply inside their candidate queries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ChunkFilter"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkFilter:
+    """What a search may return: under a path, from one source, dated within [since, before).
+
+    Applied inside the candidate queries (keyword and vector), never to a top-k already cut, which
+    would lose matches. A date bound leaves out undated chunks (MEMORY.md, notes without a date).
+    """
+
+    path_prefix: str | None = None
+    source: str | None = None
+    since: str | None = None  # ISO date, inclusive
+    before: str | None = None  # ISO date, exclusive
+
+    def __bool__(self) -> bool:
+        return any((self.path_prefix, self.source, self.since, self.before))
+
+    @property
+    def dated(self) -> bool:
+        return self.since is not None or self.before is not None
+
+    def sql(self, alias: str) -> tuple[str, dict[str, Any]]:
+        """A condition on the chunks table under `alias` (an index answers the path and date parts as ranges)."""
+        clauses: list[str] = []
+        args: dict[str, Any] = {}
+        if self.path_prefix:
+            clause, args = prefix_range(f"{alias}.path", self.path_prefix)
+            clauses.append(clause)
+        if self.source:
+            clauses.append(f"{alias}.source = :source")
+            args["source"] = self.source
+        if self.since:
+            clauses.append(f"{alias}.date >= :since")
+            args["since"] = self.since
+        if self.before:
+            clauses.append(f"{alias}.date < :before")
+            args["before"] = self.before
+        return " AND ".join(clauses) or "1", args
+
+
+
+def prefix_range(column: str, prefix: str) -> tuple[str, dict[str, Any]]:
+    """A condition for `column` starting with `prefix` that an index on it can answer as a range.
+
+    Text compares as UTF-8 bytes, which order as code points: the strings starting with `prefix` are
+    those from `prefix` up to (not including) `prefix` with its last character incremented.
+    """
+    args: dict[str, Any] = {"prefix": prefix, "n": len(prefix)}
+    clause = f"{column} >= :prefix AND substr({column}, 1, :n) = :prefix"
+    following = ord(prefix[-1]) + 1
+    if 0xD800 <= following < 0xE000:
+        following = 0xE000  # surrogates are not characters
+    if following <= 0x10FFFF:
+        clause += f" AND {column} < :upper"
+        args["upper"] = prefix[:-1] + chr(following)
+    return clause, args
