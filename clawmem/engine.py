@@ -54,6 +54,7 @@ __all__ = ["MemoryIndex"]
 
 KEYWORD_FORMAT = "porter-unicode61+cjk-1+dates"  # chunks carry their daily file's date
 CONTEXT_READ_BYTES = 1 << 20  # at least this much of each range of hit lines is read for `context`
+PENDING_CHECK_SECONDS = 0.025  # a query answered without a daemon checks files on disk for this long at most
 _UNRESOLVED: Any = object()
 _REPORTED_PROBLEMS = 20  # per sync, kept in meta for `status`
 
@@ -374,7 +375,7 @@ class MemoryIndex:
             "provider": info.provider if info else "none",
             "model": info.model if info else "",
             "mode": outcome.mode,
-            "index": {"pending_files": self.pending_files(store),
+            "index": {**self._query_pending_files(store),
                       "pending_embeddings": store.pending_embeddings() if _has_vectors(store) else 0},
         }
         if self.fallback_used:
@@ -477,6 +478,29 @@ class MemoryIndex:
         if self._pending_files is not None:
             return self._pending_files()
         return self.disk_state(store)[1]
+
+    def _query_pending_files(self, store: Store) -> dict[str, object]:
+        """`pending_files` for a query's answer, at a cost that does not grow with the workspace.
+
+        A watcher (the daemon's) knows it exactly. Without one, files are checked against the index
+        for at most PENDING_CHECK_SECONDS: a workspace checked whole gets its exact count, a bigger one
+        the changes found so far (a lower bound) and `pending_files_complete: false`. `status`
+        always counts them all.
+        """
+        if self._pending_files is not None:
+            return {"pending_files": self._pending_files()}
+        deadline = time.monotonic() + PENDING_CHECK_SECONDS
+        memory, sessions = source_scope(self.settings)
+        pending = present = 0
+        for f in scan(self.settings.workspace, self.settings.extra_paths, exclude=self.settings.exclude,
+                      memory=memory, sessions=sessions):
+            row = store.file_row(f.path)
+            if row is None or (row.mtime, row.size) != (f.mtime_ns, f.size):
+                pending += 1
+            present += row is not None
+            if time.monotonic() > deadline:
+                return {"pending_files": pending, "pending_files_complete": False}
+        return {"pending_files": pending + store.counts()[0] - present}
 
     def disk_state(self, store: Store | None) -> tuple[int, int]:
         """(files of the configured sources on disk, files changed since the last sync), by one stat scan."""

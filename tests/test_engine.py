@@ -208,3 +208,26 @@ def test_status_reports_counts_and_freshness(settings: Settings, write) -> None:
     assert status["pending_files"] == 1 and status["fresh"] is False
     os.remove(settings.workspace / "memory" / "a.md")
     assert index.status()["pending_files"] == 2
+
+
+def test_a_query_without_a_watcher_counts_pending_files_within_a_bound(settings: Settings, write,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exact when the check finishes in time (changes, additions and deletions); a lower bound, said so, when not."""
+    import clawmem.engine as engine_module
+
+    for i in range(40):
+        write(f"memory/n{i:02}.md", f"note {i} about tomatoes\n")
+    index = MemoryIndex(settings)
+    index.sync()
+    assert index.search(SearchRequest("tomatoes"))["index"] == {"pending_files": 0, "pending_embeddings": 0}
+    for i in range(10):
+        write(f"memory/n{i:02}.md", f"note {i} about tomatoes, edited at more length\n")
+    write("memory/new.md", "a new note\n")
+    (settings.workspace / "memory" / "n39.md").unlink()
+    assert index.search(SearchRequest("tomatoes"))["index"]["pending_files"] == 12
+
+    monkeypatch.setattr(engine_module, "PENDING_CHECK_SECONDS", 0.0)
+    counted = index.search(SearchRequest("tomatoes"))["index"]
+    assert counted["pending_files_complete"] is False
+    assert 0 <= counted["pending_files"] <= 12
+    assert index.status()["pending_files"] == 12  # status always counts them all
