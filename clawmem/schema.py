@@ -81,6 +81,9 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX chunks_date ON chunks(date) WHERE date IS NOT NULL;
         ALTER TABLE files ADD COLUMN state TEXT NOT NULL DEFAULT '';
     """),
+    ("0004_chunk_hashes", """
+        CREATE INDEX chunks_hash ON chunks(hash);
+    """),
 ]
 
 

@@ -196,6 +196,8 @@ class Store:
         self.keywords.move(seq, start_line, end_line)
 
     def delete_chunks(self, seqs: Sequence[int]) -> None:
+        """Drop chunks with their FTS rows and vectors; a vector whose text is indexed nowhere else goes to the cache."""
+        self._cache_live(seqs)
         for seq in seqs:
             self.conn.execute("DELETE FROM chunks WHERE seq = ?", (seq,))
             self.keywords.remove(seq)
@@ -249,24 +251,24 @@ class Store:
         self.vectors.put([(seq, blob)])
         self.conn.execute("UPDATE chunks SET embedded = 1, model = ? WHERE seq = ?", (model, seq))
 
-    def store_vectors(self, items: Sequence[tuple[int, str, bytes | None]], model: str) -> int:
+    def store_vectors(self, items: Sequence[tuple[int, str, bytes | None]], model: str) -> list[tuple[int, bytes]]:
         """`store_vector` for many chunks at once, each only if it still waits for the text `hash` names.
 
         A chunk may have changed or gone while its vector was made (the provider is called outside
-        any transaction); those are left alone. Returns how many chunks were given their answer.
+        any transaction); those are left alone. Returns the chunks given their answer (seq, blob).
         """
         if not items:
-            return 0
+            return []
         waiting = {int(seq): str(h) for seq, h in self.conn.execute(
             "SELECT seq, hash FROM chunks WHERE embedded = 0 AND seq IN (SELECT value FROM json_each(?))",
             (json.dumps([seq for seq, _, _ in items]),))}
         current = [(seq, blob) for seq, h, blob in items if waiting.get(seq) == h]
         if not current:
-            return 0
+            return []
         self.vectors.put(current)
         self.conn.executemany("UPDATE chunks SET embedded = 1, model = ? WHERE seq = ?",
                               [(model, seq) for seq, _ in current])
-        return len(current)
+        return current
 
     def pending_chunks(self, limit: int, after: int = 0) -> list[tuple[int, str, str]]:
         """Up to `limit` chunks waiting for a vector, in seq order from `after` (a cursor, so a pass ends)."""
@@ -274,15 +276,50 @@ class Store:
             "SELECT seq, hash, text FROM chunks WHERE embedded = 0 AND seq > ? ORDER BY seq LIMIT ?", (after, limit))]
 
     # -- embedding cache ----------------------------------------------------------------------
+    #
+    # Each vector is stored once. The chunks' own vectors (chunks_vec) are those of the model named
+    # in meta `vector_owner`; `embedding_cache` holds only the vectors of texts the index no longer
+    # has (a deleted note, another model's vectors after a switch). A lookup sees both; a chunk that
+    # takes a cached vector takes it out of the cache, and a vector whose last chunk goes moves in.
+    # `max_entries` bounds the cache alone: the chunks' vectors are never pruned.
+
+    def set_vector_owner(self, provider: str, model: str, key: str) -> None:
+        """Whose vectors the chunks hold (set with the first vector of a model).
+
+        An index from before vectors were stored once has the chunks' vectors in its cache too:
+        those copies go when its owner is first named.
+        """
+        owner = json.dumps([provider, model, key])
+        if self.meta.get("vector_owner") == owner:
+            return
+        self.meta.set("vector_owner", owner)
+        self.conn.execute(
+            "DELETE FROM embedding_cache WHERE provider = ? AND model = ? AND provider_key = ? AND hash IN"
+            " (SELECT c.hash FROM chunks AS c JOIN chunks_vec AS v ON v.rowid = c.seq)", (provider, model, key))
+
+    def _vector_owner(self) -> tuple[str, str, str] | None:
+        raw = self.meta.get("vector_owner")
+        if raw is None or not self.vectors.readable():
+            return None
+        provider, model, key = json.loads(raw)
+        return str(provider), str(model), str(key)
 
     def cached_embeddings(self, provider: str, model: str, key: str, hashes: Iterable[str], *,
                           touch: bool = True) -> dict[str, bytes]:
-        """Cached vectors by chunk hash (one query); `touch` marks them used (a write: see `touch_cached`)."""
+        """Vectors of this model by chunk hash, from the cache and the chunks' own (two queries).
+
+        `touch` marks the cache entries used (a write: see `touch_cached`).
+        """
+        wanted = json.dumps(sorted(set(hashes)))
         found = {str(h): bytes(blob) for h, blob in self.conn.execute(
             "SELECT hash, embedding FROM embedding_cache WHERE provider = ? AND model = ? AND provider_key = ?"
-            " AND hash IN (SELECT value FROM json_each(?))", (provider, model, key, json.dumps(sorted(set(hashes)))))}
+            " AND hash IN (SELECT value FROM json_each(?))", (provider, model, key, wanted))}
         if touch:
             self.touch_cached(provider, model, key, found)
+        if self._vector_owner() == (provider, model, key):
+            found.update((str(h), bytes(blob)) for h, blob in self.conn.execute(
+                "SELECT c.hash, v.embedding FROM chunks AS c JOIN chunks_vec AS v ON v.rowid = c.seq"
+                " WHERE c.hash IN (SELECT value FROM json_each(?))", (wanted,)))
         return found
 
     def touch_cached(self, provider: str, model: str, key: str, hashes: Iterable[str]) -> None:
@@ -292,6 +329,33 @@ class Store:
             self.conn.execute(
                 "UPDATE embedding_cache SET updated_at = ? WHERE provider = ? AND model = ? AND provider_key = ?"
                 " AND hash IN (SELECT value FROM json_each(?))", (time.time(), provider, model, key, json.dumps(wanted)))
+
+    def uncache(self, provider: str, model: str, key: str, hashes: Iterable[str]) -> None:
+        """Take entries out of the cache: chunks hold these vectors now."""
+        wanted = sorted(set(hashes))
+        if wanted:
+            self.conn.execute(
+                "DELETE FROM embedding_cache WHERE provider = ? AND model = ? AND provider_key = ?"
+                " AND hash IN (SELECT value FROM json_each(?))", (provider, model, key, json.dumps(wanted)))
+
+    def _cache_live(self, seqs: Sequence[int] | None) -> None:
+        """Move the vectors of chunks `seqs` (None: every chunk) into the cache, under their owner.
+
+        A text another chunk still holds keeps its vector there instead (None: no chunk is left).
+        """
+        owner = self._vector_owner()
+        if owner is None or (seqs is not None and not seqs):
+            return
+        among = "" if seqs is None else " AND c.seq IN (SELECT value FROM json_each(:seqs))"
+        kept = "" if seqs is None else (
+            " AND NOT EXISTS (SELECT 1 FROM chunks AS o JOIN chunks_vec AS ov ON ov.rowid = o.seq WHERE o.hash = c.hash"
+            " AND o.seq NOT IN (SELECT value FROM json_each(:seqs)))")
+        self.conn.execute(
+            "INSERT OR REPLACE INTO embedding_cache(provider, model, provider_key, hash, embedding, dims, updated_at)"
+            " SELECT :provider, :model, :key, c.hash, v.embedding, length(v.embedding) / 4, :now"
+            f" FROM chunks AS c JOIN chunks_vec AS v ON v.rowid = c.seq WHERE 1{among}{kept}",
+            {"provider": owner[0], "model": owner[1], "key": owner[2], "now": time.time(),
+             "seqs": json.dumps(list(seqs or ()))})
 
     def cache_embedding(self, provider: str, model: str, key: str, hash: str, blob: bytes, dims: int) -> None:
         self.conn.execute(
@@ -309,7 +373,7 @@ class Store:
         return excess
 
     def copy_cache_from(self, other: Path) -> None:
-        """Carry another index's embedding cache and batch jobs over (a rebuild must not re-embed what it knew).
+        """Carry another index's vectors (cache and chunks') and batch jobs over: a rebuild must not re-embed what it knew.
 
         Jobs still running at the provider are results already paid for: their vectors land in the
         cache of whichever index holds the job when it completes.
@@ -319,6 +383,14 @@ class Store:
             tables = {str(row[0]) for row in self.conn.execute("SELECT name FROM old.sqlite_master WHERE type = 'table'")}
             if "embedding_cache" in tables:
                 self.conn.execute("INSERT OR IGNORE INTO embedding_cache SELECT * FROM old.embedding_cache")
+            owner = self.conn.execute("SELECT value FROM old.meta WHERE key = 'vector_owner'").fetchone()
+            if owner is not None and "chunks_vec" in tables:
+                provider, model, key = json.loads(owner[0])
+                self.conn.execute(
+                    "INSERT OR IGNORE INTO embedding_cache(provider, model, provider_key, hash, embedding, dims,"
+                    " updated_at) SELECT ?, ?, ?, c.hash, v.embedding, length(v.embedding) / 4, ?"
+                    " FROM old.chunks AS c JOIN old.chunks_vec AS v ON v.rowid = c.seq",
+                    (provider, model, key, time.time()))
             if "embedding_jobs" in tables:
                 self.conn.execute("INSERT OR IGNORE INTO embedding_jobs SELECT * FROM old.embedding_jobs")
         finally:
@@ -330,7 +402,9 @@ class Store:
         Only inside a transaction that also stores the new fingerprint: readers keep the old
         vectors until it commits. A schema-1 vec0 table cannot be dropped without sqlite-vec: apsw.Error.
         """
+        self._cache_live(None)
         self.vectors.drop_all()
+        self.meta.delete("vector_owner")
         self.conn.execute("UPDATE chunks SET embedded = 0, model = ''")
         return self.conn.changes()
 
@@ -353,11 +427,13 @@ class Store:
 
     def uncached_pending(self, provider: str, model: str, key: str, *,
                          exclude: Collection[str] = ()) -> dict[str, str]:
-        """Texts of the chunks waiting for a vector that the cache lacks, by hash (what a batch job would embed)."""
+        """Texts of the chunks waiting for a vector that no cached or chunk's vector gives, by hash (what a batch job would embed)."""
+        live = "" if self._vector_owner() != (provider, model, key) else (
+            " AND NOT EXISTS (SELECT 1 FROM chunks AS o JOIN chunks_vec AS v ON v.rowid = o.seq WHERE o.hash = c.hash)")
         rows = self.conn.execute(
             "SELECT c.hash, c.text FROM chunks AS c WHERE c.embedded = 0 AND NOT EXISTS (SELECT 1 FROM"
-            " embedding_cache AS e WHERE e.provider = ? AND e.model = ? AND e.provider_key = ? AND e.hash = c.hash)",
-            (provider, model, key))
+            " embedding_cache AS e WHERE e.provider = ? AND e.model = ? AND e.provider_key = ? AND e.hash = c.hash)"
+            f"{live}", (provider, model, key))
         return {str(h): str(text) for h, text in rows if h not in exclude}
 
     def job_count(self) -> int:

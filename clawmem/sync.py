@@ -426,15 +426,19 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
             with store.transaction():
                 if fingerprint is not None and store.get_meta("fingerprint") != fingerprint:
                     break  # replaced by a rebuild for another model: these vectors belong to no chunk of it
-                store.touch_cached(info.provider, info.model, key, item.cached)
                 dims = next((len(blob) // 4 for blob in known.values() if blob is not None), 0)
                 if dims:
                     store.ensure_vector_table(dims)
-                for h, blob in fresh.items():
-                    if blob is not None:
-                        store.cache_embedding(info.provider, info.model, key, h, blob, len(blob) // 4)
-                done += store.store_vectors([(seq, h, known[h]) for seq, h, _ in item.pending if h in known],
+                    store.set_vector_owner(info.provider, info.model, key)
+                given = store.store_vectors([(seq, h, known[h]) for seq, h, _ in item.pending if h in known],
                                             info.model)
+                done += len(given)
+                given_seqs = {seq for seq, _ in given}
+                held = {h for seq, h, _ in item.pending if seq in given_seqs}
+                store.uncache(info.provider, info.model, key, held & item.cached.keys())  # stored once: in the chunk
+                for h, blob in fresh.items():
+                    if blob is not None and h not in held:  # its chunk changed meanwhile: keep it for later
+                        store.cache_embedding(info.provider, info.model, key, h, blob, len(blob) // 4)
             if progress:
                 progress(done, total)
     except ProviderError as exc:

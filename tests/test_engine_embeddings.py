@@ -13,6 +13,7 @@ from clawmem.embeddings.base import ProviderInfo
 from clawmem.embeddings.fake import FakeProvider
 from clawmem.embeddings.openai import OpenAIProvider
 from clawmem.engine import MemoryIndex
+from clawmem.store import Store
 from clawmem.search import SearchRequest
 
 __all__ = ["fake_server", "no_proxy"]
@@ -138,14 +139,45 @@ def test_a_zero_vector_is_never_stored_as_a_match(settings: Settings, write) -> 
 
 
 def test_the_cache_is_pruned_to_max_entries(workspace: Path, write, tmp_path: Path) -> None:
+    """The cache holds the vectors of texts the index no longer has; the chunks' own vectors are never pruned."""
     notes(write, 8)
     settings = load_settings(workspace=workspace, overrides={"index": str(tmp_path / "i.sqlite"),
                                                              "embedding.provider": "none",
                                                              "embedding.cache_max_entries": 3})
     index = MemoryIndex(settings, provider=FakeProvider())
     index.sync()
+    for i in range(6):
+        (workspace / "memory" / f"n{i}.md").unlink()
+    index.sync()
     assert index.reader().execute("SELECT count(*) FROM embedding_cache") == [(3,)]
+    assert index.reader().execute("SELECT count(*) FROM chunks_vec") == [(2,)]
     assert index.reader().pending_embeddings() == 0
+
+
+def test_each_vector_is_stored_once(workspace: Path, write, tmp_path: Path) -> None:
+    """In the chunk while a chunk holds its text, in the cache once none does, and back without a provider call."""
+    notes(write, 5)
+    write("memory/twin.md", "# Note 0\nfact number 0 about the greenhouse\n")  # the same text as n0.md
+    settings = load_settings(workspace=workspace, overrides={"index": str(tmp_path / "i.sqlite"),
+                                                             "embedding.provider": "none"})
+    provider = FakeProvider()
+    index = MemoryIndex(settings, provider=provider)
+    index.sync()
+    store = index.reader()
+
+    def counts() -> tuple[int, int]:
+        return (store.execute("SELECT count(*) FROM chunks_vec")[0][0],
+                store.execute("SELECT count(*) FROM embedding_cache")[0][0])
+
+    assert counts() == (6, 0) and provider.documents_embedded == 5  # the twin text was embedded once
+    gone = (workspace / "memory" / "n3.md").read_text()
+    (workspace / "memory" / "n3.md").unlink()
+    (workspace / "memory" / "twin.md").unlink()  # n0.md still holds its text: its vector stays in the chunk
+    index.sync()
+    assert counts() == (4, 1)
+    write("memory/back.md", gone)
+    index.sync()
+    assert counts() == (5, 0) and provider.documents_embedded == 5
 
 
 def test_vectors_are_stored_normalised_as_float32(settings: Settings, write, server: FakeServer) -> None:
@@ -156,6 +188,27 @@ def test_vectors_are_stored_normalised_as_float32(settings: Settings, write, ser
     notes(write, 1)
     index = MemoryIndex(settings, provider=openai(server))
     index.sync()
-    blob = index.reader().execute("SELECT embedding FROM embedding_cache")[0][0]
+    blob = index.reader().execute("SELECT embedding FROM chunks_vec")[0][0]
     vector = unpack(blob)
     assert len(blob) == 8 * 4 and math.isclose(math.fsum(x * x for x in vector), 1.0, rel_tol=1e-5)
+
+
+def test_an_index_from_before_keeps_no_second_copy_once_it_embeds_again(workspace: Path, write, tmp_path: Path) -> None:
+    notes(write, 3)
+    settings = load_settings(workspace=workspace, overrides={"index": str(tmp_path / "i.sqlite"),
+                                                             "embedding.provider": "none"})
+    provider = FakeProvider()
+    index = MemoryIndex(settings, provider=provider)
+    index.sync()
+    key = provider.info.provider_key
+    old = Store(index.path)  # as an older clawmem left it: every vector in the cache too, no owner
+    with old.transaction():
+        old.execute("INSERT INTO embedding_cache SELECT 'fake', ?, ?, c.hash, v.embedding, 16, 0 FROM chunks AS c"
+                    " JOIN chunks_vec AS v ON v.rowid = c.seq", (provider.info.model, key))
+        old.execute("DELETE FROM meta WHERE key = 'vector_owner'")
+    old.close()
+    assert index.reader().execute("SELECT count(*) FROM embedding_cache") == [(3,)]
+    write("memory/new.md", "a new note about ferns\n")
+    index.sync()
+    assert index.reader().execute("SELECT count(*) FROM embedding_cache") == [(0,)]
+    assert index.reader().execute("SELECT count(*) FROM chunks_vec") == [(4,)]
