@@ -46,6 +46,7 @@ from typing import Any
 import xxhash
 
 from clawmem.chunking import HEADING, LINE, chunk_lines, split_lines
+from clawmem.storable import storable
 
 __all__ = [
     "SAMPLE_BYTES",
@@ -297,7 +298,7 @@ def _message(obj: dict[str, Any], line: int, header: str | None) -> Message | No
     else:
         return _MALFORMED
     speaker = _ROLES.get(body["role"])
-    text = "\n".join(t.strip("\n") for t in texts if t.strip())
+    text = storable("\n".join(t.strip("\n") for t in texts if t.strip()))
     if speaker is None or not text:
         return None
     date = _date_of(obj.get("timestamp")) or _date_of(body.get("timestamp")) or header

@@ -28,6 +28,7 @@ from clawmem.errors import IndexCorrupt, IndexUnavailable
 from clawmem.filters import ChunkFilter
 from clawmem.keyword_index import KeywordIndex, TextHit
 from clawmem.schema import MIGRATIONS, SCHEMA_VERSION, Meta, check_migrated, migrate
+from clawmem.storable import storable
 from clawmem.vector_index import VectorHit, VectorIndex
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ChunkFilter", "ChunkRow", "FileRow", "JobRow", "Store", "TextHit", "VectorHit",
@@ -180,6 +181,8 @@ class Store:
 
     def insert_chunk(self, *, id: str, path: str, source: str, start_line: int, end_line: int, hash: str,
                      text: str, fts_text: str, model: str = "", date: str | None = None) -> int:
+        """Add a chunk with its FTS row; text that UTF-8 cannot encode (lone surrogates) is stored repaired."""
+        id, path, text, fts_text = storable(id), storable(path), storable(text), storable(fts_text)
         self.conn.execute(
             "INSERT INTO chunks(id, path, source, start_line, end_line, hash, model, text, date, updated_at)"
             " VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

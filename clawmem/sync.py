@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
+import apsw
 import xxhash
 
 from clawmem.chunking import Chunk, chunk_markdown
@@ -180,15 +181,26 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
 
 def _apply_batch(store: Store, batch: Sequence[ParsedFile | ParsedSession], indexed: dict[str, FileRow],
                  report: SyncReport) -> None:
+    """Apply parsed files, each in a savepoint of its own: one that fails is left as it was, never the others.
+
+    What fails is reported (`errors`) and tried again by the next sync, since its file row is not
+    updated: a file that can not be indexed never stops the index of the rest, nor passes as fresh.
+    """
     with store.transaction():
         for item in batch:
             previous = indexed.get(item.file.path)
-            if _unreadable(store, item, previous, report):
-                continue
-            if isinstance(item, ParsedSession):
-                _apply_session(store, item, previous, report)
-            else:
-                _apply_file(store, item, previous, report)
+            before = replace(report, errors=list(report.errors), skipped=list(report.skipped))
+            try:
+                with store.transaction():
+                    if _unreadable(store, item, previous, report):
+                        continue
+                    if isinstance(item, ParsedSession):
+                        _apply_session(store, item, previous, report)
+                    else:
+                        _apply_file(store, item, previous, report)
+            except (apsw.Error, UnicodeError, ValueError, OverflowError, MemoryError, RecursionError) as exc:
+                report.__dict__.update(before.__dict__)  # the savepoint undid what was counted
+                report.errors.append(f"{item.file.path}: not indexed ({type(exc).__name__}: {exc})")
 
 
 def _unreadable(store: Store, item: ParsedFile | ParsedSession, previous: FileRow | None,

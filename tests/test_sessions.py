@@ -444,3 +444,22 @@ def test_the_daemon_makes_an_appended_line_searchable(workspace: Path, tmp_path:
                    message="an appended line, in one chunk with the question")
         assert lines_of(client, "wolverine") == [("sessions/live.jsonl", 2)]  # the old chunk was replaced
         assert client.status()["files_on_disk"] == 1
+
+
+def test_a_lone_surrogate_in_a_transcript_stops_nothing(ssettings: Settings, write) -> None:
+    """Valid JSON, unstorable text: the line is indexed with U+FFFD in its place, and every other file too."""
+    write("MEMORY.md", "# Memory\nThe staging server is pinecone.\n")
+    write(KEY, jsonl(header(), '{"type":"message","message":{"role":"user","content":"lone \\udc00 split emoji"}}',
+                     '{"type":"message","message":{"role":"assistant","content":"a pair \\ud83d\\ude00 stays"}}',
+                     message("user", "what about the tulips")))
+    index = MemoryIndex(ssettings)
+    report = index.sync()
+    assert report.errors == [] and report.added == 2
+    assert ranges(index, "pinecone") == [("MEMORY.md", 1, 2, "memory")]
+    texts = [r["snippet"] for r in search(index, "tulips")]
+    assert texts and "lone \ufffd split emoji" in texts[0] and "a pair \U0001f600 stays" in texts[0]
+    write(KEY, jsonl(header(), '{"type":"message","message":{"role":"user","content":"lone \\udc00 again"}}',
+                     message("assistant", "and marigolds")))
+    assert index.sync().errors == []  # an existing index keeps syncing too
+    assert ranges(index, "marigolds")[0][0] == KEY
+    assert index.status()["fresh"]

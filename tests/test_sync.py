@@ -389,3 +389,35 @@ def test_a_text_in_several_batches_in_flight_is_embedded_once(settings: Settings
     assert (done, error) == (6, None)
     assert provider.documents_embedded == 1
     assert store.pending_embeddings() == 0
+
+
+def test_a_file_that_cannot_be_stored_is_reported_and_stops_no_other(settings: Settings, write,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever makes one file's rows fail (here SQLite refusing them), the others are indexed and it is retried."""
+    import apsw
+
+    from clawmem.store import Store
+
+    write("MEMORY.md", "# Memory\nthe staging host is zephyr\n")
+    write("memory/bad.md", "# Bad\nthis note will not store\n")
+    write("memory/good.md", "# Good\nquokka facts\n")
+    refuse = {"memory/bad.md"}
+    insert = Store.insert_chunk
+
+    def failing_insert(self: Store, **fields: object) -> int:
+        if fields["path"] in refuse:
+            raise apsw.ConstraintError("refused for the test")
+        return insert(self, **fields)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Store, "insert_chunk", failing_insert)
+    index = MemoryIndex(settings)
+    report = index.sync()
+    assert report.added == 2 and report.chunks_added == 2
+    assert report.errors == ["memory/bad.md: not indexed (ConstraintError: refused for the test)"]
+    assert paths_found(index, "zephyr quokka note") == {"MEMORY.md", "memory/good.md"}
+    status = index.status()
+    assert not status["fresh"] and status["pending_files"] == 1  # never passed off as indexed
+    assert index.sync().errors == report.errors  # tried again, said again
+    refuse.clear()
+    assert index.sync().added == 1 and paths_found(index, "note") == {"memory/bad.md"}
+    assert index.status()["fresh"]
