@@ -349,14 +349,15 @@ class Store:
         owner = self._vector_owner()
         if owner is None or (seqs is not None and not seqs):
             return
-        among = "" if seqs is None else " AND c.seq IN (SELECT value FROM json_each(:seqs))"
+        # Per text, once: cached if the chunks going are all the chunks holding it (k copies cost O(k log k)).
+        among = "" if seqs is None else " WHERE c.seq IN (SELECT value FROM json_each(:seqs))"
         kept = "" if seqs is None else (
-            " AND NOT EXISTS (SELECT 1 FROM chunks AS o JOIN chunks_vec AS ov ON ov.rowid = o.seq WHERE o.hash = c.hash"
-            " AND o.seq NOT IN (SELECT value FROM json_each(:seqs)))")
+            " HAVING count(*) = (SELECT count(*) FROM chunks AS o JOIN chunks_vec AS ov ON ov.rowid = o.seq"
+            " WHERE o.hash = c.hash)")
         self.conn.execute(
             "INSERT OR REPLACE INTO embedding_cache(provider, model, provider_key, hash, embedding, dims, updated_at)"
             " SELECT :provider, :model, :key, c.hash, v.embedding, length(v.embedding) / 4, :now"
-            f" FROM chunks AS c JOIN chunks_vec AS v ON v.rowid = c.seq WHERE 1{among}{kept}",
+            f" FROM chunks AS c JOIN chunks_vec AS v ON v.rowid = c.seq{among} GROUP BY c.hash{kept}",
             {"provider": owner[0], "model": owner[1], "key": owner[2], "now": time.time(),
              "seqs": json.dumps(list(seqs or ()))})
 

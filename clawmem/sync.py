@@ -13,6 +13,7 @@ import functools
 import itertools
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -48,7 +49,7 @@ from clawmem.workspace import (
     stat_session_file,
 )
 
-__all__ = ["SyncReport", "embed_pending", "source_scope", "sync_workspace"]
+__all__ = ["ChunkIds", "SyncReport", "embed_pending", "source_scope", "sync_workspace"]
 
 Progress = Callable[[int, int], None]
 
@@ -256,26 +257,24 @@ def _apply_file(store: Store, item: ParsedFile, previous: FileRow | None, report
         return
     date = file_date(f.path)
     old = store.chunks_of(f.path)
-    reusable: dict[str, list[int]] = {}
-    used_ids = set()
+    reusable: dict[str, deque[int]] = {}
     by_seq = {c.seq: c for c in old}
     for c in old:
-        reusable.setdefault(c.hash, []).append(c.seq)
+        reusable.setdefault(c.hash, deque()).append(c.seq)
     kept: set[int] = set()
+    ids = ChunkIds(f.path)
     for chunk in item.chunks:
         seqs = reusable.get(chunk.hash)
         if seqs:
-            seq = seqs.pop(0)
+            seq = seqs.popleft()
             kept.add(seq)
             prev = by_seq[seq]
-            used_ids.add(prev.id)
+            ids.keep(prev.id)
             if (prev.start_line, prev.end_line) != (chunk.start_line, chunk.end_line):
                 store.move_chunk(seq, chunk.start_line, chunk.end_line)
             report.chunks_kept += 1
             continue
-        chunk_id = _chunk_id(f.path, chunk.hash, used_ids)
-        used_ids.add(chunk_id)
-        store.insert_chunk(id=chunk_id, path=f.path, source=f.source, start_line=chunk.start_line,
+        store.insert_chunk(id=ids.new(chunk.hash), path=f.path, source=f.source, start_line=chunk.start_line,
                            end_line=chunk.end_line, hash=chunk.hash, text=chunk.text, fts_text=index_text(chunk.text),
                            date=date)
         report.chunks_added += 1
@@ -289,12 +288,34 @@ def _apply_file(store: Store, item: ParsedFile, previous: FileRow | None, report
         report.updated += 1
 
 
-def _chunk_id(path: str, chunk_hash: str, taken: set[str]) -> str:
-    base = xxhash.xxh3_64_hexdigest(path.encode("utf-8", "surrogatepass"))
-    n = 0
-    while f"{base}:{chunk_hash}:{n}" in taken:
-        n += 1
-    return f"{base}:{chunk_hash}:{n}"
+class ChunkIds:
+    """A file's chunk ids: `<path hash>:<text hash>:<copy number>`, unique within the index.
+
+    Kept chunks keep their ids; a new chunk takes the lowest copy number of its text not yet taken
+    (so a file of k identical chunks numbers them 0..k-1). Each text remembers where its search
+    stopped: k copies cost O(k) tries in all, where searching from 0 each time cost O(k^2).
+    """
+
+    def __init__(self, path: str) -> None:
+        self._base = xxhash.xxh3_64_hexdigest(path.encode("utf-8", "surrogatepass"))
+        self._taken: set[str] = set()
+        self._next: dict[str, int] = {}
+        self.tries = 0
+
+    def keep(self, chunk_id: str) -> None:
+        self._taken.add(chunk_id)
+
+    def new(self, text_hash: str) -> str:
+        n = self._next.get(text_hash, 0)
+        while True:
+            self.tries += 1
+            chunk_id = f"{self._base}:{text_hash}:{n}"
+            if chunk_id not in self._taken:
+                break
+            n += 1
+        self._next[text_hash] = n + 1
+        self._taken.add(chunk_id)
+        return chunk_id
 
 
 def _parse_all(files: Sequence[MemoryFile], settings: Settings, indexed: dict[str, FileRow]) -> Iterator[ParsedFile]:

@@ -13,8 +13,8 @@ from clawmem.embeddings.base import ProviderInfo
 from clawmem.embeddings.fake import FakeProvider
 from clawmem.embeddings.openai import OpenAIProvider
 from clawmem.engine import MemoryIndex
-from clawmem.store import Store
 from clawmem.search import SearchRequest
+from clawmem.store import Store
 
 __all__ = ["fake_server", "no_proxy"]
 pytestmark = pytest.mark.usefixtures("no_proxy")

@@ -421,3 +421,36 @@ def test_a_file_that_cannot_be_stored_is_reported_and_stops_no_other(settings: S
     refuse.clear()
     assert index.sync().added == 1 and paths_found(index, "note") == {"memory/bad.md"}
     assert index.status()["fresh"]
+
+
+def test_chunk_ids_of_identical_texts_take_linear_work() -> None:
+    """k copies of one text, some numbers already kept: unique ids 0..k-1, found in O(k) tries (not O(k^2))."""
+    from clawmem.sync import ChunkIds
+
+    ids = ChunkIds("memory/same.md")
+    kept = [f"{ids._base}:h:{n}" for n in (0, 5, 6)]
+    for chunk_id in kept:
+        ids.keep(chunk_id)
+    made = [ids.new("h") for _ in range(2_000)]
+    assert len(set(made) | set(kept)) == 2_003
+    assert sorted(int(i.rsplit(":", 1)[1]) for i in made + kept) == list(range(2_003))
+    assert ids.tries <= 2_000 + len(kept)
+    assert ids.new("other").endswith(":other:0")
+
+
+def test_a_file_of_identical_chunks_is_indexed_and_edited(settings: Settings, write) -> None:
+    from hostile import many_identical_chunks
+
+    write("memory/same.md", many_identical_chunks(200_000))
+    write("memory/other.md", "an unrelated note about herons\n")
+    index = MemoryIndex(settings)
+    report = index.sync()
+    assert report.errors == [] and report.chunks_added > 100
+    chunks = index.reader().execute("SELECT count(*), count(DISTINCT id) FROM chunks WHERE path = 'memory/same.md'")
+    assert chunks[0][0] == chunks[0][1] == report.chunks_added - 1
+    before = {r[0] for r in index.reader().execute("SELECT id FROM chunks WHERE path = 'memory/same.md'")}
+    write("memory/same.md", many_identical_chunks(200_000) + "one different last line\n")
+    again = index.sync()
+    after = {r[0] for r in index.reader().execute("SELECT id FROM chunks WHERE path = 'memory/same.md'")}
+    assert again.chunks_kept >= len(before) - 2 and len(before - after) <= 2
+    assert paths_found(index, "herons") == {"memory/other.md"}
