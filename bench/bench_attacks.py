@@ -12,7 +12,8 @@ call on a new connection every 100 ms (connect, ask, read the answer):
   reading the answers, as fast as they are answered (refused whole: at most 64 per batch);
 - batch64: the same with batches of 64 (the most allowed): each reply is cut at 4 MiB;
 - slow_readers: 256 connections (the connection cap) each pipelining three requests for large
-  replies (a 64-`get` batch, a 4 MiB `get`, another batch) and never reading a byte.
+  replies (a 64-`get` batch, a `get` of the most `max_bytes` allows, another batch of those) and never
+  reading a byte.
 
 Each attack runs on its own daemon, started on the index a first daemon built; the slow-reader
 attack runs once more on a daemon that builds its own index first (indexing leaves the allocator
@@ -243,8 +244,9 @@ def batch_attack(pid: int, sock: Path, size: int, seconds: float) -> dict[str, A
 
 
 def slow_reader_attack(pid: int, sock: Path, seconds: float) -> dict[str, Any]:
-    large = [get_batch(64), json.dumps(request("get", {"path": "memory/big.md", "max_bytes": 4 << 20})).encode()
-             + b"\n", get_batch(64, max_bytes=1 << 20)]
+    most = 512 << 10  # the largest `max_bytes` a `get` may ask for (clawmem.protocol.MAX_GET_BYTES)
+    large = [get_batch(64), json.dumps(request("get", {"path": "memory/big.md", "max_bytes": most})).encode()
+             + b"\n", get_batch(64, max_bytes=most)]
     before = proc_status(pid)
     exact_peak = reset_peak(pid)
     conns: list[socket.socket] = []

@@ -69,7 +69,9 @@ __all__ = [
 
 MAX_BATCH = 64
 MAX_REPLY_BYTES = 4 << 20
-MAX_GET_BYTES = 4 << 20
+# The largest `get` text: JSON escapes a control character to 6 bytes (\u00XX), so even a text of
+# nothing else, with its envelope, fits one reply line.
+MAX_GET_BYTES = 512 << 10
 MEMORY_BUDGET = 64 << 20
 FREE_BYTES = 64 << 10  # 256 connections x 64 KiB = 16 MiB at most outside the budget
 SEND_CHUNK = 64 << 10

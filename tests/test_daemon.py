@@ -623,3 +623,19 @@ def test_serve_refuses_a_missing_workspace(tmp_path: Path, sock_dir: Path) -> No
                          check=False)
     assert out.returncode == 1
     assert "does not exist" in out.stderr
+
+
+def test_get_at_its_largest_max_bytes_fits_one_reply(workspace: Path, dsettings: Settings) -> None:
+    """The documented maximum works on the worst text for JSON: control characters, escaped six-fold (\\u0001)."""
+    from clawmem.protocol import MAX_GET_BYTES, MAX_REPLY_BYTES
+
+    (workspace / "memory" / "controls.md").write_bytes(b"\x01" * (MAX_GET_BYTES - 1) + b"\nnext line\n")
+    with running_daemon(dsettings) as daemon, RawClient(dsettings.socket_path) as raw:
+        wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
+        answer = raw.call("get", {"path": "memory/controls.md", "max_bytes": MAX_GET_BYTES})
+        assert "error" not in answer, answer.get("error")
+        assert answer["result"]["lines"] == 1 and answer["result"]["truncated"] is True
+        assert len(answer["result"]["text"]) == MAX_GET_BYTES - 1
+        too_big = raw.call("get", {"path": "memory/controls.md", "max_bytes": MAX_GET_BYTES + 1})
+        assert too_big["error"]["code"] == -32602
+    assert 6 * MAX_GET_BYTES + (64 << 10) <= MAX_REPLY_BYTES

@@ -534,9 +534,9 @@ def test_get_passes_max_bytes_on(fake_dispatcher: Dispatcher, fake: FakeBackend)
 
 
 @pytest.mark.parametrize("max_bytes, fragment", [
-    (0, "between 1 and 4194304"),
-    (-5, "between 1 and 4194304"),
-    (4194305, "between 1 and 4194304"),
+    (0, "between 1 and 524288"),
+    (-5, "between 1 and 524288"),
+    (524289, "between 1 and 524288"),
     ("10", "must be an integer"),
     (10.0, "must be an integer"),
     (True, "must be an integer"),
@@ -550,8 +550,8 @@ def test_get_max_bytes_out_of_range_is_invalid_params(fake_dispatcher: Dispatche
 
 def test_get_max_bytes_at_its_limit_is_accepted(fake_dispatcher: Dispatcher, fake: FakeBackend) -> None:
     fake.size = 10
-    assert "result" in ask(fake_dispatcher, req("get", {"path": "MEMORY.md", "max_bytes": 4 << 20}))
-    assert fake.calls == [("get", "MEMORY.md", None, None, 4 << 20)]
+    assert "result" in ask(fake_dispatcher, req("get", {"path": "MEMORY.md", "max_bytes": 512 << 10}))
+    assert fake.calls == [("get", "MEMORY.md", None, None, 512 << 10)]
 
 
 BIG = b"9" * 5000  # over Python's 4,300-digit limit for int(): json.loads raises a plain ValueError
@@ -701,8 +701,8 @@ def test_a_batch_of_long_ids_still_fits_its_refusals(fake_dispatcher: Dispatcher
 
 
 def test_a_single_answer_over_the_cap_is_replaced(fake_dispatcher: Dispatcher, fake: FakeBackend) -> None:
-    fake.fill = '"'  # each quote is escaped: 4 MiB of text makes an 8 MiB answer
-    answer = raw_ask(fake_dispatcher, json.dumps(req("get", {"path": "MEMORY.md", "max_bytes": 4 << 20},
+    fake.fill, fake.size = '"', 4 << 20  # each quote is escaped: 4 MiB of text makes an 8 MiB answer
+    answer = raw_ask(fake_dispatcher, json.dumps(req("get", {"path": "MEMORY.md"},
                                                      rid="big")).encode())
     assert (answer["id"], answer["error"]["code"]) == ("big", -32002)
 
@@ -893,11 +893,13 @@ def test_when_every_connection_is_busy_a_newcomer_is_refused(serve_fake: Any, fa
         second.close()
 
 
-def test_at_the_cap_a_reply_nobody_reads_gives_up_its_slot(serve_fake: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_at_the_cap_a_reply_nobody_reads_gives_up_its_slot(serve_fake: Any, fake: FakeBackend,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("clawmem.server.STALLED_SEND", 0.2)
     server = serve_fake(max_connections=1)
+    fake.size = 4_000_000  # more than any socket buffer holds
     with RawClient(server.path) as stuck:
-        stuck.send(json.dumps(req("get", {"path": "MEMORY.md", "max_bytes": 4_000_000})).encode() + b"\n")
+        stuck.send(json.dumps(req("get", {"path": "MEMORY.md"})).encode() + b"\n")
         wait_until(lambda: server.budget.held > 0, message="the large reply to be built")
         wait_until(lambda: status_now(server.path), timeout=10, message="a newcomer to be served")
         evicted = server._log.events("connection_evicted")
@@ -913,11 +915,13 @@ def read_to_eof(sock: socket.socket) -> bytes:
     return bytes(data)
 
 
-def test_a_slow_reader_is_dropped_after_the_send_timeout_while_others_are_served(serve_fake: Any) -> None:
+def test_a_slow_reader_is_dropped_after_the_send_timeout_while_others_are_served(serve_fake: Any,
+                                                                                fake: FakeBackend) -> None:
     server = serve_fake(send_timeout=0.5)
+    fake.size = 4_000_000  # more than any socket buffer holds
     with RawClient(server.path) as other, RawClient(server.path) as slow:
         started = time.monotonic()
-        slow.send(json.dumps(req("get", {"path": "MEMORY.md", "max_bytes": 4_000_000})).encode() + b"\n")
+        slow.send(json.dumps(req("get", {"path": "MEMORY.md"})).encode() + b"\n")
         wait_until(lambda: server.budget.held > 0, message="the large reply to be built")
         calls = 0
 
@@ -957,18 +961,20 @@ def test_unfinished_lines_count_in_the_memory_budget(serve_fake: Any) -> None:
     wait_until(lambda: server.budget.held == 0, message="every held byte given back")
 
 
-def test_the_send_timeout_is_never_longer_than_the_idle_timeout(serve_fake: Any) -> None:
+def test_the_send_timeout_is_never_longer_than_the_idle_timeout(serve_fake: Any, fake: FakeBackend) -> None:
     server = serve_fake(idle_timeout=0.5)
     assert server.send_timeout == 30.0
+    fake.size = 4_000_000  # more than any socket buffer holds
     with RawClient(server.path) as slow:
-        slow.send(json.dumps(req("get", {"path": "MEMORY.md", "max_bytes": 4_000_000})).encode() + b"\n")
+        slow.send(json.dumps(req("get", {"path": "MEMORY.md"})).encode() + b"\n")
         wait_until(lambda: server._log.events("slow_reader_dropped"), timeout=5, message="the slow reader dropped")
         assert server._log.events("slow_reader_dropped")[0]["send_timeout"] == 0.5
 
 
-def test_the_reply_budget_turns_large_replies_away_while_small_ones_go_out(serve_fake: Any) -> None:
+def test_the_reply_budget_turns_large_replies_away_while_small_ones_go_out(serve_fake: Any, fake: FakeBackend) -> None:
     server = serve_fake(memory_budget=4 << 20)
-    large = json.dumps(req("get", {"path": "MEMORY.md", "max_bytes": 3_000_000}, rid="large")).encode() + b"\n"
+    fake.size = 3_000_000
+    large = json.dumps(req("get", {"path": "MEMORY.md"}, rid="large")).encode() + b"\n"
     with RawClient(server.path) as hog, RawClient(server.path) as second:
         hog.send(large)  # and never read
         wait_until(lambda: server.budget.held > 2_000_000, message="the first large reply to hold the budget")
