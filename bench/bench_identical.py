@@ -67,7 +67,8 @@ def bench_scaling(tmp: Path, megabytes: float, runs: int) -> dict[str, Any]:
             "median_s": round(statistics.median(seconds), 2)}
 
 
-def bench_delay(tmp: Path, megabytes: float) -> dict[str, Any]:
+def bench_delay(tmp: Path, megabytes: float, run: int) -> dict[str, Any]:
+    tmp = tmp / f"delay-{run}"
     workspace = tmp / "daemon-ws"
     (workspace / "memory").mkdir(parents=True)
     (workspace / "MEMORY.md").write_text("# Memory\nThe staging server is pinecone.\n")
@@ -110,7 +111,7 @@ def main() -> None:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="clawmem-identical-") as tmp:
         results["scaling"] = [bench_scaling(Path(tmp), float(mb), args.runs) for mb in args.sizes.split(",")]
-        results["delay"] = [bench_delay(Path(tmp), args.delay_mb) for _ in range(args.runs)]
+        results["delay"] = [bench_delay(Path(tmp), args.delay_mb, run) for run in range(args.runs)]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))

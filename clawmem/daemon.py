@@ -59,14 +59,20 @@ _UNSET: Any = object()
 
 
 class InstanceLock:
-    """Exclusive flocks on a few files (workspace, socket, index): a second daemon for any of them is refused.
+    """Exclusive flocks: on the workspace folder itself, and on a few files (socket, index, workspace key).
 
-    Each lock file holds the holder's pid and socket, so the refusal says where the first one answers.
+    A second daemon for any of them is refused. The folder's lock is seen by every daemon of that
+    workspace whatever its environment (another XDG_CACHE_HOME or XDG_RUNTIME_DIR, a systemd
+    sandbox): it is taken on the folder's inode, and nothing is written into the workspace. Its
+    holder is found in /proc/locks. Each lock file holds the holder's pid and socket, so a refusal
+    there says where the first one answers.
     """
 
-    def __init__(self, paths: Sequence[Path], socket_path: Path | None = None) -> None:
+    def __init__(self, paths: Sequence[Path], socket_path: Path | None = None, *,
+                 directory: Path | None = None) -> None:
         self.paths = list(paths)
         self.socket_path = socket_path
+        self.directory = directory
         self._fds: list[int] = []
 
     def acquire(self) -> None:
@@ -88,15 +94,50 @@ class InstanceLock:
                 os.ftruncate(fd, 0)
                 os.write(fd, f"{os.getpid()}\n{self.socket_path or ''}\n".encode())
                 self._fds.append(fd)
+            if self.directory is not None:  # last: a lock file above names the holder's socket when it can
+                self._lock_directory(self.directory)
         except BaseException:
             self.release()
             raise
+
+    def _lock_directory(self, directory: Path) -> None:
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise IndexUnavailable(f"cannot open the workspace {directory}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            st = os.fstat(fd)
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise IndexUnavailable(f"cannot lock the workspace {directory}: {exc.strerror}") from None
+            holder = _flock_holder(st.st_dev, st.st_ino)
+            who = f"pid {holder}" if holder else "another process"
+            raise IndexBusy(f"another clawmem daemon ({who}) is already running for the workspace {directory}"
+                            " (it holds a lock on the folder, whatever its cache or runtime folders);"
+                            " stop it first, or query it with `clawmem status`") from None
+        self._fds.append(fd)
 
     def release(self) -> None:
         # The files stay: unlinking a lock file races with the next daemon taking it.
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
+
+
+def _flock_holder(device: int, inode: int) -> int | None:
+    """The pid holding an flock on the file (device, inode), from /proc/locks (Linux); None if not found."""
+    wanted = f"{os.major(device):02x}:{os.minor(device):02x}:{inode}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            for line in locks:
+                fields = line.split()
+                if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == wanted and fields[4].isdigit():
+                    return int(fields[4])
+    except OSError:
+        pass
+    return None
 
 
 def _read_holder(fd: int) -> tuple[int | None, str]:
@@ -193,13 +234,13 @@ class Daemon:
             if listener.family != socket.AF_UNIX or not isinstance(name, str) or not name:
                 raise ConfigError("the socket passed by systemd must be a Unix stream socket with a path")
             path = Path(name)
-            self._lock = InstanceLock(self._lock_paths(path), path)
+            self._lock = InstanceLock(self._lock_paths(path), path, directory=self.settings.workspace)
             self._lock.acquire()
             self.socket_activated = True
             return listener, path
         path = self.settings.socket_path
         ensure_private_dir(path.parent, enforce=self.settings.socket is None)
-        self._lock = InstanceLock(self._lock_paths(path), path)
+        self._lock = InstanceLock(self._lock_paths(path), path, directory=self.settings.workspace)
         self._lock.acquire()
         try:
             return bind_unix_socket(path, private_dir=self.settings.socket is None), path

@@ -639,3 +639,27 @@ def test_get_at_its_largest_max_bytes_fits_one_reply(workspace: Path, dsettings:
         too_big = raw.call("get", {"path": "memory/controls.md", "max_bytes": MAX_GET_BYTES + 1})
         assert too_big["error"]["code"] == -32602
     assert 6 * MAX_GET_BYTES + (64 << 10) <= MAX_REPLY_BYTES
+
+
+def test_a_second_daemon_with_other_cache_and_runtime_folders_is_refused(proc_paths: dict[str, Path],
+                                                                         sock_dir: Path, tmp_path: Path) -> None:
+    """Every lock file may differ (another XDG_CACHE_HOME, XDG_RUNTIME_DIR, socket, index): the workspace is one."""
+    first = spawn(proc_paths)
+    try:
+        wait_listening(proc_paths["socket"], first)
+        names = sorted(p.name for p in proc_paths["workspace"].iterdir())
+        elsewhere = {"XDG_CACHE_HOME": str(tmp_path / "other-cache"), "XDG_RUNTIME_DIR": str(tmp_path / "other-run")}
+        second = spawn_daemon(proc_paths["workspace"], sock_dir / "o3.sock", tmp_path / "other-cache" / "i.sqlite",
+                              env=elsewhere, stderr=subprocess.PIPE)
+        try:
+            _, err = second.communicate(timeout=30)
+        finally:
+            stop_process(second)
+        assert second.returncode == 3, err
+        assert b"already running for the workspace" in err and f"pid {first.pid}".encode() in err
+        assert not (sock_dir / "o3.sock").exists()
+        with DaemonClient(proc_paths["socket"]) as client:
+            assert client.status()["daemon"]["pid"] == first.pid
+    finally:
+        stop_process(first)
+    assert sorted(p.name for p in proc_paths["workspace"].iterdir()) == names  # the lock wrote nothing there
