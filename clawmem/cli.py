@@ -425,22 +425,27 @@ def serve(log_level: str | None, **kwargs: Any) -> None:
 @cli.command()
 @_global_options
 @click.option("--http", "http", is_flag=True, help="Serve Streamable HTTP on 127.0.0.1 instead of stdio.")
-@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="Port for --http (0: pick a free one; the URL is printed on stderr).")
-def mcp(http: bool, port: int, **kwargs: Any) -> None:
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port for --http (default 0: pick a free one; the URL is printed on stderr).")
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="File holding the bearer token --http requires [default: $XDG_CONFIG_HOME/clawmem/mcp-token,"
+                   " made on first use].")
+def mcp(http: bool, port: int | None, token_file: Path | None, **kwargs: Any) -> None:
     """Serve the memory tools to agent hosts over MCP: memory_search, memory_get, memory_status, memory_context.
 
     stdio by default (what hosts such as Claude Desktop, Claude Code or Cursor launch). Queries go to
     the workspace's daemon when it answers, else to the index file, read-only. Needs the MCP SDK:
     pip install 'clawmem[mcp]'.
     """
+    if not http and (port is not None or token_file is not None):
+        raise click.UsageError("--port and --token-file are for --http (stdio needs neither)")
     ctx = _ctx(kwargs)
 
     def action() -> None:
         from clawmem.mcp_server import require_sdk, serve
 
         require_sdk()
-        sys.exit(serve(ctx.client(), http=http, port=port))
+        sys.exit(serve(ctx.client(), http=http, port=port or 0, token_file=token_file))
 
     _run(action)
 

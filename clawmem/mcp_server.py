@@ -13,8 +13,8 @@ tool that fails (a refused path, an empty query, no index yet) answers an MCP to
 
 Start-up cost is the SDK's import (about a second on a small machine); clawmem's own modules
 (the engine, SQLite, tiktoken, providers) load at the first tool call, not before `initialize`.
-stdio is what agent hosts launch; `--http` serves Streamable HTTP on 127.0.0.1 only, with the
-SDK's DNS-rebinding protection for localhost.
+stdio is what agent hosts launch; `--http` serves Streamable HTTP on 127.0.0.1 only, to holders
+of its bearer token, with bounded sessions and the SDK's DNS-rebinding protection (clawmem.mcp_http).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import sys
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clawmem import __version__
@@ -296,20 +297,29 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def serve(client: Client, *, http: bool = False, port: int = 0,
+def serve(client: Client, *, http: bool = False, port: int = 0, token_file: Path | None = None,
           announce: Callable[[str], None] | None = None) -> int:
-    """Serve until the host hangs up (stdio) or a signal stops the server (HTTP); returns the exit status."""
+    """Serve until the host hangs up (stdio) or a signal stops the server (HTTP); returns the exit status.
+
+    Over HTTP every request needs the bearer token (clawmem.mcp_http): read from `token_file`, else
+    from the default token file, made on first use. Where it is is said on start; the token never is.
+    """
     say = announce or _to_stderr
     pool = ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="clawmem-mcp")
     server = build_server(client, pool)
     try:
         if http:
+            from clawmem.mcp_http import load_token
+
+            token, where, created = load_token(token_file)
             # uvicorn stops gracefully on SIGTERM, then raises the signal again: end with status 0 then.
             signal.signal(signal.SIGTERM, _exit_quietly)
             listener = _listen(port)
             say(f"clawmem: MCP server (Streamable HTTP) for {client.workspace} at"
                 f" http://{HOST}:{listener.getsockname()[1]}{PATH}")
-            asyncio.run(_serve_http(server, listener))
+            say(f"clawmem: every request needs 'Authorization: Bearer <token>', the token in {where}"
+                + (" (just created)" if created else ""))
+            asyncio.run(_serve_http(server, listener, token))
         else:
             asyncio.run(_serve_stdio(server))
     except KeyboardInterrupt:
@@ -331,10 +341,12 @@ async def _serve_stdio(server: Any) -> None:
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
-async def _serve_http(server: Any, listener: socket.socket) -> None:
+async def _serve_http(server: Any, listener: socket.socket, token: str) -> None:
     import uvicorn
 
-    app = server.streamable_http_app(streamable_http_path=PATH, host=HOST)
+    from clawmem.mcp_http import build_app
+
+    app = build_app(server, token, path=PATH, host=HOST)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     await uvicorn.Server(config).serve(sockets=[listener])
 

@@ -185,9 +185,18 @@ class HttpServer:
         return status
 
 
+def http_token() -> str:
+    """The token `clawmem mcp --http` made on first use (XDG_CONFIG_HOME is the test's own)."""
+    return (Path(os.environ["XDG_CONFIG_HOME"]) / "clawmem" / "mcp-token").read_text().strip()
+
+
 def over_http(url: str) -> dict[str, Any]:
     async def run() -> dict[str, Any]:
-        async with streamable_http_client(url) as (read, write):
+        import httpx2
+
+        authorized = httpx2.AsyncClient(headers={"Authorization": f"Bearer {http_token()}"},
+                                        timeout=httpx2.Timeout(30.0, read=300.0))
+        async with authorized, streamable_http_client(url, http_client=authorized) as (read, write):
             with anyio.fail_after(STARTUP):
                 return await exercise(read, write)
 
