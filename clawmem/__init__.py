@@ -11,9 +11,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from clawmem.api import Client
 
-__all__ = ["Client", "__version__"]
+__all__ = ["DISTRIBUTION", "Client", "__version__"]
 
 __version__ = "0.1.0"
+DISTRIBUTION = "clawmem-index"
+"""The name to `pip install`: `clawmem` on the package index is another project (it also installs a
+`clawmem` import package, so the two cannot be installed side by side)."""
 
 
 def __getattr__(name: str) -> Any:

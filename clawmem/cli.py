@@ -435,7 +435,7 @@ def mcp(http: bool, port: int | None, token_file: Path | None, **kwargs: Any) ->
 
     stdio by default (what hosts such as Claude Desktop, Claude Code or Cursor launch). Queries go to
     the workspace's daemon when it answers, else to the index file, read-only. Needs the MCP SDK:
-    pip install 'clawmem[mcp]'.
+    pip install 'clawmem-index[mcp]'.
     """
     if not http and (port is not None or token_file is not None):
         raise click.UsageError("--port and --token-file are for --http (stdio needs neither)")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clawmem import __version__
+from clawmem import DISTRIBUTION, __version__
 from clawmem.config import MAX_CONTEXT_BUDGET
 from clawmem.context import citation
 from clawmem.errors import ClawmemError, ConfigError, ExtraNotInstalled, QueryError
@@ -45,7 +45,7 @@ __all__ = ["TOOLS", "ToolAnswer", "ToolSpec", "build_server", "call_tool", "requ
 
 HOST = "127.0.0.1"
 PATH = "/mcp"
-INSTALL = "pip install 'clawmem[mcp]'"
+INSTALL = f"pip install '{DISTRIBUTION}[mcp]'"
 MAX_RESULTS = 1000
 TOOL_THREADS = 4  # tool calls run on worker threads (the client blocks), this many at once
 

