@@ -182,3 +182,18 @@ def test_every_provider_has_an_extra_and_all_has_them_all() -> None:
     assert everything.name == PYPROJECT["project"]["name"] and everything.extras == {*PROVIDERS, "mcp"}
     assert {canonicalize_name(Requirement(line).name) for line in extras["mcp"]} == {"mcp"}, "`clawmem mcp`'s SDK"
     assert {"gguf", "safetensors"} <= {canonicalize_name(Requirement(line).name) for line in extras["local"]}
+
+
+def test_setup_stops_at_once_when_a_run_installed_more_extras_than_asked(tmp_path: Path) -> None:
+    """demo.sh (extras: all) after test.sh (all,test) must not reinstall: with no package index reachable, it succeeds."""
+    root = Path(__file__).resolve().parents[1]
+    stamp = root / ".venv" / ".clawmem-setup"
+    if Path(sys.prefix).resolve() != (root / ".venv").resolve() or not stamp.exists():
+        pytest.skip("runs inside the .venv that scripts/setup.sh made")
+    had = stamp.read_text().split()[0].split(",")
+    assert {"all", "test"} <= set(had), "the test suite is installed with the test extra"
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path), "CLAWMEM_EXTRAS": ""}
+    subset = subprocess.run(["bash", str(root / "scripts" / "setup.sh")], env=env, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert subset.returncode == 0 and subset.stdout == "", subset.stderr
+    assert stamp.read_text().split()[0].split(",") == had
