@@ -25,6 +25,7 @@ checked here by the socket protocol's own rules before anything is sent.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -70,6 +71,11 @@ class Client:
         self._daemon_back = 0.0  # time.monotonic() before which the daemon is not asked (it just failed)
         self._index: MemoryIndex | None = None
         self._last: Literal["daemon", "index"] | None = None
+        # An index or provider asked for by name must be the daemon's too, else the daemon is not asked.
+        self._asked_for = {"index": index is not None, "provider": provider if provider not in (None, "auto") else None}
+        self._daemon_checked = not any(self._asked_for.values())
+        self.daemon_differs: str | None = None
+        """Why the workspace's daemon was bypassed: it serves another index or provider than asked for."""
 
     # -- where it points ---------------------------------------------------------------------
 
@@ -167,6 +173,12 @@ class Client:
             raise QueryError(exc.message) from None
         if time.monotonic() >= self._daemon_back:
             try:
+                if not self._daemon_checked:
+                    self._check_daemon()
+            except (DaemonUnreachable, ServerBusy):
+                self._daemon_back = time.monotonic() + DAEMON_RETRY
+        if time.monotonic() >= self._daemon_back:
+            try:
                 answer: dict[str, Any] = self._daemon.call(method, checked, timeout=self.timeout)
                 self._last = "daemon"
                 return answer
@@ -175,6 +187,27 @@ class Client:
         answer = self._answer_here(method, checked)
         self._last = "index"
         return answer
+
+    def _check_daemon(self) -> None:
+        """Bypass the daemon for good when it serves another index or provider than this client asked for.
+
+        Its answers would silently be about its own settings; the index read here is the one asked
+        for, read-only, with the provider asked for (a provider that cannot start says so).
+        """
+        status = self._daemon.call("status", {}, timeout=self.timeout)
+        self._daemon_checked = True
+        differs = []
+        if self._asked_for["index"] and Path(str(status.get("index_path"))) != self._settings.index_path:
+            differs.append(f"its index is {status.get('index_path')}, not {self._settings.index_path}")
+        wanted = self._asked_for["provider"]
+        serving = str(status.get("configured_provider") or "")  # "provider/model", or "none"
+        if wanted and serving.split("/")[0] != wanted:
+            differs.append(f"it uses provider {serving}, not {wanted}")
+        if differs:
+            pid = (status.get("daemon") or {}).get("pid")
+            self.daemon_differs = (f"the daemon of this workspace (pid {pid}) was not asked: " + "; ".join(differs)
+                                   + ". Answered here, from the index file, read-only")
+            self._daemon_back = math.inf
 
     def _answer_here(self, method: str, p: dict[str, Any]) -> dict[str, Any]:
         from clawmem.protocol import search_request

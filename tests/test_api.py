@@ -137,12 +137,32 @@ def test_with_a_daemon_it_asks_the_daemon(indexed: Settings, workspace: Path, tm
         alone = client.search("ocelot", mode="bm25")
     with running_daemon(settings) as daemon:
         wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
-        # An index path where none exists: only the daemon can answer.
-        with Client(workspace, index=tmp_path / "elsewhere.sqlite", socket=settings.socket_path,
-                    provider="none") as client:
+        with Client(workspace, socket=settings.socket_path) as client:
             assert client.search("ocelot", mode="bm25") == alone
             assert client.status()["daemon"]["socket"] == str(settings.socket_path)
-            assert client.served_by == "daemon"
+            assert client.served_by == "daemon" and client.daemon_differs is None
+
+
+def test_a_daemon_serving_another_index_or_provider_than_asked_is_not_asked(
+        indexed: Settings, workspace: Path, tmp_path: Path, sock_dir: Path) -> None:
+    """Its answer would be about its own settings, silently: the client answers from what was asked for, and says so."""
+    settings = daemon_settings(workspace, tmp_path, sock_dir, index=str(indexed.index_path))
+    with running_daemon(settings) as daemon:
+        wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
+        with Client(workspace, index=tmp_path / "elsewhere.sqlite", socket=settings.socket_path,
+                    provider="none") as client:
+            with pytest.raises(IndexUnavailable, match="no index"):
+                client.search("ocelot", mode="bm25")
+            assert client.served_by is None
+            assert f"its index is {indexed.index_path}" in str(client.daemon_differs)
+        with Client(workspace, index=indexed.index_path, socket=settings.socket_path, provider="openai") as client:
+            status = client.status()
+            assert client.served_by == "index" and "daemon" not in status
+            assert status["configured_provider"] == "unavailable" and not status["fresh"]
+            assert "it uses provider none, not openai" in str(client.daemon_differs)
+        with Client(workspace, index=indexed.index_path, socket=settings.socket_path, provider="none") as client:
+            client.status()
+            assert client.served_by == "daemon" and client.daemon_differs is None  # asked for what it serves
     assert not (tmp_path / "elsewhere.sqlite").exists()
 
 

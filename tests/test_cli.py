@@ -95,3 +95,28 @@ def test_progress_bar_when_asked_for(ws: Path) -> None:
     out = clawmem("index", "--progress", cwd=ws)
     assert out.returncode == 0 and "indexing" in out.stderr
 
+
+
+def test_flags_a_running_daemon_does_not_share_are_honoured_and_said(ws: Path, tmp_path: Path) -> None:
+    """`--provider openai` with a keyword-only daemon running: answered here as asked, with a note on stderr."""
+    from daemon_helpers import short_dir, spawn_daemon, stop_process, wait_listening
+
+    index = tmp_path / "index.sqlite"
+    assert clawmem("index", "--workspace", str(ws), "--index", str(index)).returncode == 0
+    for sock_dir in short_dir():
+        sock = sock_dir / "d.sock"
+        daemon = spawn_daemon(ws, sock, index)
+        try:
+            wait_listening(sock, daemon)
+            where = ["--workspace", str(ws), "--index", str(index), "--socket", str(sock)]
+            same = clawmem("status", "--json", *where)
+            assert json.loads(same.stdout)["daemon"]["pid"] == daemon.pid and "note" not in same.stderr
+            other = clawmem("status", "--json", *where, "--provider", "openai")
+            answer = json.loads(other.stdout)
+            assert "daemon" not in answer and answer["configured_provider"] == "unavailable"
+            assert f"the daemon of this workspace (pid {daemon.pid}) was not asked" in other.stderr
+            assert "it uses provider none, not openai" in other.stderr
+            found = clawmem("search", "--mode", "bm25", *where, "--provider", "openai", "staging")
+            assert found.returncode == 0 and "was not asked" in found.stderr
+        finally:
+            stop_process(daemon)
