@@ -337,10 +337,17 @@ def context(query: tuple[str, ...], budget: int | None, as_json: bool, max_resul
     _run(action)
 
 
+# `status --check`: how fresh the index is, as the exit status (a health check need not parse JSON).
+CHECK_FRESH, CHECK_NO_INDEX, CHECK_STALE, CHECK_BROKEN = 0, 3, 4, 5
+
+
 @cli.command()
 @_global_options
 @click.option("--json", "as_json", is_flag=True, help="Print the status object as JSON.")
-def status(as_json: bool, **kwargs: Any) -> None:
+@click.option("--check", is_flag=True,
+              help="Exit 0 if fresh, 3 if there is no index, 4 if work is pending (it catches up by itself),"
+                   " 5 if it cannot catch up (provider cannot start, last sync or embedding failed).")
+def status(as_json: bool, check: bool, **kwargs: Any) -> None:
     """Show what is indexed, with which model, and how fresh it is."""
     ctx = _ctx(kwargs)
 
@@ -348,10 +355,23 @@ def status(as_json: bool, **kwargs: Any) -> None:
         data = ctx.client().status()
         if as_json:
             click.echo(json.dumps(data, ensure_ascii=False))
-            return
-        _print_fields(data)
+        else:
+            _print_fields(data)
+        if check:
+            sys.exit(freshness_code(data))
 
     _run(action)
+
+
+def freshness_code(data: dict[str, Any]) -> int:
+    """The `status --check` exit status of a status object."""
+    if not data.get("index_exists", True):
+        return CHECK_NO_INDEX
+    daemon = data.get("daemon") or {}
+    if (data.get("configured_provider") == "unavailable" or data.get("last_error")
+            or daemon.get("last_error") or daemon.get("embedding_error")):
+        return CHECK_BROKEN
+    return CHECK_FRESH if data.get("fresh") else CHECK_STALE
 
 
 def _print_fields(data: dict[str, Any], indent: int = 0) -> None:

@@ -120,3 +120,23 @@ def test_flags_a_running_daemon_does_not_share_are_honoured_and_said(ws: Path, t
             assert found.returncode == 0 and "was not asked" in found.stderr
         finally:
             stop_process(daemon)
+
+
+def test_status_check_exit_codes(ws: Path, tmp_path: Path) -> None:
+    """0 fresh, 3 no index, 4 pending work, 5 cannot catch up (here: the configured provider cannot start)."""
+    where = ["--workspace", str(ws), "--index", str(tmp_path / "i.sqlite"), "--socket", str(tmp_path / "none.sock")]
+
+    def check(*extra: str) -> int:
+        out = clawmem("status", "--check", *where, *extra)
+        assert "Traceback" not in out.stderr
+        return out.returncode
+
+    assert check() == 3
+    assert clawmem("index", *where).returncode == 0
+    assert check() == 0
+    assert clawmem("status", *where).returncode == 0  # without --check, status is only printed
+    (ws / "memory" / "2026-11-24.md").write_text("# Today\n- a new note\n")
+    assert check() == 4
+    assert clawmem("index", *where).returncode == 0 and check() == 0
+    assert check("--provider", "openai") == 5  # no key: it cannot start, so it cannot catch up
+    assert check("--json") == 0
