@@ -81,6 +81,7 @@ def timed_sync(workspace: Path, index: Path, overrides: dict[str, Any], *, reind
     seconds = time.perf_counter() - started
     memory.close()
     return {"seconds": round(seconds, 2), "chunks": report.chunks_added, "embedded": report.embedded,
+            "from_cache": report.from_cache,
             "embed_error": report.embed_error}
 
 

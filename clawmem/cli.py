@@ -168,6 +168,8 @@ def _summary(head: str, report: dict[str, Any], waiting: int = 0) -> None:
              f"{report.get('chunks_added', 0)} chunks added"]
     if report.get("embedded"):
         parts.append(f"{report['embedded']} embedded")
+    if report.get("from_cache"):
+        parts.append(f"{report['from_cache']} vectors from the cache")
     click.echo(f"{head} in {float(report.get('duration') or 0.0):.2f}s: " + ", ".join(parts), err=True)
     for problem in [*report.get("errors", []), *report.get("skipped", [])]:
         click.echo(f"clawmem: warning: {problem}", err=True)

@@ -317,7 +317,8 @@ class MemoryIndex:
                 store.set_meta("fingerprint", fingerprint)
                 report = sync_workspace(store, self.settings, progress=progress)
                 if self.provider is not None:
-                    report.embedded, _ = embed_pending(store, self.provider, cache_only=True, cache_max_entries=0)
+                    report.from_cache, _ = embed_pending(store, self.provider, cache_only=True,
+                                                         cache_max_entries=0)
         finally:
             store.close()
         report.chunks_kept = chunks - report.chunks_removed
@@ -339,7 +340,8 @@ class MemoryIndex:
                 fresh.set_meta("fingerprint", fingerprint)
                 report = sync_workspace(fresh, self.settings, progress=progress, bulk=True)
                 if self.provider is not None:
-                    report.embedded, _ = embed_pending(fresh, self.provider, cache_only=True, cache_max_entries=0)
+                    report.from_cache, _ = embed_pending(fresh, self.provider, cache_only=True,
+                                                         cache_max_entries=0)
                 self._swap_in(fresh)
             finally:
                 fresh.close()
@@ -369,11 +371,12 @@ class MemoryIndex:
         mode = request.mode or self.settings.search.mode
         provider, note = self._query_provider(store) if mode != "bm25" else (None, None)
         outcome = run_search(store, provider, request, self.settings.search)
-        info = provider.info if provider is not None else None
+        # Whose vectors the index holds (a keyword-only answer from an index with vectors says so too).
+        built = json.loads(store.get_meta("fingerprint") or "{}")
         answer: dict[str, object] = {
             "results": [r.as_dict() for r in outcome.results],
-            "provider": info.provider if info else "none",
-            "model": info.model if info else "",
+            "provider": built.get("provider", "none"),
+            "model": built.get("model", ""),
             "mode": outcome.mode,
             "index": {**self._query_pending_files(store),
                       "pending_embeddings": store.pending_embeddings() if _has_vectors(store) else 0},

@@ -70,7 +70,8 @@ class SyncReport:
     chunks_kept: int = 0
     bytes_read: int = 0
     malformed_lines: int = 0  # transcript lines skipped as not JSON or not a transcript line (each also in `skipped`)
-    embedded: int = 0
+    embedded: int = 0  # chunks given a vector by the provider
+    from_cache: int = 0  # chunks given a vector the index already had (a rebuild or model switch)
     embed_error: str | None = None
     batch_jobs: int = 0  # provider batch jobs still running when the run ended
     batch_chunks: int = 0  # chunk texts those jobs will embed

@@ -201,9 +201,8 @@ def run_cli(*args: str) -> Any:
 
 
 def test_cli_queries_go_to_the_daemon(live: Settings, tmp_path: Path) -> None:
-    # An index path that does not exist: only the daemon can answer these.
-    flags = ["--workspace", str(live.workspace), "--socket", str(live.socket_path),
-             "--index", str(tmp_path / "elsewhere.sqlite"), "--provider", "none"]
+    # The daemon's own provider named, no index named: the daemon answers (naming another is tested in test_api.py).
+    flags = ["--workspace", str(live.workspace), "--socket", str(live.socket_path), "--provider", "none"]
     out = run_cli("search", *flags, "--json", "--mode", "bm25", "ocelot")
     assert out.exit_code == 0, out.output
     assert [r["path"] for r in json.loads(out.stdout)["results"]] == ["MEMORY.md"]

@@ -196,6 +196,8 @@ def test_hybrid_finds_paraphrases_and_exact_ids(settings: Settings, write) -> No
     top = index.search(SearchRequest("car tires", min_score=0.1))
     assert top["provider"] == "fake" and top["mode"] == "hybrid"
     assert top["results"][0]["vector_score"] > 0  # type: ignore[index]
+    keyword = index.search(SearchRequest("car tires", mode="bm25"))
+    assert (keyword["provider"], keyword["model"], keyword["mode"]) == ("fake", provider.info.model, "bm25")
 
 
 def test_query_vectors_from_another_model_are_never_compared(settings: Settings, write) -> None:
