@@ -189,14 +189,21 @@ def _summary(head: str, report: dict[str, Any], waiting: int = 0) -> None:
 class _ProgressBar:
     """click's progress bar, created on the first update so an empty phase prints nothing.
 
-    It moves once per batch and shows the measured rate; click derives the ETA from the same rate.
+    It redraws at most every REDRAW_SECONDS (and at the end), not once per file, and shows the
+    measured rate and the time left only once there is enough to measure: a second of work.
     """
 
-    def __init__(self, enabled: bool, label: str, unit: str) -> None:
+    REDRAW_SECONDS = 0.2
+    MEASURE_SECONDS = 1.0
+
+    def __init__(self, enabled: bool, label: str, unit: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.enabled, self.label, self.unit = enabled, label, unit
+        self._clock = clock
         self._bar: Any = None
-        self._done = 0
-        self._started = 0.0
+        self._drawn = 0  # the count the bar shows
+        self._total = 0
+        self._started = self._last_draw = 0.0
+        self.draws = 0
 
     def __enter__(self) -> _ProgressBar:
         return self
@@ -208,19 +215,28 @@ class _ProgressBar:
     def update(self, done: int, total: int) -> None:
         if not self.enabled or total <= 0:
             return
+        now = self._clock()
         if self._bar is None:
-            self._started = time.monotonic()
-            self._bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_eta=True,
-                                          item_show_func=self._rate)
+            self._started = now
+            self._bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_eta=False,
+                                          item_show_func=self._status)
             self._bar.__enter__()
-        self._bar.update(done - self._done, done)
-        self._done = done
+        elif done < total and now - self._last_draw < self.REDRAW_SECONDS:
+            return
+        self._total, self._last_draw = total, now
+        self._bar.update(done - self._drawn, done)
+        self._drawn = done
+        self.draws += 1
 
-    def _rate(self, done: int | None) -> str | None:
-        elapsed = time.monotonic() - self._started
-        if not done or elapsed <= 0:
+    def _status(self, done: int | None) -> str | None:
+        """`1,234 files/s, 0:42 left`, once a second of work gives a rate worth showing."""
+        elapsed = self._clock() - self._started
+        if not done or self._bar is None or elapsed < self.MEASURE_SECONDS:
             return None
-        return f"{done / elapsed:,.0f} {self.unit}/s"
+        rate = done / elapsed
+        left = max(0.0, (self._total - done) / rate) if self._total > done else 0.0
+        minutes, seconds = divmod(int(left + 0.5), 60)
+        return f"{rate:,.0f} {self.unit}/s, {minutes}:{seconds:02} left"
 
 
 @cli.command()

@@ -140,3 +140,21 @@ def test_status_check_exit_codes(ws: Path, tmp_path: Path) -> None:
     assert clawmem("index", *where).returncode == 0 and check() == 0
     assert check("--provider", "openai") == 5  # no key: it cannot start, so it cannot catch up
     assert check("--json") == 0
+
+
+def test_the_progress_bar_redraws_a_few_times_a_second_and_measures_before_it_tells() -> None:
+    from clawmem.cli import _ProgressBar
+
+    now = [100.0]
+    with _ProgressBar(True, "indexing", "files", clock=lambda: now[0]) as bar:
+        assert bar._status(1) is None
+        for done in range(1, 1001):  # 1,000 files in 0.5 s: two redraws a second at most, and the last one
+            now[0] += 0.0005
+            bar.update(done, 2000)
+        assert bar.draws <= 4
+        assert bar._status(1000) is None, "half a second is not enough to tell a rate or the time left"
+        now[0] += 0.6  # 1.1 s since the start
+        bar.update(1001, 2000)
+        assert bar._status(1001) == "910 files/s, 0:01 left"
+        bar.update(2000, 2000)
+        assert bar._drawn == 2000, "the end is always drawn"
