@@ -77,3 +77,18 @@ def local_provider(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no
 
     path = ensure_local_model(EmbeddingSettings(), tmp_path_factory.mktemp("models"))
     return LocalProvider(EmbeddingSettings(), path)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Close llama-cpp-python's module-level /dev/null handles (its own, opened at import, never closed).
+
+    Left open, interpreter shutdown reports each as an unclosed file (a ResourceWarning) after the
+    test summary; a normal run ignores ResourceWarning, so users never see it.
+    """
+    import sys
+
+    utils = sys.modules.get("llama_cpp._utils")
+    for name in ("outnull_file", "errnull_file"):
+        handle = getattr(utils, name, None)
+        if handle is not None:
+            handle.close()
