@@ -80,7 +80,7 @@ def spawn(ws: Path, sock: Path, index: Path) -> subprocess.Popen[bytes]:
     env = dict(os.environ, CLAWMEM_PROVIDER="none", CLAWMEM_LOG_LEVEL="error")
     env.update(json.loads(os.environ.get("BENCH_DAEMON_ENV", "{}")))
     (ws / "clawmem.toml").write_text("[daemon]\ndebounce = 0.2\nmax_delay = 1.0\nrescan_interval = 0\n")
-    return subprocess.Popen([sys.executable, "-m", "clawmem", "serve", "--workspace", str(ws), "--socket",
+    return subprocess.Popen([sys.executable, "-m", "clawmem_index", "serve", "--workspace", str(ws), "--socket",
                              str(sock), "--index", str(index)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
@@ -244,7 +244,7 @@ def batch_attack(pid: int, sock: Path, size: int, seconds: float) -> dict[str, A
 
 
 def slow_reader_attack(pid: int, sock: Path, seconds: float) -> dict[str, Any]:
-    most = 512 << 10  # the largest `max_bytes` a `get` may ask for (clawmem.protocol.MAX_GET_BYTES)
+    most = 512 << 10  # the largest `max_bytes` a `get` may ask for (clawmem_index.protocol.MAX_GET_BYTES)
     large = [get_batch(64), json.dumps(request("get", {"path": "memory/big.md", "max_bytes": most})).encode()
              + b"\n", get_batch(64, max_bytes=most)]
     before = proc_status(pid)

@@ -51,23 +51,23 @@ CHUNKS_PER_FILE = 2.95  # what bench/generate.py's notes chunk into at the defau
 
 def child_daemon(spec: str) -> None:
     """Runs in the daemon's process: `Daemon(...).serve_forever()`, with the FakeProvider if asked."""
-    from clawmem.config import load_settings
-    from clawmem.daemon import Daemon
-    from clawmem.log import configure
+    from clawmem_index.config import load_settings
+    from clawmem_index.daemon import Daemon
+    from clawmem_index.log import configure
 
     args = json.loads(spec)
     settings = load_settings(workspace=args["workspace"], overrides=args["overrides"])
     configure("warning")
     if args["fake"]:
-        from clawmem.embeddings.fake import FakeProvider
+        from clawmem_index.embeddings.fake import FakeProvider
 
         sys.exit(Daemon(settings, provider=FakeProvider(dims=FAKE_DIMS)).serve_forever())
     sys.exit(Daemon(settings).serve_forever())
 
 
 def build_index(workspace: Path, index: Path, fake: bool) -> dict[str, Any]:
-    from clawmem.config import load_settings
-    from clawmem.engine import MemoryIndex
+    from clawmem_index.config import load_settings
+    from clawmem_index.engine import MemoryIndex
 
     settings = load_settings(workspace=workspace, overrides={"index": str(index), "embedding.provider": "none"})
     memory = MemoryIndex(settings, **({"provider": fake_provider()} if fake else {}))
@@ -79,7 +79,7 @@ def build_index(workspace: Path, index: Path, fake: bool) -> dict[str, Any]:
 
 
 def fake_provider() -> Any:
-    from clawmem.embeddings.fake import FakeProvider
+    from clawmem_index.embeddings.fake import FakeProvider
 
     return FakeProvider(dims=FAKE_DIMS)
 

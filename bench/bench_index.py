@@ -29,8 +29,8 @@ CHILD = """
 import json, resource, statistics, sys, time
 from pathlib import Path
 t0 = time.perf_counter()
-from clawmem.config import load_settings
-from clawmem.engine import MemoryIndex
+from clawmem_index.config import load_settings
+from clawmem_index.engine import MemoryIndex
 settings = load_settings(workspace=sys.argv[1], overrides={"index": sys.argv[2], "embedding.provider": "none"})
 index = MemoryIndex(settings)
 t1 = time.perf_counter()
@@ -76,7 +76,7 @@ def child_sync(ws: Path, idx: Path, mode: str = "cold") -> dict[str, float]:
 def cli_search(ws: Path, idx: Path, query: str) -> float:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "clawmem", "search", "--provider", "none", "--mode", "bm25", "--json",
+    subprocess.run([sys.executable, "-m", "clawmem_index", "search", "--provider", "none", "--mode", "bm25", "--json",
                     "--workspace", str(ws), "--index", str(idx), query], capture_output=True, check=True, env=env)
     return time.perf_counter() - start
 

@@ -48,7 +48,7 @@ def server_params(workspace: Path, index: Path, sock: Path) -> Any:
     from mcp import StdioServerParameters
 
     return StdioServerParameters(command=sys.executable, env=dict(os.environ), args=[
-        "-m", "clawmem", "mcp", "--workspace", str(workspace), "--index", str(index), "--socket", str(sock)])
+        "-m", "clawmem_index", "mcp", "--workspace", str(workspace), "--index", str(index), "--socket", str(sock)])
 
 
 def mcp_round_trips(workspace: Path, index: Path, sock: Path, calls: int) -> dict[str, Any]:

@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 
-from clawmem.config import Settings, load_settings, with_overrides  # noqa: E402
-from clawmem.engine import MemoryIndex  # noqa: E402
-from clawmem.search import SearchRequest, run_search  # noqa: E402
-from clawmem.workspace import file_date  # noqa: E402
+from clawmem_index.config import Settings, load_settings, with_overrides  # noqa: E402
+from clawmem_index.engine import MemoryIndex  # noqa: E402
+from clawmem_index.search import SearchRequest, run_search  # noqa: E402
+from clawmem_index.workspace import file_date  # noqa: E402
 
 MODES = {
     "bm25": {"mode": "bm25"},

@@ -59,10 +59,10 @@ def long_lines() -> dict[str, str]:
 
 
 def bench_long_line(tmp: Path) -> dict[str, Any]:
-    from clawmem.chunking import chunk_markdown
-    from clawmem.config import load_settings
-    from clawmem.engine import MemoryIndex
-    from clawmem.tokens import get_encoding
+    from clawmem_index.chunking import chunk_markdown
+    from clawmem_index.config import load_settings
+    from clawmem_index.engine import MemoryIndex
+    from clawmem_index.tokens import get_encoding
 
     get_encoding()
     out: dict[str, Any] = {"chunk_s": {}}
@@ -161,8 +161,8 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def bench_hung_provider(tmp: Path) -> dict[str, Any]:
-    from clawmem.config import load_settings
-    from clawmem.engine import MemoryIndex
+    from clawmem_index.config import load_settings
+    from clawmem_index.engine import MemoryIndex
 
     workspace = tmp / "ws"
     generate(workspace, 200, seed=7)
@@ -179,7 +179,7 @@ def bench_hung_provider(tmp: Path) -> dict[str, Any]:
 
     sock = Path(tempfile.mkdtemp(prefix="cmb", dir="/tmp")) / "d.sock"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWMEM_")}
-    daemon = subprocess.Popen([sys.executable, "-m", "clawmem", "serve", "--workspace", str(workspace), "--config",
+    daemon = subprocess.Popen([sys.executable, "-m", "clawmem_index", "serve", "--workspace", str(workspace), "--config",
                                str(config), "--index", str(index), "--socket", str(sock)],
                               env={**env, "CLAWMEM_LOG_LEVEL": "warning"}, stderr=subprocess.DEVNULL)
     try:

@@ -41,11 +41,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 
-import clawmem.vector_index as vector_index  # noqa: E402
-from clawmem.config import load_settings  # noqa: E402
-from clawmem.embeddings.base import ProviderInfo  # noqa: E402
-from clawmem.search import SearchRequest, run_search  # noqa: E402
-from clawmem.store import ChunkFilter, Store  # noqa: E402
+import clawmem_index.vector_index as vector_index  # noqa: E402
+from clawmem_index.config import load_settings  # noqa: E402
+from clawmem_index.embeddings.base import ProviderInfo  # noqa: E402
+from clawmem_index.search import SearchRequest, run_search  # noqa: E402
+from clawmem_index.store import ChunkFilter, Store  # noqa: E402
 
 K = 24  # what a default search asks the store for: max_results 6 x candidate_multiplier 4
 NOISE = 0.6
@@ -76,9 +76,9 @@ def query_set(work: Path, model: str | None, fallback: np.ndarray, n: int) -> tu
     cached = work / "scifact-queries.npy"
     if not cached.exists():
         try:
-            from clawmem.config import EmbeddingSettings
-            from clawmem.embeddings.base import normalize
-            from clawmem.embeddings.local import LocalProvider
+            from clawmem_index.config import EmbeddingSettings
+            from clawmem_index.embeddings.base import normalize
+            from clawmem_index.embeddings.local import LocalProvider
 
             path = Path(model) if model else Path.home() / ".cache/clawmem/models/all-MiniLM-L6-v2-f16.gguf"
             provider = LocalProvider(EmbeddingSettings(provider="local"), path)
@@ -94,9 +94,9 @@ def sentence_vectors(work: Path, model: str | None) -> np.ndarray:
     """Every sentence (6+ words) of the SciFact abstracts embedded with the local model, cached."""
     cached = work / "scifact-sentences.npy"
     if not cached.exists():
-        from clawmem.config import EmbeddingSettings
-        from clawmem.embeddings.base import normalize
-        from clawmem.embeddings.local import LocalProvider
+        from clawmem_index.config import EmbeddingSettings
+        from clawmem_index.embeddings.base import normalize
+        from clawmem_index.embeddings.local import LocalProvider
 
         sentences = [s for doc in map(json.loads, (SHARED / "bench/scifact/corpus.jsonl").open())
                      for s in re.split(r"(?<=[.!?])\s+", doc["text"]) if len(s.split()) >= 6]

@@ -20,7 +20,7 @@ sums="$(cksum < pyproject.toml) $(cksum < scripts/setup.sh)"
 installed() {  # every provider's package and the default weights can be found (none is imported)
   "$py" - <<'EOF' 2>/dev/null
 import importlib.util, sys
-from clawmem.embeddings.registry import DEFAULT_WEIGHTS, SDKS
+from clawmem_index.embeddings.registry import DEFAULT_WEIGHTS, SDKS
 sys.exit(any(importlib.util.find_spec(m) is None for m in (DEFAULT_WEIGHTS, *(s.module for s in SDKS.values()))))
 EOF
 }
@@ -35,7 +35,8 @@ covered() {  # the last complete run had these files and at least the extras ask
 if covered && installed; then
   exit 0
 fi
-# `clawmem` on the package index is another project with the same import package: never both.
+# This project's distribution was called `clawmem` before (a name another project holds on the package
+# index): a .venv from then still lists it, with an editable hook to a package that no longer exists.
 if "$py" -m pip --disable-pip-version-check show -q clawmem >/dev/null 2>&1; then
   "${pip[@]}" uninstall -y clawmem
 fi

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from clawmem.config import Settings, load_settings
+from clawmem_index.config import Settings, load_settings
 
 _MACHINE_VARS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "GEMINI_API_KEY", "GOOGLE_API_KEY", "VOYAGE_API_KEY",
                  "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
@@ -61,7 +61,7 @@ def settings(workspace: Path, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def template_workspace(tmp_path: Path) -> Path:
-    from clawmem.template import copy_template
+    from clawmem_index.template import copy_template
 
     ws = tmp_path / "starter"
     list(copy_template(ws))
@@ -71,9 +71,9 @@ def template_workspace(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def local_provider(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """The real default local model (MiniLM), made as a user's first run makes it: converted, no network."""
-    from clawmem.config import EmbeddingSettings
-    from clawmem.embeddings.local import LocalProvider
-    from clawmem.embeddings.models import ensure_local_model
+    from clawmem_index.config import EmbeddingSettings
+    from clawmem_index.embeddings.local import LocalProvider
+    from clawmem_index.embeddings.models import ensure_local_model
 
     path = ensure_local_model(EmbeddingSettings(), tmp_path_factory.mktemp("models"))
     return LocalProvider(EmbeddingSettings(), path)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from clawmem.config import Settings, load_settings
+from clawmem_index.config import Settings, load_settings
 
 T = TypeVar("T")
 
@@ -146,7 +146,7 @@ class RawClient:
 @contextlib.contextmanager
 def running_daemon(settings: Settings, **kwargs: Any) -> Iterator[Any]:
     """An in-process daemon (no signal handling), stopped on exit."""
-    from clawmem.daemon import Daemon
+    from clawmem_index.daemon import Daemon
 
     kwargs.setdefault("log", RecordingLog())
     daemon = Daemon(settings, environ={}, **kwargs)
@@ -158,13 +158,13 @@ def running_daemon(settings: Settings, **kwargs: Any) -> Iterator[Any]:
 
 
 def search_paths(client: Any, query: str, **params: Any) -> list[str]:
-    from clawmem.search import SearchRequest
+    from clawmem_index.search import SearchRequest
 
     answer = client.search(SearchRequest(query, min_score=0.0, mode=params.pop("mode", "bm25"), **params))
     return [r["path"] for r in answer["results"]]
 
 
-CLAWMEM = [sys.executable, "-m", "clawmem"]
+CLAWMEM = [sys.executable, "-m", "clawmem_index"]
 
 
 def spawn_daemon(workspace: Path, socket_path: Path, index: Path, *extra: str, env: dict[str, str] | None = None,
@@ -227,7 +227,7 @@ def refusing_daemon(path: Path, answer: bytes | None) -> tuple[socket.socket, th
 
 def held_first_build(settings: Settings) -> tuple[Any, threading.Event]:
     """A daemon whose first build stops at its first progress report until the returned gate opens."""
-    from clawmem.daemon import Daemon
+    from clawmem_index.daemon import Daemon
 
     daemon = Daemon(settings, environ={}, log=RecordingLog())
     gate = threading.Event()

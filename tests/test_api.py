@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from daemon_helpers import daemon_settings, refusing_daemon, running_daemon, short_dir, wait_until
 
-import clawmem
-from clawmem import api
-from clawmem.api import Client
-from clawmem.config import Settings
-from clawmem.embeddings.fake import FakeProvider
-from clawmem.engine import MemoryIndex
-from clawmem.errors import ConfigError, IndexUnavailable, PathError, QueryError
-from clawmem.search import SearchRequest
-from clawmem.store import MIGRATIONS, Store
+import clawmem_index
+from clawmem_index import api
+from clawmem_index.api import Client
+from clawmem_index.config import Settings
+from clawmem_index.embeddings.fake import FakeProvider
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.errors import ConfigError, IndexUnavailable, PathError, QueryError
+from clawmem_index.search import SearchRequest
+from clawmem_index.store import MIGRATIONS, Store
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
 
@@ -230,15 +230,15 @@ def test_the_signature_is_plain_python() -> None:
     for name in ("__init__", "search", "get", "status", "context", "close"):
         signature = str(inspect.signature(getattr(Client, name)))
         assert "Settings" not in signature and "SearchRequest" not in signature and "MemoryIndex" not in signature
-    assert clawmem.Client is Client
-    assert "Client" in clawmem.__all__
+    assert clawmem_index.Client is Client
+    assert "Client" in clawmem_index.__all__
 
 
 def test_import_clawmem_stays_light() -> None:
-    probe = ("import sys, clawmem\n"
-             "print(sorted(m for m in ('clawmem.api', 'clawmem.engine', 'apsw', 'tiktoken') if m in sys.modules))\n"
-             "from clawmem import Client\n"
-             "print(sorted(m for m in ('clawmem.engine', 'apsw', 'tiktoken') if m in sys.modules))\n")
+    probe = ("import sys, clawmem_index\n"
+             "print(sorted(m for m in ('clawmem_index.api', 'clawmem_index.engine', 'apsw', 'tiktoken') if m in sys.modules))\n"
+             "from clawmem_index import Client\n"
+             "print(sorted(m for m in ('clawmem_index.engine', 'apsw', 'tiktoken') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True,
                          env={**os.environ})
     assert out.stdout.splitlines() == ["[]", "[]"]

@@ -16,14 +16,14 @@ import pytest
 from daemon_helpers import RecordingLog, wait_until
 from fake_http import FakeServer, OpenAIBatches, no_proxy  # noqa: F401 (a fixture)
 
-from clawmem.config import Settings, with_overrides
-from clawmem.embedder import Embedder
-from clawmem.embeddings.fake import FakeProvider
-from clawmem.embeddings.jobs import BatchEmbedder, JobState
-from clawmem.engine import MemoryIndex
-from clawmem.errors import ProviderTimeout
-from clawmem.search import SearchRequest
-from clawmem.writer import Run, Writer
+from clawmem_index.config import Settings, with_overrides
+from clawmem_index.embedder import Embedder
+from clawmem_index.embeddings.fake import FakeProvider
+from clawmem_index.embeddings.jobs import BatchEmbedder, JobState
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.errors import ProviderTimeout
+from clawmem_index.search import SearchRequest
+from clawmem_index.writer import Run, Writer
 
 
 class BatchFake(FakeProvider):
@@ -215,7 +215,7 @@ def test_clawmem_index_hands_a_backfill_to_openai_batches_and_collects_it(worksp
 
         def clawmem(*args: str) -> subprocess.CompletedProcess[str]:
             env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWMEM_")}
-            return subprocess.run([sys.executable, "-m", "clawmem", *args, "--workspace", str(workspace), "--config",
+            return subprocess.run([sys.executable, "-m", "clawmem_index", *args, "--workspace", str(workspace), "--config",
                                    str(config), "--index", str(tmp_path / "i.sqlite")], capture_output=True,
                                   text=True, env=env, timeout=120, check=False)
 
@@ -236,9 +236,9 @@ def test_clawmem_index_hands_a_backfill_to_openai_batches_and_collects_it(worksp
 
 def test_auto_uses_batch_jobs_only_at_the_vendors_own_endpoint(settings: Settings, write: Any) -> None:
     """An OpenAI-compatible server seldom has batch endpoints: `auto` sends it requests, `on` tries jobs."""
-    from clawmem.backfill import batch_enabled
-    from clawmem.config import EmbeddingSettings
-    from clawmem.embeddings.openai import OpenAIProvider
+    from clawmem_index.backfill import batch_enabled
+    from clawmem_index.config import EmbeddingSettings
+    from clawmem_index.embeddings.openai import OpenAIProvider
 
     compatible = OpenAIProvider(EmbeddingSettings(base_url="http://127.0.0.1:9/v1", api_key="k"), environ={})
     official = OpenAIProvider(EmbeddingSettings(api_key="k"), environ={})

@@ -11,7 +11,7 @@ import pytest
 
 def clawmem(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "CLAWMEM_PROVIDER": "none", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "clawmem", *args], cwd=cwd, env=full_env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "clawmem_index", *args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
@@ -143,7 +143,7 @@ def test_status_check_exit_codes(ws: Path, tmp_path: Path) -> None:
 
 
 def test_the_progress_bar_redraws_a_few_times_a_second_and_measures_before_it_tells() -> None:
-    from clawmem.cli import _ProgressBar
+    from clawmem_index.cli import _ProgressBar
 
     now = [100.0]
     with _ProgressBar(True, "indexing", "files", clock=lambda: now[0]) as bar:

@@ -16,13 +16,13 @@ import pytest
 from click.testing import CliRunner
 from daemon_helpers import daemon_settings, refusing_daemon, running_daemon, short_dir, wait_until
 
-from clawmem import errors
-from clawmem.cli import cli
-from clawmem.client import DaemonClient, error_for, find_daemon
-from clawmem.config import Settings, load_settings
-from clawmem.errors import ClawmemError, IndexUnavailable, ProtocolError, QueryError
-from clawmem.search import SearchRequest
-from clawmem.server import RpcServer, bind_unix_socket
+from clawmem_index import errors
+from clawmem_index.cli import cli
+from clawmem_index.client import DaemonClient, error_for, find_daemon
+from clawmem_index.config import Settings, load_settings
+from clawmem_index.errors import ClawmemError, IndexUnavailable, ProtocolError, QueryError
+from clawmem_index.search import SearchRequest
+from clawmem_index.server import RpcServer, bind_unix_socket
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
 
@@ -243,9 +243,9 @@ def test_cli_falls_back_to_the_index_when_no_daemon_answers(workspace: Path, tmp
 def test_cli_search_through_the_daemon_starts_light(live: Settings) -> None:
     """`clawmem search` must not pay for the daemon's modules (structlog, watchdog) when it is a client."""
     probe = ("import atexit, sys\n"
-             "atexit.register(lambda: print(sorted(m for m in ('structlog', 'watchdog', 'clawmem.engine')"
+             "atexit.register(lambda: print(sorted(m for m in ('structlog', 'watchdog', 'clawmem_index.engine')"
              " if m in sys.modules), file=sys.stderr))\n"
-             "from clawmem.cli import main\nmain()\n")
+             "from clawmem_index.cli import main\nmain()\n")
     out = subprocess.run([sys.executable, "-c", probe, "search", "--workspace", str(live.workspace), "--socket",
                           str(live.socket_path), "--json", "--mode", "bm25", "ocelot"],
                          capture_output=True, text=True, timeout=60, env={**os.environ, "CLAWMEM_PROVIDER": "none"},
@@ -286,14 +286,14 @@ def test_the_busy_code_is_its_own_class() -> None:
 
 def test_a_non_utf8_argument_through_the_daemon_is_a_clean_answer(live: Settings) -> None:
     """A shell passes undecodable bytes through; they must not become a traceback."""
-    args = [sys.executable, "-m", "clawmem", "search", "--workspace", str(live.workspace), "--socket",
+    args = [sys.executable, "-m", "clawmem_index", "search", "--workspace", str(live.workspace), "--socket",
             str(live.socket_path), "--json", "--mode", "bm25"]
     out = subprocess.run([*args, b"ocelot\xff"], capture_output=True, timeout=60, check=False,
                          env={**os.environ, "CLAWMEM_PROVIDER": "none"})
     assert out.returncode == 0, out.stderr
     assert b"Traceback" not in out.stderr
     assert json.loads(out.stdout)["results"][0]["path"] == "MEMORY.md"
-    out = subprocess.run([sys.executable, "-m", "clawmem", "get", "--workspace", str(live.workspace), "--socket",
+    out = subprocess.run([sys.executable, "-m", "clawmem_index", "get", "--workspace", str(live.workspace), "--socket",
                           str(live.socket_path), b"memory/nope\xff.md"], capture_output=True, timeout=60, check=False,
                          env={**os.environ, "CLAWMEM_PROVIDER": "none"})
     assert out.returncode == 1 and b"Traceback" not in out.stderr

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from clawmem.config import Settings, as_dict, load_settings
-from clawmem.errors import ConfigError
+from clawmem_index.config import Settings, as_dict, load_settings
+from clawmem_index.errors import ConfigError
 
 
 def test_defaults_match_the_spec(tmp_path: Path) -> None:

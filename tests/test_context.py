@@ -18,14 +18,14 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from clawmem.api import Client
-from clawmem.client import DaemonClient
-from clawmem.config import Settings, load_settings
-from clawmem.context import Hit, build_context, citation
-from clawmem.engine import MemoryIndex
-from clawmem.errors import ConfigError, IndexUnavailable, QueryError
-from clawmem.search import SearchRequest
-from clawmem.tokens import get_encoding
+from clawmem_index.api import Client
+from clawmem_index.client import DaemonClient
+from clawmem_index.config import Settings, load_settings
+from clawmem_index.context import Hit, build_context, citation
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.errors import ConfigError, IndexUnavailable, QueryError
+from clawmem_index.search import SearchRequest
+from clawmem_index.tokens import get_encoding
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
 
@@ -283,7 +283,7 @@ def test_the_public_client_gives_the_same_block_with_and_without_a_daemon(built:
 
 
 def clawmem(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clawmem", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "clawmem_index", *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "CLAWMEM_PROVIDER": "none", **(env or {})}, stdin=subprocess.DEVNULL,
                           check=False)
 

@@ -35,12 +35,12 @@ from daemon_helpers import (
     wait_until,
 )
 
-from clawmem.client import DaemonClient
-from clawmem.config import Settings
-from clawmem.embeddings.fake import FakeProvider
-from clawmem.errors import IndexBusy, IndexUnavailable
-from clawmem.search import SearchRequest
-from clawmem.store import Store
+from clawmem_index.client import DaemonClient
+from clawmem_index.config import Settings
+from clawmem_index.embeddings.fake import FakeProvider
+from clawmem_index.errors import IndexBusy, IndexUnavailable
+from clawmem_index.search import SearchRequest
+from clawmem_index.store import Store
 
 WITHIN = DEBOUNCE + BOUND
 # watchdog warns from its reader thread when nested folders appear faster than it adds watches;
@@ -530,7 +530,7 @@ def test_a_bad_configuration_on_sighup_keeps_the_old_one(proc_paths: dict[str, P
 
 
 _ACTIVATE = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.environ.update(LISTEN_PID=str(os.getpid()),"
-             " LISTEN_FDS='1'); os.execv(sys.executable, [sys.executable, '-m', 'clawmem', *sys.argv[2:]])")
+             " LISTEN_FDS='1'); os.execv(sys.executable, [sys.executable, '-m', 'clawmem_index', *sys.argv[2:]])")
 
 
 def test_socket_activation_uses_the_inherited_socket(proc_paths: dict[str, Path], sock_dir: Path) -> None:
@@ -627,7 +627,7 @@ def test_serve_refuses_a_missing_workspace(tmp_path: Path, sock_dir: Path) -> No
 
 def test_get_at_its_largest_max_bytes_fits_one_reply(workspace: Path, dsettings: Settings) -> None:
     """The documented maximum works on the worst text for JSON: control characters, escaped six-fold (\\u0001)."""
-    from clawmem.protocol import MAX_GET_BYTES, MAX_REPLY_BYTES
+    from clawmem_index.protocol import MAX_GET_BYTES, MAX_REPLY_BYTES
 
     (workspace / "memory" / "controls.md").write_bytes(b"\x01" * (MAX_GET_BYTES - 1) + b"\nnext line\n")
     with running_daemon(dsettings) as daemon, RawClient(dsettings.socket_path) as raw:

@@ -9,12 +9,12 @@ from typing import Any
 
 from daemon_helpers import RecordingLog, wait_until
 
-from clawmem.config import Settings
-from clawmem.embedder import Embedder
-from clawmem.embeddings.fake import FakeProvider
-from clawmem.engine import MemoryIndex
-from clawmem.errors import ProviderError
-from clawmem.writer import Run, Writer
+from clawmem_index.config import Settings
+from clawmem_index.embedder import Embedder
+from clawmem_index.embeddings.fake import FakeProvider
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.errors import ProviderError
+from clawmem_index.writer import Run, Writer
 
 
 @contextmanager

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawmem.embeddings.base import normalize
-from clawmem.embeddings.batching import Piece, Plan, combine, embed_planned, plan_batches, split_text
-from clawmem.errors import ProviderError
-from clawmem.tokens import get_encoding
+from clawmem_index.embeddings.base import normalize
+from clawmem_index.embeddings.batching import Piece, Plan, combine, embed_planned, plan_batches, split_text
+from clawmem_index.errors import ProviderError
+from clawmem_index.tokens import get_encoding
 
 ENC = get_encoding("cl100k_base")
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clawmem.embeddings.convert import DEFAULT_PACKAGE, convert_bert, find_packaged_model, main
-from clawmem.errors import ProviderError
+from clawmem_index.embeddings.convert import DEFAULT_PACKAGE, convert_bert, find_packaged_model, main
+from clawmem_index.errors import ProviderError
 
 SHARED_MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
 LLAMA_CPP_Q8 = SHARED_MODELS / "all-MiniLM-L6-v2-q8_0.gguf"

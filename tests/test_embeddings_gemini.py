@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from fake_http import FakeServer, Recorded, Reply, assert_unit, fake_server, gemini_reply, no_proxy, vector_for
 
-from clawmem.config import EmbeddingSettings
-from clawmem.embeddings.base import normalize
-from clawmem.embeddings.gemini import GeminiProvider, split_base_url
-from clawmem.errors import AuthError, ProviderError, ProviderTimeout, RateLimited
+from clawmem_index.config import EmbeddingSettings
+from clawmem_index.embeddings.base import normalize
+from clawmem_index.embeddings.gemini import GeminiProvider, split_base_url
+from clawmem_index.errors import AuthError, ProviderError, ProviderTimeout, RateLimited
 
 __all__ = ["fake_server", "no_proxy"]
 
@@ -194,5 +194,5 @@ def test_a_missing_vector_is_an_error(server: FakeServer) -> None:
 
 
 def test_importing_the_module_does_not_import_the_sdk() -> None:
-    code = "import sys, clawmem.embeddings.gemini; assert 'google.genai' not in sys.modules, 'SDK imported'"
+    code = "import sys, clawmem_index.embeddings.gemini; assert 'google.genai' not in sys.modules, 'SDK imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

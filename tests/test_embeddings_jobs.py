@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 from fake_http import FakeBatches, FakeServer, GeminiBatches, OpenAIBatches, Reply, no_proxy, path_of, vector_for
 
-from clawmem.config import EmbeddingSettings
-from clawmem.embeddings import gemini as gemini_module
-from clawmem.embeddings import openai as openai_module
-from clawmem.embeddings.base import normalize
-from clawmem.embeddings.gemini import GeminiProvider
-from clawmem.embeddings.jobs import BatchEmbedder, JobState, assemble, job_capacity, pack_job, piece_key
-from clawmem.embeddings.openai import OpenAIProvider
-from clawmem.errors import AuthError, ProviderError
-from clawmem.tokens import count_tokens
+from clawmem_index.config import EmbeddingSettings
+from clawmem_index.embeddings import gemini as gemini_module
+from clawmem_index.embeddings import openai as openai_module
+from clawmem_index.embeddings.base import normalize
+from clawmem_index.embeddings.gemini import GeminiProvider
+from clawmem_index.embeddings.jobs import BatchEmbedder, JobState, assemble, job_capacity, pack_job, piece_key
+from clawmem_index.embeddings.openai import OpenAIProvider
+from clawmem_index.errors import AuthError, ProviderError
+from clawmem_index.tokens import count_tokens
 
 __all__ = ["no_proxy"]
 
@@ -402,7 +402,7 @@ def test_a_malformed_poll_answer_is_a_provider_error(setup: Setup) -> None:
 
 
 def test_importing_jobs_does_not_import_an_sdk() -> None:
-    code = ("import sys, clawmem.embeddings.jobs, clawmem.embeddings.openai, clawmem.embeddings.gemini; "
+    code = ("import sys, clawmem_index.embeddings.jobs, clawmem_index.embeddings.openai, clawmem_index.embeddings.gemini; "
             "assert 'openai' not in sys.modules and 'google.genai' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
 

@@ -27,7 +27,7 @@ import atexit, json, sys
 atexit.register(lambda: print("IMPORTED " + json.dumps(sorted(m for m in {modules!r} if m in sys.modules)),
                               file=sys.stderr))
 sys.argv = ["clawmem", *sys.argv[1:]]
-from clawmem.cli import main
+from clawmem_index.cli import main
 main()
 """
 
@@ -93,15 +93,15 @@ def test_local_model_is_loaded_only_by_commands_that_embed(notes: Path, tmp_path
 
 
 @pytest.mark.parametrize(("factory", "key", "sdk"), [
-    ("clawmem.embeddings.openai:OpenAIProvider", "OPENAI_API_KEY", "openai"),
-    ("clawmem.embeddings.gemini:GeminiProvider", "GEMINI_API_KEY", "google.genai"),
-    ("clawmem.embeddings.voyage:VoyageProvider", "VOYAGE_API_KEY", "voyageai"),
+    ("clawmem_index.embeddings.openai:OpenAIProvider", "OPENAI_API_KEY", "openai"),
+    ("clawmem_index.embeddings.gemini:GeminiProvider", "GEMINI_API_KEY", "google.genai"),
+    ("clawmem_index.embeddings.voyage:VoyageProvider", "VOYAGE_API_KEY", "voyageai"),
 ])
 def test_a_remote_provider_knows_its_identity_without_its_sdk(factory: str, key: str, sdk: str) -> None:
     module, name = factory.split(":")
     code = f"""
 import sys
-from clawmem.config import EmbeddingSettings
+from clawmem_index.config import EmbeddingSettings
 from {module} import {name} as Provider
 provider = Provider(EmbeddingSettings(provider="x"), environ={{"{key}": "k-123"}})
 info = provider.info

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from clawmem.config import EmbeddingSettings
-from clawmem.embeddings.base import EmbeddingProvider
-from clawmem.embeddings.local import LocalProvider
-from clawmem.embeddings.models import ensure_local_model
-from clawmem.errors import ProviderError
+from clawmem_index.config import EmbeddingSettings
+from clawmem_index.embeddings.base import EmbeddingProvider
+from clawmem_index.embeddings.local import LocalProvider
+from clawmem_index.embeddings.models import ensure_local_model
+from clawmem_index.errors import ProviderError
 
 SHARED_Q8 = Path(__file__).resolve().parents[2] / "shared" / "models" / "all-MiniLM-L6-v2-q8_0.gguf"
 REFERENCE = json.loads((Path(__file__).parent / "data" / "minilm_reference.json").read_text(encoding="utf-8"))
@@ -49,7 +49,7 @@ def is_unit(vector: Sequence[float]) -> bool:
 
 
 def test_importing_the_module_does_not_import_llama_cpp() -> None:
-    code = "import sys, clawmem.embeddings.local; print('llama_cpp' in sys.modules)"
+    code = "import sys, clawmem_index.embeddings.local; print('llama_cpp' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from clawmem.config import EmbeddingSettings
-from clawmem.embeddings import convert
-from clawmem.embeddings.models import (
+from clawmem_index.config import EmbeddingSettings
+from clawmem_index.embeddings import convert
+from clawmem_index.embeddings.models import (
     DEFAULT_MODEL_FILE,
     HF_ENDPOINT_ENV,
     HfModel,
@@ -29,7 +29,7 @@ from clawmem.embeddings.models import (
     model_identity,
     parse_hf_uri,
 )
-from clawmem.errors import ProviderError
+from clawmem_index.errors import ProviderError
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 1200  # ~300 KB: several read chunks, not a real model
 URI = "hf:acme/embedder-GGUF/sub/model-q8_0.gguf"

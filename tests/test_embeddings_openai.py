@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from fake_http import FakeServer, Recorded, Reply, assert_unit, fake_server, no_proxy, openai_reply, vector_for
 
-from clawmem.config import EmbeddingSettings
-from clawmem.embeddings.base import normalize
-from clawmem.embeddings.openai import OpenAIProvider
-from clawmem.errors import AuthError, ProviderError, ProviderTimeout, RateLimited
+from clawmem_index.config import EmbeddingSettings
+from clawmem_index.embeddings.base import normalize
+from clawmem_index.embeddings.openai import OpenAIProvider
+from clawmem_index.errors import AuthError, ProviderError, ProviderTimeout, RateLimited
 
 __all__ = ["fake_server", "no_proxy"]
 
@@ -150,7 +150,7 @@ def test_over_limit_input_is_split_and_averaged(server: FakeServer) -> None:
     [vector] = make(server, batch_tokens=64).embed_documents([long])
     pieces = [text for r in server.requests for text in r.body["input"]]
     assert len(pieces) > 1 and "".join(pieces) == long
-    from clawmem.tokens import count_tokens
+    from clawmem_index.tokens import count_tokens
 
     assert all(count_tokens(p) <= 64 for p in pieces)
     weights = [count_tokens(p) for p in pieces]
@@ -283,7 +283,7 @@ def test_answers_out_of_order_are_put_back_in_order(server: FakeServer) -> None:
 
 
 def test_importing_the_module_does_not_import_the_sdk() -> None:
-    code = "import sys, clawmem.embeddings.openai; assert 'openai' not in sys.modules, 'SDK imported'"
+    code = "import sys, clawmem_index.embeddings.openai; assert 'openai' not in sys.modules, 'SDK imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
 
 

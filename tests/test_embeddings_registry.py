@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from clawmem.config import EmbeddingSettings
-from clawmem.embeddings.base import ProviderInfo
-from clawmem.embeddings.gemini import GeminiProvider
-from clawmem.embeddings.openai import OpenAIProvider
-from clawmem.embeddings.registry import NO_PROVIDER, SDKS, ResolvedProvider, install_command, resolve_provider
-from clawmem.embeddings.voyage import VoyageProvider
-from clawmem.errors import ProviderError, ProviderUnavailable
+from clawmem_index.config import EmbeddingSettings
+from clawmem_index.embeddings.base import ProviderInfo
+from clawmem_index.embeddings.gemini import GeminiProvider
+from clawmem_index.embeddings.openai import OpenAIProvider
+from clawmem_index.embeddings.registry import NO_PROVIDER, SDKS, ResolvedProvider, install_command, resolve_provider
+from clawmem_index.embeddings.voyage import VoyageProvider
+from clawmem_index.errors import ProviderError, ProviderUnavailable
 
 OPENAI_KEY = "sk-openai-SECRET-1111"
 GEMINI_KEY = "AIza-gemini-SECRET-2222"
@@ -44,15 +44,15 @@ class StubLocal:
 
 @pytest.fixture
 def local_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """Install stand-ins for clawmem.embeddings.local/models that report a model file as available."""
+    """Install stand-ins for clawmem_index.embeddings.local/models that report a model file as available."""
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")
-    models = types.ModuleType("clawmem.embeddings.models")
+    models = types.ModuleType("clawmem_index.embeddings.models")
     models.ensure_local_model = lambda settings, cache_dir, allow_download: model  # type: ignore[attr-defined]
-    local = types.ModuleType("clawmem.embeddings.local")
+    local = types.ModuleType("clawmem_index.embeddings.local")
     local.LocalProvider = StubLocal  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "clawmem.embeddings.models", models)
-    monkeypatch.setitem(sys.modules, "clawmem.embeddings.local", local)
+    monkeypatch.setitem(sys.modules, "clawmem_index.embeddings.models", models)
+    monkeypatch.setitem(sys.modules, "clawmem_index.embeddings.local", local)
     return model
 
 
@@ -63,8 +63,8 @@ def no_model_file(settings: EmbeddingSettings, cache_dir: Path, allow_download: 
 @pytest.fixture
 def no_local(monkeypatch: pytest.MonkeyPatch) -> None:
     """The local provider's modules cannot be imported (not written yet, or not installed)."""
-    monkeypatch.setitem(sys.modules, "clawmem.embeddings.models", None)
-    monkeypatch.setitem(sys.modules, "clawmem.embeddings.local", None)
+    monkeypatch.setitem(sys.modules, "clawmem_index.embeddings.models", None)
+    monkeypatch.setitem(sys.modules, "clawmem_index.embeddings.local", None)
 
 
 def block_sdk(monkeypatch: pytest.MonkeyPatch, package: str) -> None:
@@ -101,7 +101,7 @@ def test_auto_prefers_an_available_local_model(tmp_path: Path, local_model: Path
 
 def test_auto_skips_local_without_a_model_file(tmp_path: Path, local_model: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys.modules["clawmem.embeddings.models"], "ensure_local_model", no_model_file)
+    monkeypatch.setattr(sys.modules["clawmem_index.embeddings.models"], "ensure_local_model", no_model_file)
     result = resolve(tmp_path, {"VOYAGE_API_KEY": VOYAGE_KEY}, provider="auto")
     assert isinstance(result.provider, VoyageProvider)
 
@@ -111,7 +111,7 @@ def test_auto_skips_local_when_it_fails_to_load(tmp_path: Path, local_model: Pat
     def broken(settings: EmbeddingSettings, path: Path) -> None:
         raise ImportError("No module named 'llama_cpp'", name="llama_cpp")
 
-    monkeypatch.setattr(sys.modules["clawmem.embeddings.local"], "LocalProvider", broken)
+    monkeypatch.setattr(sys.modules["clawmem_index.embeddings.local"], "LocalProvider", broken)
     result = resolve(tmp_path, {"GEMINI_API_KEY": GEMINI_KEY}, provider="auto")
     assert isinstance(result.provider, GeminiProvider)
 
@@ -185,7 +185,7 @@ def test_missing_local_module_falls_back(tmp_path: Path, no_local: None) -> None
 
 
 def test_missing_local_model_falls_back(tmp_path: Path, local_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys.modules["clawmem.embeddings.models"], "ensure_local_model", no_model_file)
+    monkeypatch.setattr(sys.modules["clawmem_index.embeddings.models"], "ensure_local_model", no_model_file)
     result = resolve(tmp_path, {"VOYAGE_API_KEY": VOYAGE_KEY}, provider="local", fallback="voyage")
     assert isinstance(result.provider, VoyageProvider) and result.fallback_used
     assert "no model file" in result.reason
@@ -230,11 +230,11 @@ def test_fallback_equal_to_the_request_is_not_retried(tmp_path: Path) -> None:
 
 def test_keys_never_reach_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def leaky(settings: EmbeddingSettings, **kwargs: Any) -> None:
-        from clawmem.errors import ProviderError
+        from clawmem_index.errors import ProviderError
 
         raise ProviderError(f"refused {settings.api_key} and {OPENAI_KEY}")
 
-    monkeypatch.setattr("clawmem.embeddings.openai.OpenAIProvider", leaky)
+    monkeypatch.setattr("clawmem_index.embeddings.openai.OpenAIProvider", leaky)
     with pytest.raises(ProviderUnavailable) as info:
         resolve(tmp_path, {"OPENAI_API_KEY": OPENAI_KEY}, provider="openai", api_key=GEMINI_KEY)
     assert "***" in str(info.value) and OPENAI_KEY not in str(info.value) and GEMINI_KEY not in str(info.value)
@@ -279,7 +279,7 @@ def test_local_without_llama_cpp_names_the_default_weights_when_they_are_missing
 def test_local_without_its_converter_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """llama-cpp-python alone cannot make the default model: gguf converts it."""
     block_sdk(monkeypatch, "gguf")
-    monkeypatch.delitem(sys.modules, "clawmem.embeddings.convert", raising=False)
+    monkeypatch.delitem(sys.modules, "clawmem_index.embeddings.convert", raising=False)
     with pytest.raises(ProviderUnavailable) as info:
         resolve(tmp_path, provider="local")
     assert "local: gguf cannot be imported; install the local provider with pip install 'clawmem-index[local]'" \
@@ -292,7 +292,7 @@ def test_an_installed_sdk_that_fails_to_import_names_the_extra_to_reinstall(tmp_
     def broken(settings: EmbeddingSettings, **kwargs: Any) -> None:
         raise ModuleNotFoundError("No module named 'httpx'", name="httpx")
 
-    monkeypatch.setattr("clawmem.embeddings.openai.OpenAIProvider", broken)
+    monkeypatch.setattr("clawmem_index.embeddings.openai.OpenAIProvider", broken)
     with pytest.raises(ProviderUnavailable) as info:
         resolve(tmp_path, {"OPENAI_API_KEY": OPENAI_KEY}, provider="openai")
     assert "openai: its SDK cannot be imported (httpx); reinstall it with pip install 'clawmem-index[openai]'" \

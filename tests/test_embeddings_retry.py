@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from clawmem.embeddings.retry import (
+from clawmem_index.embeddings.retry import (
     Failure,
     Kind,
     RetryPolicy,
@@ -16,7 +16,7 @@ from clawmem.embeddings.retry import (
     parse_retry_after,
     redact,
 )
-from clawmem.errors import AuthError, ProviderError, ProviderTimeout, RateLimited
+from clawmem_index.errors import AuthError, ProviderError, ProviderTimeout, RateLimited
 
 NOW = 1_700_000_000.0
 SECRET = "sk-live-0123456789abcdef"

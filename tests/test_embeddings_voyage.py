@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from fake_http import FakeServer, Reply, assert_unit, fake_server, no_proxy, vector_for, voyage_reply
 
-from clawmem.config import EmbeddingSettings
-from clawmem.embeddings.base import normalize
-from clawmem.embeddings.voyage import VoyageProvider
-from clawmem.errors import AuthError, ConfigError, ProviderError, ProviderTimeout, RateLimited
+from clawmem_index.config import EmbeddingSettings
+from clawmem_index.embeddings.base import normalize
+from clawmem_index.embeddings.voyage import VoyageProvider
+from clawmem_index.errors import AuthError, ConfigError, ProviderError, ProviderTimeout, RateLimited
 
 __all__ = ["fake_server", "no_proxy"]
 
@@ -165,5 +165,5 @@ def test_timeouts_are_retried_then_give_up(server: FakeServer) -> None:
 
 
 def test_importing_the_module_does_not_import_the_sdk() -> None:
-    code = "import sys, clawmem.embeddings.voyage; assert 'voyageai' not in sys.modules, 'SDK imported'"
+    code = "import sys, clawmem_index.embeddings.voyage; assert 'voyageai' not in sys.modules, 'SDK imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from clawmem.config import Settings, load_settings
-from clawmem.engine import MemoryIndex
-from clawmem.errors import IndexBusy, IndexUnavailable, PathError, QueryError
-from clawmem.search import SearchRequest
-from clawmem.store import Store
+from clawmem_index.config import Settings, load_settings
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.errors import IndexBusy, IndexUnavailable, PathError, QueryError
+from clawmem_index.search import SearchRequest
+from clawmem_index.store import Store
 
 CHILD = """
 import sys
-from clawmem.config import load_settings
-from clawmem.engine import MemoryIndex
+from clawmem_index.config import load_settings
+from clawmem_index.engine import MemoryIndex
 settings = load_settings(workspace=sys.argv[1], overrides={"index": sys.argv[2], "embedding.provider": "none",
                                                            "chunking.tokens": int(sys.argv[3])})
 def progress(done, total):
@@ -213,7 +213,7 @@ def test_status_reports_counts_and_freshness(settings: Settings, write) -> None:
 def test_a_query_without_a_watcher_counts_pending_files_within_a_bound(settings: Settings, write,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Exact when the check finishes in time (changes, additions and deletions); a lower bound, said so, when not."""
-    import clawmem.engine as engine_module
+    import clawmem_index.engine as engine_module
 
     for i in range(40):
         write(f"memory/n{i:02}.md", f"note {i} about tomatoes\n")

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from fake_http import FakeServer, Reply, fake_server, no_proxy, openai_reply
 
-from clawmem.config import EmbeddingSettings, Settings, load_settings
-from clawmem.embeddings.base import ProviderInfo
-from clawmem.embeddings.fake import FakeProvider
-from clawmem.embeddings.openai import OpenAIProvider
-from clawmem.engine import MemoryIndex
-from clawmem.search import SearchRequest
-from clawmem.store import Store
+from clawmem_index.config import EmbeddingSettings, Settings, load_settings
+from clawmem_index.embeddings.base import ProviderInfo
+from clawmem_index.embeddings.fake import FakeProvider
+from clawmem_index.embeddings.openai import OpenAIProvider
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.search import SearchRequest
+from clawmem_index.store import Store
 
 __all__ = ["fake_server", "no_proxy"]
 pytestmark = pytest.mark.usefixtures("no_proxy")
@@ -183,7 +183,7 @@ def test_each_vector_is_stored_once(workspace: Path, write, tmp_path: Path) -> N
 def test_vectors_are_stored_normalised_as_float32(settings: Settings, write, server: FakeServer) -> None:
     import math
 
-    from clawmem.embeddings.base import unpack
+    from clawmem_index.embeddings.base import unpack
 
     notes(write, 1)
     index = MemoryIndex(settings, provider=openai(server))

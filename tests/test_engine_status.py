@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
-from clawmem.config import Settings, load_settings, with_overrides
-from clawmem.embeddings.fake import FakeProvider
-from clawmem.engine import MemoryIndex
-from clawmem.errors import ConfigError
+from clawmem_index.config import Settings, load_settings, with_overrides
+from clawmem_index.embeddings.fake import FakeProvider
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.errors import ConfigError
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 
 
 def clawmem(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clawmem", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "clawmem_index", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=120, check=False, env={**os.environ, "CLAWMEM_PROVIDER": "none", **env})
 
 

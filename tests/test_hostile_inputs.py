@@ -32,11 +32,11 @@ from hostile import (
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 
-from clawmem.api import Client
-from clawmem.config import Settings, load_settings
-from clawmem.engine import MemoryIndex
-from clawmem.errors import ClawmemError
-from clawmem.search import SearchRequest
+from clawmem_index.api import Client
+from clawmem_index.config import Settings, load_settings
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.errors import ClawmemError
+from clawmem_index.search import SearchRequest
 
 SENTINEL = "wolverine"  # a word only the good file holds
 
@@ -183,7 +183,7 @@ def test_the_socket_answers_every_hostile_line_and_keeps_serving(hostile: Settin
 def test_the_cli_answers_hostile_arguments_with_an_exit_code_and_one_line(hostile: Settings, tmp_path: Path) -> None:
     MemoryIndex(hostile).sync()
     env = {**os.environ, "CLAWMEM_PROVIDER": "none", "CLAWMEM_SOURCES": "memory,sessions"}
-    base = [sys.executable, "-m", "clawmem"]
+    base = [sys.executable, "-m", "clawmem_index"]
     where = ["--workspace", str(hostile.workspace), "--index", str(hostile.index_path), "--socket",
              str(tmp_path / "none.sock")]
     # argv is bytes: lone surrogates arrive as the invalid UTF-8 a terminal could pass; NUL cannot be passed

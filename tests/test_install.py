@@ -1,4 +1,4 @@
-"""`pip install clawmem` without extras: keyword search works, and each provider names the extra it needs.
+"""`pip install clawmem-index` without extras: keyword search works, and each provider names the extra it needs.
 
 A second virtualenv is not needed: the CLI runs in a subprocess whose imports of everything a plain
 install would lack fail as if it were not installed. What a plain install has is worked out from
@@ -22,7 +22,7 @@ from daemon_helpers import RawClient, short_dir, stop_process, wait_listening, w
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from clawmem.embeddings.registry import REMOTE_PROVIDERS, SDKS
+from clawmem_index.embeddings.registry import REMOTE_PROVIDERS, SDKS
 
 PYPROJECT = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
 PROVIDERS = (*REMOTE_PROVIDERS, "local")
@@ -40,7 +40,7 @@ class Missing(importlib.abc.MetaPathFinder):
 
 BLOCKED = set(sys.argv.pop(1).split(","))
 sys.meta_path.insert(0, Missing())
-runpy.run_module("clawmem", run_name="__main__", alter_sys=True)
+runpy.run_module("clawmem_index", run_name="__main__", alter_sys=True)
 """
 
 
@@ -67,7 +67,7 @@ def requirement_closure(requirements: list[str]) -> set[str]:
 
 def modules_outside(distributions: set[str]) -> set[str]:
     """Top-level modules installed here by distributions other than `distributions` (and clawmem)."""
-    keep = distributions | _VENV_TOOLS | {"clawmem"}
+    keep = distributions | _VENV_TOOLS | {"clawmem-index"}
     return {module for module, dists in metadata.packages_distributions().items()
             if module.isidentifier() and module not in sys.stdlib_module_names
             and not keep & {canonicalize_name(d) for d in dists}}

@@ -18,7 +18,7 @@ import pytest
 from daemon_helpers import wait_until
 from hostile import FIXED_JSON, FIXED_TEXTS
 
-from clawmem.mcp_http import MAX_BODY_BYTES, default_token_path, load_token
+from clawmem_index.mcp_http import MAX_BODY_BYTES, default_token_path, load_token
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
@@ -30,9 +30,9 @@ class Served:
     def __init__(self, workspace: Path, index: Path, sock: Path, **limits: Any) -> None:
         import uvicorn
 
-        from clawmem.api import Client
-        from clawmem.mcp_http import build_app
-        from clawmem.mcp_server import build_server
+        from clawmem_index.api import Client
+        from clawmem_index.mcp_http import build_app
+        from clawmem_index.mcp_server import build_server
 
         self.token = "t" * 20 + "-test-token"
         self.client = Client(workspace, index=index, socket=sock, provider="none")
@@ -161,7 +161,7 @@ def test_the_token_is_made_once_private_and_reused(tmp_path: Path) -> None:
 
 
 def test_a_given_token_file_is_used_and_a_readable_one_refused(tmp_path: Path) -> None:
-    from clawmem.errors import ConfigError
+    from clawmem_index.errors import ConfigError
 
     given = tmp_path / "token"
     given.write_text("my-own-token-0123456789\n")
@@ -180,7 +180,7 @@ def test_a_given_token_file_is_used_and_a_readable_one_refused(tmp_path: Path) -
 def test_the_cli_says_where_the_token_is_and_never_prints_it(tmp_path: Path, workspace: Path) -> None:
     (workspace / "MEMORY.md").write_text("# Memory\n")
     env = {**os.environ, "CLAWMEM_PROVIDER": "none"}
-    args = [sys.executable, "-m", "clawmem", "mcp", "--workspace", str(workspace), "--index",
+    args = [sys.executable, "-m", "clawmem_index", "mcp", "--workspace", str(workspace), "--index",
             str(tmp_path / "i.sqlite"), "--socket", str(tmp_path / "none.sock")]
     proc = subprocess.Popen([*args, "--http", "--port", "0"], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

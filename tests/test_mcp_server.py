@@ -19,10 +19,10 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from clawmem.api import Client
-from clawmem.config import Settings
-from clawmem.engine import MemoryIndex
-from clawmem.mcp_server import TOOLS, call_tool
+from clawmem_index.api import Client
+from clawmem_index.config import Settings
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.mcp_server import TOOLS, call_tool
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
 
@@ -46,7 +46,7 @@ def indexed(workspace: Path, settings: Settings) -> Settings:
 
 
 def server_args(settings: Settings, socket_path: Path, *extra: str) -> list[str]:
-    return ["-m", "clawmem", "mcp", "--workspace", str(settings.workspace), "--index", str(settings.index_path),
+    return ["-m", "clawmem_index", "mcp", "--workspace", str(settings.workspace), "--index", str(settings.index_path),
             "--socket", str(socket_path), *extra]
 
 
@@ -141,7 +141,7 @@ def test_stdio_with_a_daemon(indexed: Settings, workspace: Path, tmp_path: Path,
 def test_stdio_before_any_index_answers_tool_errors(workspace: Path, tmp_path: Path, sock_dir: Path) -> None:
     (workspace / "MEMORY.md").write_text("# Memory\n")
     params = StdioServerParameters(command=sys.executable, env=server_env(), args=[
-        "-m", "clawmem", "mcp", "--workspace", str(workspace), "--index", str(tmp_path / "none.sqlite"),
+        "-m", "clawmem_index", "mcp", "--workspace", str(workspace), "--index", str(tmp_path / "none.sqlite"),
         "--socket", str(sock_dir / "none.sock")])
 
     async def run() -> Any:
@@ -236,9 +236,9 @@ def test_a_port_in_use_is_a_clear_error(indexed: Settings, sock_dir: Path) -> No
 
 
 def test_the_server_loads_no_index_code_before_the_first_call(indexed: Settings, sock_dir: Path) -> None:
-    probe = ("import sys\nfrom clawmem.api import Client\nfrom clawmem.mcp_server import build_server\n"
+    probe = ("import sys\nfrom clawmem_index.api import Client\nfrom clawmem_index.mcp_server import build_server\n"
              f"build_server(Client({str(indexed.workspace)!r}, socket={str(sock_dir / 'none.sock')!r}))\n"
-             "print(sorted(m for m in ('clawmem.engine', 'apsw', 'tiktoken', 'numpy', 'structlog')"
+             "print(sorted(m for m in ('clawmem_index.engine', 'apsw', 'tiktoken', 'numpy', 'structlog')"
              " if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", probe], env=server_env(), capture_output=True, text=True,
                          timeout=STARTUP, check=True)

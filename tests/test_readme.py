@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from daemon_helpers import short_dir, stop_process, wait_listening
 
-from clawmem.config import load_settings
+from clawmem_index.config import load_settings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 RUNNERS = {"sh": ["bash", "-euo", "pipefail", "-c"], "python": [sys.executable, "-c"], "js": ["node", "--input-type=module", "-e"]}
@@ -119,7 +119,7 @@ def test_install_lines_name_the_projects_own_distribution() -> None:
     """`clawmem` on the package index is another project: every install line must say ours (pyproject's name)."""
     import tomllib
 
-    from clawmem import DISTRIBUTION
+    from clawmem_index import DISTRIBUTION
 
     root = README.parent
     name = tomllib.loads((root / "pyproject.toml").read_text())["project"]["name"]

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from clawmem.config import Settings
-from clawmem.engine import MemoryIndex
-from clawmem.errors import PathError
+from clawmem_index.config import Settings
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.errors import PathError
 
 SECRET = "zebra-quartz-7731-secret"
 GETS = 4000

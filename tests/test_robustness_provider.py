@@ -21,9 +21,9 @@ import pytest
 from daemon_helpers import BOUND, RawClient, daemon_settings, running_daemon, short_dir, wait_until
 from fake_http import FakeServer, Reply, fake_server, no_proxy, openai_reply
 
-from clawmem.config import Settings, load_settings
-from clawmem.engine import MemoryIndex
-from clawmem.search import SearchRequest
+from clawmem_index.config import Settings, load_settings
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.search import SearchRequest
 
 __all__ = ["fake_server", "no_proxy"]
 
@@ -124,7 +124,7 @@ def test_a_model_of_unknown_size_indexes_keywords_while_its_provider_is_down(wor
 
     def clawmem(*args: str) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWMEM_")}
-        return subprocess.run([sys.executable, "-m", "clawmem", *args, "--workspace", str(workspace), "--config",
+        return subprocess.run([sys.executable, "-m", "clawmem_index", *args, "--workspace", str(workspace), "--config",
                                str(config), "--index", str(tmp_path / "i.sqlite")], capture_output=True, text=True,
                               env=env, timeout=120, check=False)
 
@@ -158,7 +158,7 @@ def test_a_named_provider_that_cannot_start_stops_index_and_serve_and_keeps_the_
     env = {**base, "CLAWMEM_PROVIDER": "openai", "CLAWMEM_INDEX": str(index_path), "CLAWMEM_WORKSPACE": str(workspace)}
 
     def clawmem(*args: str, **more: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "clawmem", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "clawmem_index", *args], capture_output=True, text=True,
                               env={**env, **more}, timeout=120, check=False)
 
     out = clawmem("index")

@@ -7,12 +7,12 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from clawmem.config import Settings, load_settings
-from clawmem.embeddings.fake import FakeProvider
-from clawmem.engine import MemoryIndex
-from clawmem.errors import PathError, QueryError
-from clawmem.search import Candidate, SearchRequest, fuse_rrf, fuse_weighted, snippet, text_scores
-from clawmem.store import TextHit
+from clawmem_index.config import Settings, load_settings
+from clawmem_index.embeddings.fake import FakeProvider
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.errors import PathError, QueryError
+from clawmem_index.search import Candidate, SearchRequest, fuse_rrf, fuse_weighted, snippet, text_scores
+from clawmem_index.store import TextHit
 
 
 def answer(index: MemoryIndex, query: str, **kw) -> list[dict]:
@@ -72,7 +72,7 @@ def test_excluded_paths_are_neither_indexed_nor_readable(workspace: Path, write,
     ("memory/[ab].md", "memory/[ab].md", True),
 ])
 def test_exclude_globs(pattern: str, key: str, hit: bool) -> None:
-    from clawmem.workspace import excluded
+    from clawmem_index.workspace import excluded
 
     assert excluded(key, (pattern,)) is hit
 
@@ -280,8 +280,8 @@ def test_decay_prefers_the_newer_of_two_equal_notes_and_never_touches_memory_md(
                                                                                 write) -> None:
     import datetime as dt
 
-    from clawmem.config import with_overrides
-    from clawmem.search import run_search
+    from clawmem_index.config import with_overrides
+    from clawmem_index.search import run_search
 
     for name in ("memory/2026-06-01.md", "memory/2026-11-01.md", "MEMORY.md"):
         write(name, "# Notes\nproject kiwi launch plan\n")
@@ -300,8 +300,8 @@ def test_decay_prefers_the_newer_of_two_equal_notes_and_never_touches_memory_md(
 
 
 def test_mmr_drops_a_near_duplicate(settings: Settings, write) -> None:
-    from clawmem.config import with_overrides
-    from clawmem.search import run_search
+    from clawmem_index.config import with_overrides
+    from clawmem_index.search import run_search
 
     write("memory/a.md", "# A\nkiwi rollout plan for the staging cluster next week\n")
     write("memory/b.md", "# B\nkiwi rollout plan for the staging cluster next week\n")

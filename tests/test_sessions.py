@@ -12,13 +12,13 @@ import pytest
 from daemon_helpers import BOUND, DEBOUNCE, daemon_settings, running_daemon, short_dir, wait_until
 from watchdog.events import DirCreatedEvent, FileModifiedEvent
 
-from clawmem.client import DaemonClient
-from clawmem.config import Settings, load_settings, with_overrides
-from clawmem.engine import MemoryIndex
-from clawmem.errors import ConfigError, PathError
-from clawmem.search import SearchRequest
-from clawmem.sessions import CARRY_CHARS, SAMPLE_BYTES, STATE_VERSION, Message, TailState
-from clawmem.watcher import WorkspaceWatcher
+from clawmem_index.client import DaemonClient
+from clawmem_index.config import Settings, load_settings, with_overrides
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.errors import ConfigError, PathError
+from clawmem_index.search import SearchRequest
+from clawmem_index.sessions import CARRY_CHARS, SAMPLE_BYTES, STATE_VERSION, Message, TailState
+from clawmem_index.watcher import WorkspaceWatcher
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from clawmem.config import Settings, load_settings
-from clawmem.engine import MemoryIndex
-from clawmem.search import SearchRequest
+from clawmem_index.config import Settings, load_settings
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.search import SearchRequest
 
 
 def hits(index: MemoryIndex, query: str) -> list[str]:
@@ -143,7 +143,7 @@ def test_a_second_sync_with_nothing_changed_does_nothing(settings: Settings, wri
 
 
 def test_many_files_take_the_parallel_path_and_give_the_same_index(settings: Settings, write, monkeypatch) -> None:
-    import clawmem.sync as sync_module
+    import clawmem_index.sync as sync_module
 
     for i in range(80):
         write(f"memory/n{i:03}.md", f"# Note {i}\n" + f"- fact {i} about topic{i % 7}\n" * 20)
@@ -224,7 +224,7 @@ def test_names_that_are_not_utf8_are_indexed_searchable_and_gettable(settings: S
 def test_the_cli_indexes_a_workspace_with_a_byte_name(workspace: Path, write, tmp_path: Path) -> None:
     byte_file(workspace / "memory", b"b\xff.md", b"# B\nbytes")
     write("memory/a.md", "# A\nalpha")
-    result = subprocess.run([sys.executable, "-m", "clawmem", "index", "--workspace", str(workspace),
+    result = subprocess.run([sys.executable, "-m", "clawmem_index", "index", "--workspace", str(workspace),
                              "--index", str(tmp_path / "cli.sqlite"), "--provider", "none"],
                             check=False, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -265,7 +265,7 @@ def test_long_paths_are_reported_and_everything_else_indexed(settings: Settings,
 @pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait here forever
 def test_a_file_swapped_for_a_fifo_or_symlink_after_the_scan_is_refused_and_unindexed(
         settings: Settings, write, workspace: Path, tmp_path: Path, monkeypatch) -> None:
-    import clawmem.sync as sync_module
+    import clawmem_index.sync as sync_module
 
     secret = tmp_path / "secret.md"
     secret.write_text("# S\nclassified mango")
@@ -330,7 +330,7 @@ def test_hard_links_are_indexed_unless_refused(workspace: Path, write, tmp_path:
 
 def test_the_stat_stored_is_that_of_the_file_read_not_of_the_scan(settings: Settings, write, workspace: Path,
                                                                  monkeypatch) -> None:
-    import clawmem.sync as sync_module
+    import clawmem_index.sync as sync_module
 
     write("memory/a.md", "# A\nalpha")
     index = MemoryIndex(settings)
@@ -355,7 +355,7 @@ def test_the_stat_stored_is_that_of_the_file_read_not_of_the_scan(settings: Sett
 
 def test_a_file_deleted_between_the_scan_and_the_read_is_just_removed(settings: Settings, write, workspace: Path,
                                                                      monkeypatch) -> None:
-    import clawmem.sync as sync_module
+    import clawmem_index.sync as sync_module
 
     write("memory/a.md", "# A\nalpha")
     write("memory/b.md", "# B\nbravo")
@@ -375,8 +375,8 @@ def test_a_file_deleted_between_the_scan_and_the_read_is_just_removed(settings: 
 
 
 def test_a_text_in_several_batches_in_flight_is_embedded_once(settings: Settings, write) -> None:
-    from clawmem.embeddings.fake import FakeProvider
-    from clawmem.sync import embed_pending
+    from clawmem_index.embeddings.fake import FakeProvider
+    from clawmem_index.sync import embed_pending
 
     for i in range(6):
         write(f"memory/copy{i}.md", "# Same\nthe very same sentence in every file\n")
@@ -396,7 +396,7 @@ def test_a_file_that_cannot_be_stored_is_reported_and_stops_no_other(settings: S
     """Whatever makes one file's rows fail (here SQLite refusing them), the others are indexed and it is retried."""
     import apsw
 
-    from clawmem.store import Store
+    from clawmem_index.store import Store
 
     write("MEMORY.md", "# Memory\nthe staging host is zephyr\n")
     write("memory/bad.md", "# Bad\nthis note will not store\n")
@@ -425,7 +425,7 @@ def test_a_file_that_cannot_be_stored_is_reported_and_stops_no_other(settings: S
 
 def test_chunk_ids_of_identical_texts_take_linear_work() -> None:
     """k copies of one text, some numbers already kept: unique ids 0..k-1, found in O(k) tries (not O(k^2))."""
-    from clawmem.sync import ChunkIds
+    from clawmem_index.sync import ChunkIds
 
     ids = ChunkIds("memory/same.md")
     kept = [f"{ids._base}:h:{n}" for n in (0, 5, 6)]

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from daemon_helpers import RecordingLog, wait_until
 
-from clawmem.errors import IndexBusy, IndexUnavailable
-from clawmem.sync import SyncReport
-from clawmem.writer import Writer
+from clawmem_index.errors import IndexBusy, IndexUnavailable
+from clawmem_index.sync import SyncReport
+from clawmem_index.writer import Writer
 
 
 class StubIndex:

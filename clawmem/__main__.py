@@ -1,4 +1,0 @@
-from clawmem.cli import main
-
-if __name__ == "__main__":
-    main()

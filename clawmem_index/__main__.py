@@ -1,0 +1,4 @@
+from clawmem_index.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""The public Python client: clawmem's queries from any program, answered the way the CLI answers them.
+
+    from clawmem_index import Client
+
+    with Client(workspace="~/agent") as memory:
+        for hit in memory.search("why sqlite", max_results=3)["results"]:
+            print(hit["path"], hit["start_line"], hit["snippet"])
+        prompt_block = memory.context("why sqlite", budget=800)["text"]
+
+Answers are the socket API's objects (SPEC §7) as plain dicts, so a program can move between this
+client, the socket and `clawmem ... --json` without translating. Settings come from the same places
+as the CLI's (the workspace's clawmem.toml or `config`, then CLAWMEM_* variables, then these keyword
+arguments), so the client finds the daemon the CLI would find.
+
+Where the answers come from: the workspace's daemon when one answers on its socket; otherwise the
+index file itself, opened read-only (SQLite refuses any write on that connection, and sync or
+reindex are refused), so a client is never a second writer beside the daemon. A daemon that turns
+the client away (every connection busy) or stops answering is not an error: that question is
+answered from the index file, and the daemon is looked for again DAEMON_RETRY seconds later. The
+CLI's query commands are this client.
+
+Errors are the `clawmem_index.errors` classes, the same whichever way the answer came: parameters are
+checked here by the socket protocol's own rules before anything is sent.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+from clawmem_index.client import CALL_TIMEOUT, DaemonClient
+from clawmem_index.errors import DaemonUnreachable, QueryError, ServerBusy
+
+if TYPE_CHECKING:
+    from clawmem_index.config import Settings
+    from clawmem_index.engine import MemoryIndex
+
+__all__ = ["DAEMON_RETRY", "Client"]
+
+DAEMON_RETRY = 2.0  # seconds between looks for a daemon while the index file answers
+
+StrPath = str | os.PathLike[str]
+
+
+class Client:
+    """Search, read and summarise one workspace's memory (thread-safe; usable again after `close`).
+
+    `workspace` defaults to CLAWMEM_WORKSPACE, else the current directory; `config`, `socket`,
+    `index` and `provider` override the settings as the CLI's flags of the same names do. A
+    workspace that does not exist, or a bad setting, is an error here rather than at the first query.
+    `timeout` bounds each answer from the daemon (None: wait as long as it takes).
+    """
+
+    def __init__(self, workspace: StrPath | None = None, *, config: StrPath | None = None,
+                 socket: StrPath | None = None, index: StrPath | None = None, provider: str | None = None,
+                 timeout: float | None = CALL_TIMEOUT) -> None:
+        from clawmem_index.config import check_workspace, load_settings
+
+        overrides = {"index": _path(index), "socket": _path(socket), "embedding.provider": provider}
+        self._settings: Settings = load_settings(workspace=_path(workspace), config_file=_path(config),
+                                                 overrides=overrides)
+        check_workspace(self._settings.workspace)
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        # One connection for the client's life, made again when it is lost: never a stray one to leak.
+        self._daemon = DaemonClient(self._settings.socket_path, timeout=timeout)
+        self._daemon_back = 0.0  # time.monotonic() before which the daemon is not asked (it just failed)
+        self._index: MemoryIndex | None = None
+        self._last: Literal["daemon", "index"] | None = None
+        # An index or provider asked for by name must be the daemon's too, else the daemon is not asked.
+        self._asked_for = {"index": index is not None, "provider": provider if provider not in (None, "auto") else None}
+        self._daemon_checked = not any(self._asked_for.values())
+        self.daemon_differs: str | None = None
+        """Why the workspace's daemon was bypassed: it serves another index or provider than asked for."""
+
+    # -- where it points ---------------------------------------------------------------------
+
+    @property
+    def workspace(self) -> Path:
+        return self._settings.workspace
+
+    @property
+    def socket_path(self) -> Path:
+        return self._settings.socket_path
+
+    @property
+    def index_path(self) -> Path:
+        return self._settings.index_path
+
+    @property
+    def served_by(self) -> Literal["daemon", "index"] | None:
+        """Who answered the last question: the daemon, the index file read in-process, or nobody yet."""
+        return self._last
+
+    # -- the questions -----------------------------------------------------------------------
+
+    def search(self, query: str, *, max_results: int | None = None, min_score: float | None = None,
+               mode: str | None = None, path_prefix: str | None = None, source: str | None = None,
+               since: str | None = None, before: str | None = None) -> dict[str, Any]:
+        """The best chunks for `query`, as the socket's `search` answers them.
+
+        `{results: [{path, start_line, end_line, score, snippet, source, ...}], provider, model, mode,
+        index: {pending_files, pending_embeddings}, fallback?, warning?}`. `mode` is hybrid, bm25 or
+        vector; `source` memory or sessions; `since`/`before` ISO dates (inclusive/exclusive) on dated
+        chunks (daily files, transcripts).
+        """
+        return self._ask("search", {"query": query, "max_results": max_results, "min_score": min_score,
+                                    "mode": mode, "path_prefix": path_prefix, "source": source, "since": since,
+                                    "before": before})
+
+    def get(self, path: StrPath, *, start: int | None = None, lines: int | None = None,
+            max_bytes: int | None = None) -> dict[str, Any]:
+        """Lines of one memory file: `{path, text, from, lines, truncated, next_from?}`.
+
+        `path` is workspace-relative; anything but a memory file (`..`, outside paths, symlinks,
+        other files) is refused with PathError. A long answer is cut at whole lines
+        (`truncated`, and `next_from` to go on from).
+        """
+        from clawmem_index.files import path_key
+
+        return self._ask("get", {"path": path_key(os.fspath(path)), "from": start, "lines": lines,
+                                 "max_bytes": max_bytes})
+
+    def status(self) -> dict[str, Any]:
+        """What is indexed, with which model, how fresh it is (and the daemon's state when it answers)."""
+        return self._ask("status", {})
+
+    def context(self, query: str, *, budget: int | None = None, max_results: int | None = None,
+                min_score: float | None = None, mode: str | None = None, path_prefix: str | None = None,
+                since: str | None = None, before: str | None = None) -> dict[str, Any]:
+        """The prompt block for `query`: whole lines of the best hits, grouped by file, in `budget` tokens.
+
+        `{text, tokens, budget, tokenizer, sections: [{path, start_line, end_line, score, citation}],
+        hits, truncated, omitted_lines, provider, model, mode, index}`; `text` is empty when nothing
+        matched or nothing fits. `budget` defaults to the `search.context_budget` setting.
+        """
+        return self._ask("context", {"query": query, "budget": budget, "max_results": max_results,
+                                     "min_score": min_score, "mode": mode, "path_prefix": path_prefix,
+                                     "since": since, "before": before})
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Hang up on the daemon and close the index file (a later question opens what it needs again)."""
+        with self._lock:
+            index, self._index = self._index, None
+            self._daemon_back = 0.0
+        self._daemon.close()
+        if index is not None:
+            index.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client(workspace={str(self.workspace)!r})"
+
+    # -- how a question is answered ----------------------------------------------------------
+
+    def _ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        from clawmem_index.protocol import RpcError, validate_params
+
+        try:
+            checked = validate_params(method, {k: v for k, v in params.items() if v is not None})
+        except RpcError as exc:
+            raise QueryError(exc.message) from None
+        if time.monotonic() >= self._daemon_back:
+            try:
+                if not self._daemon_checked:
+                    self._check_daemon()
+            except (DaemonUnreachable, ServerBusy):
+                self._daemon_back = time.monotonic() + DAEMON_RETRY
+        if time.monotonic() >= self._daemon_back:
+            try:
+                answer: dict[str, Any] = self._daemon.call(method, checked, timeout=self.timeout)
+                self._last = "daemon"
+                return answer
+            except (DaemonUnreachable, ServerBusy):  # none listening, lost, or every connection busy
+                self._daemon_back = time.monotonic() + DAEMON_RETRY
+        answer = self._answer_here(method, checked)
+        self._last = "index"
+        return answer
+
+    def _check_daemon(self) -> None:
+        """Bypass the daemon for good when it serves another index or provider than this client asked for.
+
+        Its answers would silently be about its own settings; the index read here is the one asked
+        for, read-only, with the provider asked for (a provider that cannot start says so).
+        """
+        status = self._daemon.call("status", {}, timeout=self.timeout)
+        self._daemon_checked = True
+        differs = []
+        if self._asked_for["index"] and Path(str(status.get("index_path"))) != self._settings.index_path:
+            differs.append(f"its index is {status.get('index_path')}, not {self._settings.index_path}")
+        wanted = self._asked_for["provider"]
+        serving = str(status.get("configured_provider") or "")  # "provider/model", or "none"
+        if wanted and serving.split("/")[0] != wanted:
+            differs.append(f"it uses provider {serving}, not {wanted}")
+        if differs:
+            pid = (status.get("daemon") or {}).get("pid")
+            self.daemon_differs = (f"the daemon of this workspace (pid {pid}) was not asked: " + "; ".join(differs)
+                                   + ". Answered here, from the index file, read-only")
+            self._daemon_back = math.inf
+
+    def _answer_here(self, method: str, p: dict[str, Any]) -> dict[str, Any]:
+        from clawmem_index.protocol import search_request
+
+        with self._lock:
+            if self._index is None:
+                from clawmem_index.engine import MemoryIndex
+
+                self._index = MemoryIndex(self._settings, read_only=True)
+            index = self._index
+        if method == "search":
+            return index.search(search_request(p))
+        if method == "context":
+            return index.context(search_request(p), p.get("budget"))
+        if method == "get":
+            return index.get(p["path"], p.get("from"), p.get("lines"), p.get("max_bytes"))
+        return index.status()
+
+
+def _path(value: StrPath | None) -> str | None:
+    return None if value is None else os.fspath(value)

@@ -1,0 +1,402 @@
+"""Settings: one frozen dataclass tree, loaded once as defaults < TOML < environment < flags.
+
+Every key is validated at load time so a typo fails at start-up with the key's name, not later
+with a confusing traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from clawmem_index.errors import ConfigError
+
+__all__ = [
+    "BatchSettings",
+    "ChunkingSettings",
+    "DaemonSettings",
+    "EmbeddingSettings",
+    "SearchSettings",
+    "Settings",
+    "check_workspace",
+    "load_settings",
+]
+
+PROVIDERS = ("auto", "openai", "gemini", "voyage", "local", "none")
+SEARCH_MODES = ("hybrid", "bm25", "vector")
+FUSIONS = ("weighted", "rrf")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_CONTEXT_BUDGET = 100_000  # tokens of a `context` block: 250 chunks of 400
+
+
+@dataclass(frozen=True)
+class ChunkingSettings:
+    tokens: int = 400
+    overlap: int = 80
+    tokenizer: str = "cl100k_base"
+
+    def validate(self) -> None:
+        _require(self.tokens >= 16, "chunking.tokens", "must be at least 16")
+        _require(0 <= self.overlap < self.tokens, "chunking.overlap", "must be >= 0 and below chunking.tokens")
+        _require(self.tokenizer in ("cl100k_base", "o200k_base"), "chunking.tokenizer",
+                 "must be cl100k_base or o200k_base")
+
+
+@dataclass(frozen=True)
+class EmbeddingSettings:
+    provider: str = "auto"
+    model: str = ""
+    fallback: str = ""  # unset: an explicit provider that cannot start is an error; "none": keyword-only instead
+    local_model: str = ""
+    base_url: str = ""
+    api_key: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    dimensions: int = 0
+    batch_size: int = 64
+    batch_tokens: int = 32_000  # per request: 64 chunks of 400 tokens fit, well under every provider's own limit
+    max_retries: int = 5
+    timeout: float = 60.0
+    cache_max_entries: int = 50_000
+    threads: int = 0
+    concurrency: int = 4  # remote requests in flight at once
+
+    def validate(self) -> None:
+        _require(self.provider in PROVIDERS, "embedding.provider", f"must be one of {', '.join(PROVIDERS)}")
+        _require(self.fallback in ("", *PROVIDERS), "embedding.fallback",
+                 f"must be empty or one of {', '.join(PROVIDERS)}")
+        _require(self.dimensions >= 0, "embedding.dimensions", "must be >= 0 (0 means the model's default)")
+        _require(self.batch_size >= 1, "embedding.batch_size", "must be >= 1")
+        _require(self.batch_tokens >= 64, "embedding.batch_tokens", "must be >= 64")
+        _require(self.max_retries >= 0, "embedding.max_retries", "must be >= 0")
+        _require(self.timeout > 0, "embedding.timeout", "must be > 0")
+        _require(self.cache_max_entries >= 0, "embedding.cache_max_entries", "must be >= 0")
+        _require(self.threads >= 0, "embedding.threads", "must be >= 0 (0 means all cores)")
+        _require(1 <= self.concurrency <= 32, "embedding.concurrency", "must be between 1 and 32")
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    mode: str = "hybrid"
+    max_results: int = 6
+    min_score: float = 0.3
+    candidate_multiplier: int = 4
+    fusion: str = "weighted"
+    vector_weight: float = 0.6
+    text_weight: float = 0.4
+    rrf_k: int = 60
+    snippet_chars: int = 700
+    query_timeout: float = 2.0  # seconds a search waits for its query vector before answering keyword-only
+    decay_half_life_days: float = 0.0  # 0: off; else dated chunks lose half their score every so many days
+    mmr_lambda: float = 0.0  # 0: off; else relevance vs diversity (1.0: relevance only)
+    context_budget: int = 1500  # tokens of a `context` block (about 4 chunks): a prompt's share for memory
+
+    def validate(self) -> None:
+        _require(self.mode in SEARCH_MODES, "search.mode", f"must be one of {', '.join(SEARCH_MODES)}")
+        _require(self.fusion in FUSIONS, "search.fusion", f"must be one of {', '.join(FUSIONS)}")
+        _require(1 <= self.max_results <= 1000, "search.max_results", "must be between 1 and 1000")
+        _require(0.0 <= self.min_score <= 1.0, "search.min_score", "must be between 0 and 1")
+        _require(self.candidate_multiplier >= 1, "search.candidate_multiplier", "must be >= 1")
+        _require(self.vector_weight >= 0 and self.text_weight >= 0 and self.vector_weight + self.text_weight > 0,
+                 "search.vector_weight", "weights must be >= 0 and not both 0")
+        _require(self.rrf_k >= 1, "search.rrf_k", "must be >= 1")
+        _require(self.snippet_chars >= 40, "search.snippet_chars", "must be >= 40")
+        _require(0 < self.query_timeout <= 600, "search.query_timeout", "must be > 0 and <= 600 seconds")
+        _require(self.decay_half_life_days >= 0, "search.decay_half_life_days", "must be >= 0 (0 turns decay off)")
+        _require(0.0 <= self.mmr_lambda <= 1.0, "search.mmr_lambda", "must be between 0 (off) and 1")
+        _require(0 <= self.context_budget <= MAX_CONTEXT_BUDGET, "search.context_budget",
+                 f"must be between 0 and {MAX_CONTEXT_BUDGET} tokens")
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """Large backfills as provider batch jobs (OpenAI, Gemini): cheaper, asynchronous, minutes to hours."""
+
+    enabled: str = "auto"  # auto: with the vendor's own endpoint (OpenAI, Gemini); on; off
+    threshold: int = 5000  # chunks waiting for a vector, not in the cache, before a job is worth it
+    wait: bool = True  # `clawmem index` waits for its jobs (the daemon never waits: it polls)
+    poll_interval: float = 30.0
+    timeout_minutes: float = 60.0  # a job still running after this is cancelled; its chunks go synchronous
+    concurrency: int = 2  # jobs running at once
+
+    def validate(self) -> None:
+        _require(self.enabled in ("auto", "on", "off"), "batch.enabled", "must be auto, on or off")
+        _require(self.threshold >= 1, "batch.threshold", "must be >= 1")
+        _require(self.poll_interval > 0, "batch.poll_interval", "must be > 0")
+        _require(self.timeout_minutes > 0, "batch.timeout_minutes", "must be > 0")
+        _require(1 <= self.concurrency <= 16, "batch.concurrency", "must be between 1 and 16")
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    debounce: float = 1.5
+    max_delay: float = 10.0
+    rescan_interval: float = 300.0
+    idle_timeout: float = 300.0
+    first_build_wait: float = 30.0  # seconds a query waits for a new index's first keyword pass
+
+    def validate(self) -> None:
+        _require(self.debounce >= 0, "daemon.debounce", "must be >= 0")
+        _require(self.max_delay >= self.debounce, "daemon.max_delay", "must be >= daemon.debounce")
+        _require(self.rescan_interval >= 0, "daemon.rescan_interval", "must be >= 0 (0 disables)")
+        _require(self.idle_timeout > 0, "daemon.idle_timeout", "must be > 0")
+        _require(self.first_build_wait >= 0, "daemon.first_build_wait", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class Settings:
+    workspace: Path = Path(".")
+    index: Path | None = None
+    socket: Path | None = None
+    extra_paths: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ("memory/templates/**",)  # globs over index keys: never indexed, never read
+    sources: tuple[str, ...] = ("memory",)  # add "sessions" to index agent transcripts too
+    sessions_dir: str = "sessions"  # *.jsonl transcripts, relative to the workspace (or absolute)
+    refuse_hardlinks: bool = False  # skip (sync) and refuse (get) memory files with more than one hard link
+    log_level: str = "info"
+    chunking: ChunkingSettings = field(default_factory=ChunkingSettings)
+    embedding: EmbeddingSettings = field(default_factory=EmbeddingSettings)
+    search: SearchSettings = field(default_factory=SearchSettings)
+    batch: BatchSettings = field(default_factory=BatchSettings)
+    daemon: DaemonSettings = field(default_factory=DaemonSettings)
+    config_file: Path | None = None
+
+    @property
+    def cache_dir(self) -> Path:
+        """clawmem's per-user cache: models and, by default, the indexes (never inside a workspace)."""
+        return _cache_dir()
+
+    @property
+    def index_path(self) -> Path:
+        return self.index if self.index is not None else _cache_dir() / _workspace_key(self.workspace) / "index.sqlite"
+
+    @property
+    def socket_path(self) -> Path:
+        if self.socket is not None:
+            return self.socket
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        base = Path(runtime) / "clawmem" if runtime else _cache_dir() / "run"
+        return base / f"{_workspace_key(self.workspace)}.sock"
+
+    @property
+    def daemon_lock_path(self) -> Path:
+        """The lock that admits one daemon per workspace, whatever socket or index each is given."""
+        return _cache_dir() / "daemons" / f"{_workspace_key(self.workspace)}.lock"
+
+    def validate(self) -> None:
+        _require(self.log_level in LOG_LEVELS, "log_level", f"must be one of {', '.join(LOG_LEVELS)}")
+        _require(bool(self.sources) and set(self.sources) <= {"memory", "sessions"}, "sources",
+                 "must list memory and/or sessions")
+        _require(bool(self.sessions_dir.strip()), "sessions_dir", "must not be empty")
+        for section in (self.chunking, self.embedding, self.search, self.batch, self.daemon):
+            section.validate()
+
+
+SECTIONS: dict[str, type] = {
+    "chunking": ChunkingSettings,
+    "embedding": EmbeddingSettings,
+    "search": SearchSettings,
+    "batch": BatchSettings,
+    "daemon": DaemonSettings,
+}
+
+ENV_KEYS: dict[str, str] = {
+    "CLAWMEM_WORKSPACE": "workspace",
+    "CLAWMEM_INDEX": "index",
+    "CLAWMEM_SOCKET": "socket",
+    "CLAWMEM_PROVIDER": "embedding.provider",
+    "CLAWMEM_MODEL": "embedding.model",
+    "CLAWMEM_LOCAL_MODEL": "embedding.local_model",
+    "CLAWMEM_FALLBACK": "embedding.fallback",
+    "CLAWMEM_LOG_LEVEL": "log_level",
+    "CLAWMEM_SOURCES": "sources",  # "memory,sessions"
+}
+
+
+def load_settings(
+    *,
+    workspace: str | os.PathLike[str] | None = None,
+    config_file: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build the settings for one workspace.
+
+    `overrides` maps dotted keys (``"search.max_results"``) to values from command-line flags.
+    """
+    env = os.environ if environ is None else environ
+    ws = Path(workspace or env.get("CLAWMEM_WORKSPACE") or ".").expanduser().resolve()
+
+    layers: list[tuple[str, dict[str, Any]]] = []
+    toml_path = _find_config(ws, config_file, env)
+    if toml_path is not None:
+        layers.append((str(toml_path), _flatten(_read_toml(toml_path))))
+    layers.append(("environment", {ENV_KEYS[k]: v for k, v in env.items() if k in ENV_KEYS and v != ""}))
+    layers.append(("command line", {k: v for k, v in (overrides or {}).items() if v is not None}))
+
+    top: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for origin, values in layers:
+        for key, raw in values.items():
+            if key == "workspace" and origin != str(toml_path):
+                continue
+            target, name, ftype = _lookup(key, origin)
+            value = _coerce(key, raw, ftype)
+            (sections[target] if target else top)[name] = value
+
+    top.pop("workspace", None)
+    for key in ("index", "socket"):
+        if key in top:
+            top[key] = _resolve_path(top[key], ws)
+    try:
+        settings = Settings(
+            workspace=ws,
+            config_file=toml_path,
+            **top,
+            **{name: cls(**sections[name]) for name, cls in SECTIONS.items()},
+        )
+    except TypeError as exc:  # pragma: no cover - _lookup rejects unknown keys first
+        raise ConfigError(str(exc)) from exc
+    settings.validate()
+    return settings
+
+
+def check_workspace(workspace: Path) -> None:
+    """A workspace must be an existing folder: syncing a typo (or an unmounted disk) would empty the index."""
+    if not workspace.exists():
+        raise ConfigError(f"workspace {workspace} does not exist (create one with `clawmem init {workspace}`)")
+    if not workspace.is_dir():
+        raise ConfigError(f"workspace {workspace} is not a directory")
+
+
+def with_overrides(settings: Settings, **section_values: Mapping[str, Any]) -> Settings:
+    """A copy of `settings` with some section fields replaced, validated (used by tests and reloads)."""
+    changes = {name: replace(getattr(settings, name), **values) for name, values in section_values.items()}
+    new = replace(settings, **changes)
+    new.validate()
+    return new
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"invalid setting {key!r}: {message}")
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "clawmem"
+
+
+def _workspace_key(workspace: Path) -> str:
+    resolved = str(Path(workspace).resolve())
+    digest = hashlib.sha256(resolved.encode()).hexdigest()[:12]
+    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(resolved).name)[:40] or "root"
+    return f"{name}-{digest}"
+
+
+def _find_config(ws: Path, explicit: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:
+    if explicit is not None:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        return path
+    candidate = ws / "clawmem.toml"
+    if candidate.is_file():
+        return candidate
+    home = Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "clawmem" / "config.toml"
+    return home if home.is_file() else None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+
+
+def _flatten(data: Mapping[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in SECTIONS:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"invalid setting {key!r}: must be a table")
+            for sub, subvalue in value.items():
+                flat[f"{key}.{sub}"] = subvalue
+        else:
+            flat[key] = value
+    return flat
+
+
+def _lookup(key: str, origin: str) -> tuple[str | None, str, Any]:
+    section, _, name = key.rpartition(".")
+    owner = SECTIONS.get(section) if section else Settings
+    known = {f.name: f.type for f in fields(owner)} if owner else {}
+    if owner is None or name not in known or (not section and (name in SECTIONS or name == "config_file")):
+        raise ConfigError(f"unknown setting {key!r} (from {origin})")
+    return (section or None), name, known[name]
+
+
+def _coerce(key: str, value: Any, ftype: Any) -> Any:
+    t = str(ftype)
+    try:
+        if t == "bool":
+            if isinstance(value, str):
+                lowered = value.strip().lower()
+                if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(value)
+                return lowered in ("1", "true", "yes", "on")
+            if not isinstance(value, bool):
+                raise ValueError(value)
+            return value
+        if t == "int":
+            if isinstance(value, bool) or isinstance(value, float):
+                raise ValueError(value)
+            return int(value)
+        if t == "float":
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return float(value)
+        if t == "str":
+            if not isinstance(value, str):
+                raise ValueError(value)
+            return value.strip().lower() if key.endswith(("provider", "fallback", "mode", "fusion", "log_level")) else value
+        if "Mapping" in t:
+            if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
+                raise ValueError(value)
+            return dict(value)
+        if "tuple" in t:
+            if key == "sources" and isinstance(value, str):
+                parts = value.replace(os.pathsep, ",").split(",")
+                return tuple(part.strip().lower() for part in parts if part.strip())
+            items = value.split(os.pathsep) if isinstance(value, str) else value
+            if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
+                raise ValueError(value)
+            return tuple(items)
+        if "Path" in t:
+            if not isinstance(value, str | os.PathLike):
+                raise ValueError(value)
+            return Path(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"invalid setting {key!r}: {value!r} is not a valid {t.replace(' | None', '')}") from None
+    raise ConfigError(f"invalid setting {key!r}: unsupported type")  # pragma: no cover
+
+
+def _resolve_path(value: Path, ws: Path) -> Path:
+    value = value.expanduser()
+    return value if value.is_absolute() else (Path.cwd() / value).resolve()
+
+
+def as_dict(settings: Settings) -> dict[str, Any]:
+    """A JSON-friendly view of the settings with secrets removed (for `status`)."""
+    data = dataclasses.asdict(settings)
+    data["embedding"].pop("api_key", None)
+    data["embedding"]["headers"] = sorted(data["embedding"]["headers"])
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in data.items()}

@@ -1,0 +1,94 @@
+"""The one seam between clawmem and any embedding model.
+
+Everything above this protocol (sync, search, the daemon) is tested with `FakeProvider`; every
+real provider is tested against a fake HTTP server or a real GGUF file.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+__all__ = ["EmbeddingProvider", "ProviderInfo", "normalize", "pack", "unit", "unpack"]
+
+
+@dataclass(frozen=True)
+class ProviderInfo:
+    """What identifies a provider's vectors: two equal infos give interchangeable vectors.
+
+    `endpoint` is the base URL plus the names and values of non-secret headers (never an API key);
+    it is part of the index fingerprint and of the embedding cache key (`provider_key`). `dims` is
+    the declared vector size, 0 for a model whose size only its first answer tells: an identity must
+    be known without a network request, so that an index can be built while its provider is down.
+    """
+
+    provider: str
+    model: str
+    dims: int
+    endpoint: str = ""
+
+    @property
+    def provider_key(self) -> str:
+        import xxhash
+
+        return xxhash.xxh3_64_hexdigest(f"{self.endpoint}\0{self.dims}".encode())
+
+
+@runtime_checkable
+class EmbeddingProvider(Protocol):
+    """An embedding model. Implementations batch, split over-limit inputs and retry internally.
+
+    `embed_documents` returns one vector per input text, in order, each of `info.dims` floats.
+    Raises `clawmem_index.errors.ProviderError` (or a subclass) when it gives up. A provider may also
+    have a `preferred_batch` attribute: how many texts to hand it per call (see `embed_pending`),
+    and a `warm()` method that loads what its first call would (an SDK, a model): a command that
+    embeds nothing never calls it, the daemon calls it in the background so a query does not wait.
+    """
+
+    @property
+    def info(self) -> ProviderInfo: ...
+
+    def embed_documents(self, texts: Sequence[str]) -> Sequence[Sequence[float]]: ...
+
+    def embed_query(self, text: str) -> Sequence[float]: ...
+
+
+def unit(vector: Sequence[float]) -> NDArray[np.float64] | None:
+    """The vector L2-normalised (a float64 array); None for a zero, NaN or infinite one, never stored as a match.
+
+    numpy, imported here only: a backfill handles millions of floats, and a Python loop over them
+    costs more than the provider's own answer.
+    """
+    import numpy as np
+
+    values = np.asarray(vector, dtype=np.float64)
+    total = float(values @ values)
+    if not math.isfinite(total) or total <= 0.0 or values.ndim != 1:
+        return None
+    return values / math.sqrt(total)
+
+
+def normalize(vector: Sequence[float]) -> list[float] | None:
+    """`unit` as a list of floats."""
+    values = unit(vector)
+    return None if values is None else values.tolist()
+
+
+def pack(vector: Sequence[float]) -> bytes:
+    """float32 little-endian blob, the format sqlite-vec and the cache store."""
+    import numpy as np
+
+    return np.asarray(vector, dtype="<f4").tobytes()
+
+
+def unpack(blob: bytes) -> list[float]:
+    values = array("f")
+    values.frombytes(blob)
+    return values.tolist()

@@ -1,0 +1,60 @@
+"""Query embeddings with a deadline, so a slow or hung provider costs a search seconds, not minutes.
+
+A search embeds its query through the provider (a network call for remote models). An SDK call
+cannot be interrupted, so it runs on a thread of its own and the search waits for it at most
+`timeout` seconds; past that, it answers with keyword results and a warning, and the call ends in
+the background (its SDK timeout bounds it) with its result dropped. At most `slots` such calls are
+in flight: while that many are stuck, further searches do not wait at all. The threads are daemon
+threads, so a stuck call never holds up the exit of `clawmem search` either.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from clawmem_index.embeddings.base import EmbeddingProvider, ProviderInfo
+from clawmem_index.errors import ClawmemError, ProviderError, ProviderTimeout
+
+__all__ = ["QueryDeadline"]
+
+
+class QueryDeadline:
+    """An EmbeddingProvider whose `embed_query` gives up after `timeout` seconds (documents pass through)."""
+
+    def __init__(self, provider: EmbeddingProvider, timeout: float, *, slots: int = 2) -> None:
+        self.provider = provider
+        self.timeout = timeout
+        self._slots = threading.BoundedSemaphore(slots)
+
+    @property
+    def info(self) -> ProviderInfo:
+        return self.provider.info
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        return self.provider.embed_documents(texts)
+
+    def embed_query(self, text: str) -> list[float]:
+        if not self._slots.acquire(blocking=False):
+            raise ProviderTimeout("the embedding provider has not answered earlier queries yet")
+        outcome: list[object] = []
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                outcome.append(self.provider.embed_query(text))
+            except BaseException as exc:  # handed to the waiting search, if it still waits
+                outcome.append(exc)
+            finally:
+                done.set()
+                self._slots.release()
+
+        threading.Thread(target=call, name="clawmem-query-embed", daemon=True).start()
+        if not done.wait(self.timeout):
+            raise ProviderTimeout(f"the embedding provider did not answer within {self.timeout:g} s")
+        result = outcome[0]
+        if isinstance(result, ClawmemError):
+            raise result
+        if isinstance(result, BaseException):
+            raise ProviderError(f"embedding the query failed: {type(result).__name__}: {result}")
+        return result  # type: ignore[return-value]

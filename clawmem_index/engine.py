@@ -1,0 +1,625 @@
+"""One workspace's index as a whole: keep it current, rebuild it atomically, answer queries.
+
+This is the API the CLI and the daemon call; it knows nothing of sockets or terminals.
+
+Writers (sync, rebuild) serialise on an flock beside the index file. A rebuild (fingerprint
+changed, or `reindex`) is written into a private file next to the index and copied into the live
+file with SQLite's backup API in a single write transaction: readers see the old index until the
+new one is complete, and a rebuild killed at any point leaves the old index untouched. Its private
+file is removed by the next writer. Before its swap a rebuild takes the vectors the embedding cache
+knows and makes no provider call, so the keyword index never waits for a provider (a `reindex` or a
+return to an earlier model keeps every vector); the other vectors follow, as for a new note.
+
+Searches never wait long for a provider either: a query vector has `search.query_timeout` seconds,
+after which the answer is keyword-only and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from clawmem_index import __version__
+from clawmem_index.backfill import advance, covered
+from clawmem_index.config import MAX_CONTEXT_BUDGET, Settings, check_workspace
+from clawmem_index.embeddings.base import EmbeddingProvider
+from clawmem_index.errors import (
+    ClawmemError,
+    IndexBusy,
+    IndexCorrupt,
+    IndexUnavailable,
+    PathError,
+    ProviderError,
+    QueryError,
+)
+from clawmem_index.files import GET_MAX_BYTES, Window, read_window
+from clawmem_index.search import SearchRequest, run_search
+from clawmem_index.store import SCHEMA_VERSION, Store, make_private_dirs, make_private_file
+from clawmem_index.sync import Progress, SyncReport, embed_pending, source_scope, sync_workspace
+from clawmem_index.timefmt import iso_time, seconds
+from clawmem_index.workspace import open_memory_file, scan
+
+__all__ = ["MemoryIndex"]
+
+KEYWORD_FORMAT = "porter-unicode61+cjk-1+dates"  # chunks carry their daily file's date
+CONTEXT_READ_BYTES = 1 << 20  # at least this much of each range of hit lines is read for `context`
+PENDING_CHECK_SECONDS = 0.025  # a query answered without a daemon checks files on disk for this long at most
+_UNRESOLVED: Any = object()
+_REPORTED_PROBLEMS = 20  # per sync, kept in meta for `status`
+
+
+class MemoryIndex:
+    def __init__(self, settings: Settings, *, provider: EmbeddingProvider | None = _UNRESOLVED,
+                 lock_timeout: float = 30.0, pending_files: Callable[[], int] | None = None,
+                 files_on_disk: Callable[[], int] | None = None, read_only: bool = False) -> None:
+        """`pending_files` and `files_on_disk` are answered by a watcher without a scan (the daemon's).
+
+        `read_only`: a query client's index (clawmem_index.api): its connections cannot write, and sync and
+        reindex are refused, so a reader beside the daemon never becomes a second writer.
+        """
+        self.settings = settings
+        self.read_only = read_only
+        self._pending_files = pending_files
+        self._files_on_disk = files_on_disk
+        self.path = settings.index_path
+        self.lock_timeout = lock_timeout
+        self._provider = provider
+        self.provider_note = ""
+        self.fallback_used = False
+        self._queries: Any = None
+        self._local = threading.local()
+        self._stores: list[Store] = []
+        self._stores_lock = threading.Lock()
+        self._provider_lock = threading.Lock()
+
+    # -- provider ---------------------------------------------------------------------------
+
+    @property
+    def provider(self) -> EmbeddingProvider | None:
+        """The embedding provider, None for keyword search only.
+
+        Raises ProviderUnavailable when a provider named in the settings cannot start (and no
+        fallback is set); that is not remembered, so a key set later is picked up.
+        """
+        if self._provider is _UNRESOLVED:
+            with self._provider_lock:
+                if self._provider is _UNRESOLVED:
+                    self._resolve_provider()
+        return self._provider  # type: ignore[no-any-return]
+
+    def _resolve_provider(self) -> None:
+        try:
+            from clawmem_index.embeddings.registry import resolve_provider
+        except ImportError:
+            self._provider, self.provider_note = None, "embedding providers are not installed: keyword search only"
+            return
+        resolved = resolve_provider(self.settings.embedding, cache_dir=self.settings.cache_dir)
+        self._provider = resolved.provider
+        self.provider_note = resolved.reason
+        self.fallback_used = resolved.fallback_used
+
+    def fingerprint(self) -> dict[str, object]:
+        info = self.provider.info if self.provider is not None else None
+        chunking = self.settings.chunking
+        return {
+            "schema": SCHEMA_VERSION,
+            "keywords": KEYWORD_FORMAT,
+            "provider": info.provider if info else "none",
+            "model": info.model if info else "",
+            "endpoint": info.endpoint if info else "",
+            "dims": info.dims if info else 0,
+            "tokenizer": chunking.tokenizer,
+            "chunk_tokens": chunking.tokens,
+            "chunk_overlap": chunking.overlap,
+        }
+
+    def fingerprint_json(self) -> str:
+        """The fingerprint as stored in `meta` (and compared with it)."""
+        return json.dumps(self.fingerprint(), sort_keys=True)
+
+    # -- connections ------------------------------------------------------------------------
+
+    def reader(self) -> Store:
+        """This thread's connection to the live index (opened on first use; never creates the file)."""
+        store: Store | None = getattr(self._local, "store", None)
+        if store is None:
+            if not self.path.exists():
+                raise IndexUnavailable(f"no index at {self.path} yet: run `clawmem index` first")
+            store = Store(self.path, create=False, read_only=self.read_only)
+            self._local.store = store
+            with self._stores_lock:
+                self._stores.append(store)
+        return store
+
+    def has_been_built(self) -> bool:
+        """Whether a sync ever completed into this index: until one has, a new daemon's queries wait."""
+        return self.path.exists() and self.reader().get_meta("last_sync") is not None
+
+    def close(self) -> None:
+        with self._stores_lock:
+            for store in self._stores:
+                with contextlib.suppress(Exception):
+                    store.close()
+            self._stores.clear()
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def write_lock(self) -> Iterator[None]:
+        """The workspace's writer lock (flock: released by the kernel if the holder dies).
+
+        Every writer also keeps the index private: the file and its journals 0600, and the default
+        location's folders (clawmem's own) 0700, whatever the umask or an older version left.
+        """
+        ours = self.settings.index is None
+        if ours:
+            make_private_dirs(self.settings.cache_dir, tighten=True)
+        make_private_dirs(self.path.parent, tighten=ours)
+        make_private_file(self.path, create=False)
+        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            deadline = time.monotonic() + self.lock_timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() >= deadline:
+                        raise IndexBusy(f"another clawmem process is writing {self.path}") from None
+                    time.sleep(0.05)
+            self._remove_strays()
+            yield
+        finally:
+            os.close(fd)
+
+    def _remove_strays(self) -> None:
+        for stray in self.path.parent.glob(f"{self.path.name}.rebuild-*"):
+            with contextlib.suppress(FileNotFoundError):
+                stray.unlink()
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def sync(self, *, progress: Progress | None = None, embed: bool = True,
+             embed_progress: Progress | None = None, paths: Iterable[str] | None = None,
+             notify: Callable[[str], None] | None = None) -> SyncReport:
+        """Bring the index in step with the files, rebuilding first if the fingerprint changed.
+
+        `paths` limits the pass to those index keys (what a watcher saw change), so one edit costs
+        the same in a workspace of any size. The report's duration covers the whole run, embedding
+        included. `notify` hears about batch jobs as they are submitted and waited for.
+        """
+        return self._write(lambda fingerprint, store: self._sync_or_rebuild(fingerprint, store, progress, paths),
+                           embed, embed_progress, notify)
+
+    def reindex(self, *, progress: Progress | None = None, embed: bool = True,
+                embed_progress: Progress | None = None, notify: Callable[[str], None] | None = None) -> SyncReport:
+        """Rebuild from scratch whatever the fingerprint says (old index serves until the swap)."""
+        return self._write(lambda fingerprint, store: self._rebuild(fingerprint, progress, store), embed,
+                           embed_progress, notify)
+
+    def _write(self, work: Callable[[str, Store | None], SyncReport], embed: bool,
+               embed_progress: Progress | None, notify: Callable[[str], None] | None = None) -> SyncReport:
+        """Run `work` under the writer lock, embed what is pending, and record how it went in `meta`."""
+        if self.read_only:
+            raise IndexUnavailable(f"the index {self.path} is open read-only here: `clawmem index` (or the daemon)"
+                                   " updates it")
+        check_workspace(self.settings.workspace)
+        started = time.perf_counter()
+        with self.write_lock():
+            try:
+                fingerprint = self.fingerprint_json()
+                report = work(fingerprint, self._open_live())
+            except ClawmemError as exc:
+                self._record_failure(exc)
+                raise
+            store = self._open_live()
+            assert store is not None
+            try:
+                if embed and self.provider is not None:
+                    self._embed(store, self.provider, fingerprint, report, embed_progress, notify)
+                report.duration = time.perf_counter() - started
+                self._record(store, report)
+            finally:
+                store.close()
+        return report
+
+    def _embed(self, store: Store, provider: EmbeddingProvider, fingerprint: str, report: SyncReport,
+               progress: Progress | None, notify: Callable[[str], None] | None) -> None:
+        """Vectors for what waits: batch jobs for a large backfill (waited for if `batch.wait`), then requests."""
+        batch = self.settings.batch
+        jobs = advance(store, provider, batch)
+        if jobs.submitted and notify:
+            notify(f"submitted {jobs.submitted} batch job(s) for {jobs.waiting_chunks} chunks")
+        while jobs.busy and batch.wait:
+            if notify:
+                notify(f"waiting for {jobs.running} batch job(s) ({jobs.waiting_chunks} chunks)")
+            time.sleep(batch.poll_interval)  # the provider works through the job: nothing to do meanwhile
+            jobs = advance(store, provider, batch)
+        report.batch_notes += jobs.failed
+        report.batch_jobs, report.batch_chunks = jobs.running, jobs.waiting_chunks
+        embedded, report.embed_error = embed_pending(
+            store, provider, cache_max_entries=self.settings.embedding.cache_max_entries, progress=progress,
+            fingerprint=fingerprint, exclude=covered(store, provider))
+        report.embedded += embedded
+
+    def _sync_or_rebuild(self, fingerprint: str, store: Store | None, progress: Progress | None,
+                         paths: Iterable[str] | None) -> SyncReport:
+        if store is not None and store.get_meta("fingerprint") == fingerprint:
+            try:
+                return sync_workspace(store, self.settings, progress=progress, paths=paths)
+            finally:
+                store.close()
+        if store is not None and _same_chunking(store.get_meta("fingerprint"), fingerprint):
+            try:
+                return self._switch_vectors(fingerprint, store, progress)
+            except apsw.Error:
+                pass  # rolled back (a schema-1 vector table, say): rebuild from the files instead
+        report = self._rebuild(fingerprint, progress, store)
+        live = self._open_live()
+        assert live is not None
+        try:
+            follow = sync_workspace(live, self.settings)  # what changed while it was built
+        finally:
+            live.close()
+        report.added += follow.added
+        report.updated += follow.updated
+        report.removed += follow.removed
+        report.errors += [e for e in follow.errors if e not in report.errors]
+        report.skipped += [s for s in follow.skipped if s not in report.skipped]
+        return report
+
+    @staticmethod
+    def _record(store: Store, report: SyncReport) -> None:
+        problems = [*report.errors, *report.skipped]
+        store.set_meta("last_sync", json.dumps({
+            "at": time.time(), "duration": report.duration, "problems": problems[:_REPORTED_PROBLEMS],
+            "problem_count": len(problems), "embed_error": report.embed_error}))
+        store.conn.execute("DELETE FROM meta WHERE key = 'last_error'")
+
+    def _record_failure(self, exc: ClawmemError) -> None:
+        """Remember a failed sync in the index, so `status` cannot call the index fresh (best effort)."""
+        store = self._open_live()
+        if store is None:
+            return
+        with contextlib.suppress(Exception):
+            store.set_meta("last_error", json.dumps({"at": time.time(), "error": str(exc)}))
+        store.close()
+
+    def _open_live(self) -> Store | None:
+        """The live index, or None when there is none worth keeping (missing or damaged)."""
+        if not self.path.exists():
+            return None
+        try:
+            return Store(self.path, create=False)
+        except IndexCorrupt:
+            return None
+
+    def _switch_vectors(self, fingerprint: str, store: Store, progress: Progress | None) -> SyncReport:
+        """A new provider or model over the same chunks: new vectors (from the cache) in place, in one transaction.
+
+        Readers see the old index until the commit and the new one after it, never a mix; only
+        files changed since the last sync are read. Re-chunking every file and copying the whole
+        index (embedding cache included) is most of what a rebuild costs.
+        """
+        try:
+            with store.transaction():
+                chunks = store.reset_vectors()
+                store.set_meta("fingerprint", fingerprint)
+                report = sync_workspace(store, self.settings, progress=progress)
+                if self.provider is not None:
+                    report.from_cache, _ = embed_pending(store, self.provider, cache_only=True,
+                                                         cache_max_entries=0)
+        finally:
+            store.close()
+        report.chunks_kept = chunks - report.chunks_removed
+        return report
+
+    def _rebuild(self, fingerprint: str, progress: Progress | None, replacing: Store | None) -> SyncReport:
+        """Build a new index privately (keyword rows, and the vectors the cache has) and swap it in."""
+        if replacing is not None:
+            replacing.close()
+        started = time.perf_counter()
+        tmp = self.path.with_name(f"{self.path.name}.rebuild-{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        try:
+            fresh = Store(tmp, fast_unsafe=True)
+            try:
+                if self.path.exists():
+                    with contextlib.suppress(Exception):
+                        fresh.copy_cache_from(self.path)
+                fresh.set_meta("fingerprint", fingerprint)
+                report = sync_workspace(fresh, self.settings, progress=progress, bulk=True)
+                if self.provider is not None:
+                    report.from_cache, _ = embed_pending(fresh, self.provider, cache_only=True,
+                                                         cache_max_entries=0)
+                self._swap_in(fresh)
+            finally:
+                fresh.close()
+        finally:
+            tmp.unlink(missing_ok=True)
+        report.duration = time.perf_counter() - started
+        return report
+
+    def _swap_in(self, fresh: Store) -> None:
+        live = self._open_live()
+        if live is None:
+            # No usable index (missing or not a database): nothing to keep serving, start a new file.
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            live = Store(self.path)
+        try:
+            with live.conn.backup("main", fresh.conn, "main") as backup:
+                while not backup.done:
+                    backup.step(-1)
+        finally:
+            live.close()
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def search(self, request: SearchRequest) -> dict[str, object]:
+        store = self.reader()
+        mode = request.mode or self.settings.search.mode
+        provider, note = self._query_provider(store) if mode != "bm25" else (None, None)
+        outcome = run_search(store, provider, request, self.settings.search)
+        # Whose vectors the index holds (a keyword-only answer from an index with vectors says so too).
+        built = json.loads(store.get_meta("fingerprint") or "{}")
+        answer: dict[str, object] = {
+            "results": [r.as_dict() for r in outcome.results],
+            "provider": built.get("provider", "none"),
+            "model": built.get("model", ""),
+            "mode": outcome.mode,
+            "index": {**self._query_pending_files(store),
+                      "pending_embeddings": store.pending_embeddings() if _has_vectors(store) else 0},
+        }
+        if self.fallback_used:
+            answer["fallback"] = True
+            answer["fallback_reason"] = self.provider_note
+        if note or outcome.degraded:
+            answer["warning"] = note or outcome.degraded
+        return answer
+
+    def _query_provider(self, store: Store) -> tuple[EmbeddingProvider | None, str | None]:
+        """The provider for query vectors, with a deadline, only if it made the index's vectors.
+
+        Vectors of other models do not compare; a provider that cannot start leaves keyword search.
+        """
+        built = json.loads(store.get_meta("fingerprint") or "{}")
+        try:
+            provider = self.provider
+        except ProviderError as exc:
+            return None, f"{exc}: keyword results only"
+        if provider is None:
+            note = self.provider_note or "no embedding provider available"
+            return None, note if "keyword search only" in note else f"{note}: keyword results only"
+        if built.get("provider", "none") == "none":
+            return None, "the index has no vectors yet (the next sync adds them): keyword results only"
+        info = provider.info
+        if (info.provider, info.model, info.endpoint, info.dims) != (
+                built.get("provider"), built.get("model"), built.get("endpoint", info.endpoint), built.get("dims")):
+            return None, (f"the index was built with {built.get('provider')}/{built.get('model')}, not "
+                          f"{info.provider}/{info.model}: keyword results only until the next sync rebuilds it")
+        if self._queries is None:
+            from clawmem_index.embeddings.deadline import QueryDeadline
+
+            self._queries = QueryDeadline(provider, self.settings.search.query_timeout)
+        return self._queries, None
+
+    def get(self, path: str, start: int | None = None, lines: int | None = None,
+            max_bytes: int | None = None) -> dict[str, object]:
+        """Lines of one memory file, read from a descriptor opened beneath the workspace (see clawmem_index.files).
+
+        The text is at most `max_bytes` (GET_MAX_BYTES by default) of whole lines, streamed, so a
+        huge file costs only what is returned; a cut answer says `truncated` and where to go on.
+        """
+        for name, value, what in (("from", start, "a line number"), ("lines", lines, "a count"),
+                                  ("max_bytes", max_bytes, "a byte count")):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise QueryError(f"'{name}' must be {what} >= 1")
+        first = start or 1
+        key, window = self._read_window(path, first, lines, GET_MAX_BYTES if max_bytes is None else max_bytes)
+        answer: dict[str, object] = {"path": key, "text": window.text, "from": first, "lines": window.lines,
+                                     "truncated": window.truncated}
+        if window.next_from is not None:
+            answer["next_from"] = window.next_from
+        return answer
+
+    def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, object]:
+        """The search's best lines as one prompt block of at most `budget` tokens (clawmem_index.context).
+
+        Lines are read from the memory files as they are now, through the same checks as `get`; a
+        hit whose file is gone or refused since the last sync is left out. Transcript hits are left
+        out too (their lines are JSON): the block is made of memory files.
+        """
+        from clawmem_index.context import Hit, build_context
+        from clawmem_index.tokens import MAX_TOKEN_BYTES, count_tokens
+
+        budget = self.settings.search.context_budget if budget is None else budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget <= MAX_CONTEXT_BUDGET:
+            raise QueryError(f"'budget' must be between 0 and {MAX_CONTEXT_BUDGET} tokens")
+        if request.source not in (None, "memory"):
+            raise QueryError("the context block is made of memory files: leave 'source' out")
+        answer = self.search(replace(request, source="memory"))
+        results: list[dict[str, Any]] = answer.pop("results")  # type: ignore[assignment]
+        hits = [Hit(r["path"], r["start_line"], r["end_line"], r["score"]) for r in results]
+        tokenizer = self.settings.chunking.tokenizer
+        # Hits are a few KiB of lines each; only a line longer than any that fits (text of n bytes is at
+        # least n / MAX_TOKEN_BYTES tokens) may be cut short by the read, and is then left out.
+        room = max((budget + 1) * MAX_TOKEN_BYTES, CONTEXT_READ_BYTES)
+        block = build_context(hits, lambda path, first, last: self._context_lines(path, first, last, room),
+                              lambda text: count_tokens(text, tokenizer), budget)
+        return {**block.as_dict(), "tokenizer": tokenizer, **answer}
+
+    def _context_lines(self, path: str, first: int, last: int, max_bytes: int) -> list[str | None]:
+        """Lines first..last of a memory file for `context`: None for one cut short, none if the file cannot be read."""
+        try:
+            _, window = self._read_window(path, first, last - first + 1, max_bytes)
+        except PathError:
+            return []
+        lines: list[str | None] = [line.removesuffix("\r") for line in window.text.split("\n")] if window.lines else []
+        if window.cut:
+            lines[-1] = None
+        return lines
+
+    def _read_window(self, path: str, first: int, count: int | None, max_bytes: int) -> tuple[str, Window]:
+        """(the file's index key, its lines) through a descriptor opened beneath the workspace."""
+        with open_memory_file(self.settings.workspace, path, self.settings.extra_paths,
+                              refuse_hardlinks=self.settings.refuse_hardlinks, exclude=self.settings.exclude) as opened:
+            return opened.path, read_window(opened.fd, first, count, max_bytes)
+
+    def pending_files(self, store: Store) -> int:
+        """Files added, changed or deleted on disk since the last sync (stat only, nothing read)."""
+        if self._pending_files is not None:
+            return self._pending_files()
+        return self.disk_state(store)[1]
+
+    def _query_pending_files(self, store: Store) -> dict[str, object]:
+        """`pending_files` for a query's answer, at a cost that does not grow with the workspace.
+
+        A watcher (the daemon's) knows it exactly. Without one, files are checked against the index
+        for at most PENDING_CHECK_SECONDS: a workspace checked whole gets its exact count, a bigger one
+        the changes found so far (a lower bound) and `pending_files_complete: false`. `status`
+        always counts them all.
+        """
+        if self._pending_files is not None:
+            return {"pending_files": self._pending_files()}
+        deadline = time.monotonic() + PENDING_CHECK_SECONDS
+        memory, sessions = source_scope(self.settings)
+        pending = present = 0
+        for f in scan(self.settings.workspace, self.settings.extra_paths, exclude=self.settings.exclude,
+                      memory=memory, sessions=sessions):
+            row = store.file_row(f.path)
+            if row is None or (row.mtime, row.size) != (f.mtime_ns, f.size):
+                pending += 1
+            present += row is not None
+            if time.monotonic() > deadline:
+                return {"pending_files": pending, "pending_files_complete": False}
+        return {"pending_files": pending + store.counts()[0] - present}
+
+    def disk_state(self, store: Store | None) -> tuple[int, int]:
+        """(files of the configured sources on disk, files changed since the last sync), by one stat scan."""
+        indexed = store.files() if store is not None else {}
+        on_disk = pending = present = 0
+        memory, sessions = source_scope(self.settings)
+        for f in scan(self.settings.workspace, self.settings.extra_paths, exclude=self.settings.exclude,
+                      memory=memory, sessions=sessions):
+            on_disk += 1
+            row = indexed.get(f.path)
+            if row is None or (row.mtime, row.size) != (f.mtime_ns, f.size):
+                pending += 1
+            if row is not None:
+                present += 1
+        return on_disk, pending + len(indexed) - present
+
+    def status(self, *, last_error: str | None = None) -> dict[str, object]:
+        """What is indexed, with which model, how fresh it is, and every reason it is not.
+
+        `fresh` is true only when nothing waits (files, vectors), the configured provider is the
+        one the index was built with, and the last sync succeeded; `stale_reasons` says why not.
+        `last_error` is the daemon's last failed run (in-process, the index's own record).
+        """
+        data: dict[str, object] = {
+            "version": __version__,
+            "workspace": str(self.settings.workspace),
+            "index_path": str(self.path),
+            "socket": str(self.settings.socket_path),
+            "index_exists": self.path.exists(),
+        }
+        reasons: list[str] = []
+        if not self.path.exists():
+            on_disk = self._files_on_disk() if self._files_on_disk else self.disk_state(None)[0]
+            data.update(files_on_disk=on_disk, files_indexed=0, chunks_indexed=0, fresh=False,
+                        stale_reasons=["no index yet: run `clawmem index` (or start `clawmem serve`)"])
+            return data
+        store = self.reader()
+        files, chunks = store.counts()
+        meta = store.all_meta()
+        fingerprint = json.loads(meta.get("fingerprint", "{}"))
+        last = json.loads(meta.get("last_sync", "null") or "null") or {}
+        failure = json.loads(meta.get("last_error", "null") or "null") or {}
+        last_error = last_error or failure.get("error")
+        if self._pending_files is not None:
+            pending_files = self._pending_files()
+            on_disk = self._files_on_disk() if self._files_on_disk else files
+        else:
+            on_disk, pending_files = self.disk_state(store)
+        pending_embeddings = store.pending_embeddings() if _has_vectors(store) else 0
+        provider, mismatch = self._provider_state(fingerprint)
+        if on_disk == 0:
+            reasons.append("no memory files in the workspace (MEMORY.md or memory/**/*.md): is it the right folder?")
+        if pending_files:
+            reasons.append(f"{pending_files} file{'s' if pending_files != 1 else ''} changed since the last sync")
+        if pending_embeddings:
+            reasons.append(f"{pending_embeddings} chunk{'s' if pending_embeddings != 1 else ''} wait for a vector")
+        if mismatch:
+            reasons.append(mismatch)
+        if last_error:
+            reasons.append(f"the last sync failed: {last_error}")
+        data.update(
+            files_on_disk=on_disk,
+            files_indexed=files,
+            chunks_indexed=chunks,
+            fingerprint=fingerprint,
+            provider=fingerprint.get("provider", "none"),
+            model=fingerprint.get("model", ""),
+            dims=int(meta.get("vector_dims") or fingerprint.get("dims", 0) or 0),
+            configured_provider=provider,
+            sqlite_vec_loaded=store.vec_loaded,
+            vector_search="sqlite-vec" if store.vec_loaded else "in-process cosine (sqlite-vec not loaded)",
+            pending_files=pending_files,
+            pending_embeddings=pending_embeddings,
+            batch_jobs=store.job_count(),
+            last_sync_at=iso_time(last.get("at")),
+            last_sync_duration=seconds(last.get("duration")),
+            last_sync_problem_count=int(last.get("problem_count", 0)),
+            last_sync_problems=last.get("problems", []),
+            last_error=last_error,
+            fresh=not reasons,
+            stale_reasons=reasons,
+            schema_version=int(meta.get("schema_version", "0")),
+        )
+        if self.provider_note:
+            data["provider_note"] = self.provider_note
+        return data
+
+    def _provider_state(self, built: dict[str, Any]) -> tuple[str, str | None]:
+        """The configured provider/model, and why it differs from the index's (None when it does not)."""
+        try:
+            provider = self.provider
+        except ProviderError as exc:
+            return "unavailable", str(exc)
+        if provider is None:
+            current = {"provider": "none", "model": "", "endpoint": "", "dims": 0}
+        else:
+            info = provider.info
+            current = {"provider": info.provider, "model": info.model, "endpoint": info.endpoint, "dims": info.dims}
+        name = f"{current['provider']}/{current['model']}" if current["model"] else str(current["provider"])
+        if any(built.get(k) != v for k, v in current.items()):
+            return name, (f"the index was built with {built.get('provider')}/{built.get('model')} but the"
+                          f" configured provider is {name}: the next sync rebuilds it")
+        return name, None
+
+
+def _has_vectors(store: Store) -> bool:
+    return '"provider": "none"' not in (store.get_meta("fingerprint") or '"provider": "none"')
+
+
+_CHUNKING_KEYS = ("schema", "keywords", "tokenizer", "chunk_tokens", "chunk_overlap")
+
+
+def _same_chunking(old: str | None, new: str) -> bool:
+    """Whether two fingerprints chunk and tokenize files identically (their providers may differ)."""
+    try:
+        before, after = json.loads(old or "{}"), json.loads(new)
+    except ValueError:
+        return False
+    return all(k in before and before[k] == after.get(k) for k in _CHUNKING_KEYS)

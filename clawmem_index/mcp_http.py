@@ -1,0 +1,166 @@
+"""`clawmem mcp --http`: the MCP tools over Streamable HTTP on 127.0.0.1, for this user only.
+
+Listening on loopback is not privacy: any local user can connect. So every request must carry the
+server's bearer token (`Authorization: Bearer ...`), compared in constant time; without it the
+answer is 401 and nothing of the memory is read. The token is generated on first use into a 0600
+file in clawmem's 0700 config folder (beside the systemd EnvironmentFile), or read from
+`--token-file`. The SDK's Host/Origin checks (DNS-rebinding protection) stay on.
+
+Sessions are bounded so that a flood of `initialize` requests cannot exhaust memory or lock the
+real client out: at most MAX_SESSIONS at once, each closed after SESSION_IDLE_SECONDS without a
+request, and at the cap a new session ends the longest-idle one instead of being refused. A
+request body over MAX_BODY_BYTES is refused (413, by the SDK's own limit) as soon as it is seen to be.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import os
+import secrets
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from clawmem_index.errors import ConfigError
+
+__all__ = ["MAX_BODY_BYTES", "MAX_SESSIONS", "SESSION_IDLE_SECONDS", "build_app", "default_token_path", "load_token"]
+
+MAX_SESSIONS = 64  # sessions of one server at once; an agent host keeps one or two
+SESSION_IDLE_SECONDS = 10 * 60.0  # a session without any request for this long is closed
+MAX_BODY_BYTES = 1 << 20  # a tool call is a few hundred bytes
+_TOKEN_BYTES = 32
+
+
+def default_token_path(environ: Mapping[str, str] = os.environ) -> Path:
+    """$XDG_CONFIG_HOME/clawmem/mcp-token: clawmem's private config folder, where its EnvironmentFile lives."""
+    config = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config) / "clawmem" / "mcp-token"
+
+
+def load_token(path: Path | None = None, *, environ: Mapping[str, str] = os.environ) -> tuple[str, Path, bool]:
+    """(token, its file, whether it was just created).
+
+    A given `path` (`--token-file`) must exist and hold a token of at least 16 characters. The
+    default file is created on first use (0600, in a 0700 folder), never rewritten afterwards.
+    """
+    if path is not None:
+        return _read_token(path), path, False
+    path = default_token_path(environ)
+    try:
+        return _read_token(path), path, False
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(_TOKEN_BYTES)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:  # another server made it a moment ago: use that one
+        return _read_token(path), path, False
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (token + "\n").encode("ascii"))
+    finally:
+        os.close(fd)
+    return token, path, True
+
+
+def _read_token(path: Path) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ConfigError(f"cannot read the MCP token file {path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"the MCP token file {path} is not a regular file")
+        if st.st_mode & 0o077:
+            raise ConfigError(f"the MCP token file {path} is readable by other users: chmod 600 it")
+        raw = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    token = raw.decode("utf-8", "replace").strip()
+    if len(token) < 16 or any(c.isspace() for c in token):
+        raise ConfigError(f"the MCP token file {path} must hold one token of at least 16 characters")
+    return token
+
+
+class BearerAuth:
+    """ASGI middleware: a request without `Authorization: Bearer <token>` gets 401 and reaches nothing else."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode("ascii")
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            given = next((value for name, value in scope.get("headers", ()) if name == b"authorization"), b"")
+            if not hmac.compare_digest(given, self._expected):
+                await _plain(send, 401, b"unauthorized: send the token of clawmem mcp as Authorization: Bearer",
+                             [(b"www-authenticate", b'Bearer realm="clawmem"')])
+                return
+        await self.app(scope, receive, send)
+
+
+async def _plain(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", str(len(body)).encode()), *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _session_manager_class() -> type:
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+    class EvictingSessionManager(StreamableHTTPSessionManager):  # type: ignore[misc]
+        """At the session cap, a new session ends the one idle longest instead of being refused (503).
+
+        A session's transport keeps its idle deadline (infinite while a request is in flight): the
+        smallest finite deadline is the session idle longest. Cancelling its idle scope ends it the
+        way an idle timeout does; it is forgotten at once, so its id answers 404 from then on.
+        """
+
+        evicted = 0
+
+        def _admit_session(self, requestor: Any) -> Any:
+            if self.max_sessions is not None and len(self._server_instances) >= self.max_sessions:
+                self._evict_longest_idle()
+            return super()._admit_session(requestor)
+
+        def _evict_longest_idle(self) -> None:
+            idle = [(transport.idle_scope.deadline, session_id, transport)
+                    for session_id, transport in self._server_instances.items()
+                    if transport.idle_scope is not None and math.isfinite(transport.idle_scope.deadline)]
+            if not idle:
+                return  # every session has a request in flight: refused, as the SDK does
+            _, session_id, transport = min(idle, key=lambda item: item[0])
+            self._server_instances.pop(session_id, None)
+            self._session_owners.pop(session_id, None)
+            transport.idle_scope.cancel()
+            EvictingSessionManager.evicted += 1
+
+    return EvictingSessionManager
+
+
+def build_app(server: Any, token: str, *, path: str, host: str, max_sessions: int = MAX_SESSIONS,
+              idle_seconds: float = SESSION_IDLE_SECONDS, max_body: int = MAX_BODY_BYTES) -> Any:
+    """The Starlette app serving `server` at `path`: bearer token, body limit, bounded sessions, Host/Origin checks."""
+    from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+    from mcp.server.transport_security import TransportSecuritySettings
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{host}:*", "localhost:*"],
+        allowed_origins=[f"http://{host}:*", "http://localhost:*"],
+    )
+    manager = _session_manager_class()(app=server, security_settings=security, max_request_body_size=max_body,
+                                       session_idle_timeout=idle_seconds, max_sessions=max_sessions)
+    endpoint = BearerAuth(StreamableHTTPASGIApp(manager), token)  # the manager bounds bodies (413)
+    app = Starlette(routes=[Route(path, endpoint=endpoint)], lifespan=lambda app: manager.run())
+    app.state.session_manager = manager
+    return app

@@ -1,0 +1,285 @@
+"""The vector index: float32 vectors beside the chunks, searched by cosine distance.
+
+`chunks_vec` is a plain table of float32 blobs: exact distances, and the scan when sqlite-vec is
+missing. With sqlite-vec, `chunks_vec_bits` (vec0) holds each vector's sign bits, split into
+partitions by seq. An exact scan of 100k 384-d vectors reads ~150 MB per query; a query here takes
+the nearest candidates by hamming distance from every partition (vec0's KNN cost grows with N * k,
+so several small-k KNNs beat one large one) and ranks them by exact cosine.
+
+Rows are keyed by the chunk's `seq`; whether a chunk waits for a vector is the chunks table's
+business (the store's), so this module only stores, drops and ranks vectors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from clawmem_index.filters import ChunkFilter
+from clawmem_index.schema import Meta
+
+__all__ = ["MIN_CANDIDATES", "OVERSAMPLE", "PREFIX_SCAN_ROWS", "VECTOR_PARTITIONS", "VectorHit", "VectorIndex"]
+
+VECTOR_PARTITIONS = 32
+# Hamming candidates per wanted hit: recall@k >= 99.4% on real MiniLM vectors, 8k SciFact chunks and 53k
+# SciFact sentences (bench_vectors.py); 32 fell to 98.9% at 53k.
+OVERSAMPLE = 40
+MIN_CANDIDATES = 512
+PREFIX_SCAN_ROWS = 8192  # a path prefix over at most this many chunks is ranked exactly (~1.6 us a vector)
+PREFIX_WIDEN = 4  # at most this many times the candidates to find enough under a prefix, else rank it exactly
+_KNN_MAX_K = 4096  # sqlite-vec refuses a larger k
+_BITS_STALE = "vector_bits_stale"  # meta key: vectors were written without sqlite-vec, the bits miss them
+
+
+@dataclass(frozen=True, slots=True)
+class _VectorLayout:
+    readable: bool  # chunks_vec exists and can be read (a schema-1 vec0 table needs sqlite-vec)
+    legacy: bool  # chunks_vec is the vec0 float table of schema 1
+    bits: bool  # chunks_vec_bits exists
+    dims: int
+    partitions: int
+
+
+@dataclass(frozen=True, slots=True)
+class VectorHit:
+    seq: int
+    path: str
+    source: str
+    start_line: int
+    end_line: int
+    text: str
+    distance: float
+    date: str | None = None
+
+
+
+class VectorIndex:
+    """chunks_vec (+ chunks_vec_bits) on one connection; `loaded`: sqlite-vec is loaded there."""
+
+    def __init__(self, conn: apsw.Connection, meta: Meta, *, loaded: bool) -> None:
+        self._conn = conn
+        self._meta = meta
+        self.loaded = loaded
+        self._layout: tuple[int, _VectorLayout] | None = None
+
+    def layout(self) -> _VectorLayout:
+        """The vector tables this file has, re-read when the schema changes (another connection may add them)."""
+        cookie = int(self._conn.execute("PRAGMA schema_version").fetchone()[0])
+        if self._layout is None or self._layout[0] != cookie:
+            sql = {str(name): str(text) for name, text in self._conn.execute(
+                "SELECT name, sql FROM sqlite_master WHERE name IN ('chunks_vec', 'chunks_vec_bits')")}
+            floats = sql.get("chunks_vec")
+            legacy = floats is not None and floats.upper().startswith("CREATE VIRTUAL")
+            layout = _VectorLayout(
+                readable=floats is not None and (self.loaded or not legacy), legacy=legacy,
+                bits="chunks_vec_bits" in sql,
+                dims=int(self._meta.get("vector_dims") or 0),
+                partitions=int(self._meta.get("vector_partitions") or VECTOR_PARTITIONS))
+            self._layout = (cookie, layout)
+        return self._layout[1]
+
+    def readable(self) -> bool:
+        """Whether stored vectors can be searched (a schema-1 vec0 table needs sqlite-vec)."""
+        return self.layout().readable
+
+    def method(self) -> str:
+        """How `search` answers on this connection (for diagnostics and benchmarks)."""
+        layout = self.layout()
+        if not layout.readable:
+            return "none"
+        if not self.loaded:
+            return "in-process cosine (sqlite-vec not loaded)"
+        if layout.bits and self._meta.get(_BITS_STALE) is None:
+            return "sqlite-vec binary-quantized KNN, exact cosine rescoring"
+        return "sqlite-vec exact cosine scan"
+
+    def ensure(self, dims: int) -> None:
+        """The tables for `dims`-d vectors; with sqlite-vec, also (re)builds sign bits that are missing or stale."""
+        layout = self.layout()
+        if layout.legacy:
+            return  # a schema-1 index: the fingerprint rebuilds it, so it is never written
+        if not layout.readable:
+            self._conn.execute("CREATE TABLE chunks_vec(rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL)")
+            self._meta.set("vector_dims", str(int(dims)))
+        if self.loaded and (not layout.bits or self._meta.get(_BITS_STALE) is not None):
+            self._build_bits(dims, replace=layout.bits)
+
+    def _build_bits(self, dims: int, *, replace: bool) -> None:
+        """Quantize every stored vector: a new table, or one that missed writes made without sqlite-vec."""
+        if replace:
+            self._conn.execute("DROP TABLE chunks_vec_bits")
+        self._conn.execute("CREATE VIRTUAL TABLE chunks_vec_bits USING vec0("
+                           f"part INTEGER PARTITION KEY, embedding bit[{_padded_dims(int(dims))}])")
+        self._meta.set("vector_partitions", str(VECTOR_PARTITIONS))
+        for seq, blob in self._conn.execute("SELECT rowid, embedding FROM chunks_vec"):
+            self._insert_bits(int(seq), bytes(blob), VECTOR_PARTITIONS)
+        self._meta.delete(_BITS_STALE)
+
+    def _insert_bits(self, seq: int, blob: bytes, partitions: int) -> None:
+        self._conn.execute(
+            "INSERT INTO chunks_vec_bits(rowid, part, embedding) VALUES(?, ?, vec_quantize_binary(vec_f32(?)))",
+            (seq, seq % partitions, _pad8(blob)))
+
+    def remove(self, seq: int) -> None:
+        """Drop a chunk's vector, if it has one."""
+        layout = self.layout()
+        if not layout.readable:
+            return
+        self._conn.execute("DELETE FROM chunks_vec WHERE rowid = ?", (seq,))
+        if layout.bits and self._conn.changes():
+            if self.loaded:
+                self._conn.execute("DELETE FROM chunks_vec_bits WHERE rowid = ?", (seq,))
+            else:
+                self._meta.set(_BITS_STALE, "1")
+
+    def put(self, items: Sequence[tuple[int, bytes | None]]) -> None:
+        """Store each chunk's vector in place of any it had (None, zero or not finite: dropped, never stored)."""
+        layout = self.layout()
+        if layout.readable:  # a vector left by an older version (or an earlier answer) is replaced
+            stale = self._conn.execute("SELECT rowid FROM chunks_vec WHERE rowid IN (SELECT value FROM json_each(?))",
+                                       (json.dumps([seq for seq, _ in items]),)).fetchall()
+            for (seq,) in stale:
+                self.remove(int(seq))
+        vectors = [(seq, blob) for seq, blob in items if blob is not None and _usable(blob)]
+        if layout.dims and any(len(blob) != 4 * layout.dims for _, blob in vectors):
+            raise ValueError(f"a vector of another size than the index's {layout.dims} dimensions")
+        self._conn.executemany("INSERT INTO chunks_vec(rowid, embedding) VALUES(?, ?)", vectors)
+        if layout.bits and vectors:
+            if self.loaded:
+                self._conn.executemany(
+                    "INSERT INTO chunks_vec_bits(rowid, part, embedding) VALUES(?, ?, vec_quantize_binary(vec_f32(?)))",
+                    [(seq, seq % layout.partitions, _pad8(blob)) for seq, blob in vectors])
+            else:
+                self._meta.set(_BITS_STALE, "1")
+
+    def drop_all(self) -> None:
+        """Forget every vector and the layout (a new model's vectors go in their place)."""
+        self._conn.execute("DROP TABLE IF EXISTS chunks_vec_bits")
+        self._conn.execute("DROP TABLE IF EXISTS chunks_vec")
+        self._meta.delete("vector_dims", "vector_partitions", _BITS_STALE)
+
+    def search(self, query_blob: bytes, limit: int, where: ChunkFilter | None = None) -> list[VectorHit]:
+        """The `limit` chunks nearest by cosine distance (exact distances), nearest first, within `where`."""
+        layout = self.layout()
+        if not layout.readable or limit < 1:
+            return []
+        where = where or None
+        if not self.loaded:
+            return self._vector_scan(query_blob, limit, where)
+        if not layout.bits or self._meta.get(_BITS_STALE) is not None:
+            return self._ranked(query_blob, limit, where)
+        if where and self._few_under(where):
+            return self._ranked(query_blob, limit, where)
+        want = max(limit * OVERSAMPLE, MIN_CANDIDATES)
+        among = self._candidates(query_blob, want, layout.partitions)
+        if among is not None and where:
+            among = self._candidates_under(where, among, query_blob, want, layout.partitions)
+        if among is None:
+            return self._ranked(query_blob, limit, where)
+        return self._ranked(query_blob, limit, None, among)
+
+    def _candidates(self, query_blob: bytes, want: int, partitions: int) -> list[int] | None:
+        """About `want` seqs nearest by hamming distance, an equal share from each partition (None: vec0's k limit)."""
+        per_part = -(-want // partitions)
+        if per_part > _KNN_MAX_K:
+            return None
+        bits = self._conn.execute("SELECT vec_quantize_binary(vec_f32(?))", (_pad8(query_blob),)).fetchone()[0]
+        seqs: list[int] = []
+        for part in range(partitions):
+            seqs.extend(int(row[0]) for row in self._conn.execute(
+                "SELECT rowid FROM chunks_vec_bits WHERE embedding MATCH vec_bit(?) AND k = ? AND part = ?",
+                (bits, per_part, part)))
+        return seqs
+
+    def _ranked(self, query_blob: bytes, limit: int, within: ChunkFilter | None,
+                among: list[int] | None = None) -> list[VectorHit]:
+        """Exact cosine ranking in SQL of `among`, or of every vector (within the filter if given)."""
+        args: dict[str, Any] = {"q": query_blob, "k": limit}
+        join, where = "", []
+        if among is not None:
+            where.append("v.rowid IN (SELECT value FROM json_each(:among))")
+            args["among"] = json.dumps(among)
+        if within:  # walks the chunks' path or date index over the range, not the whole table
+            join = " JOIN chunks AS p ON p.seq = v.rowid"
+            clause, bounds = within.sql("p")
+            where.append(clause)
+            args.update(bounds)
+        sql = (
+            "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, r.distance, c.date FROM"
+            " (SELECT v.rowid AS seq, vec_distance_cosine(v.embedding, :q) AS distance FROM chunks_vec AS v"
+            f"{join}{' WHERE ' + ' AND '.join(where) if where else ''} ORDER BY distance, v.rowid LIMIT :k) AS r"
+            " JOIN chunks AS c ON c.seq = r.seq ORDER BY r.distance, r.seq"
+        )
+        return [VectorHit(*row) for row in self._conn.execute(sql, args)]
+
+    def _candidates_under(self, within: ChunkFilter, among: list[int], query_blob: bytes, want: int,
+                          partitions: int) -> list[int] | None:
+        """The candidates within the filter, enough of them for the oversampling; None: rank the filter's chunks exactly.
+
+        When few candidates pass, fetch proportionally more (vec0's cost grows with k), up to
+        PREFIX_WIDEN times; a filter with still fewer vectors near the query is ranked exactly.
+        """
+        inside = self._under(within, among)
+        if 4 * len(inside) >= 3 * want:
+            return inside
+        if not inside or len(inside) * PREFIX_WIDEN < len(among):
+            return None
+        wider = self._candidates(query_blob, want * len(among) // len(inside), partitions)
+        return None if wider is None else self._under(within, wider)
+
+    def _few_under(self, within: ChunkFilter) -> bool:
+        """Whether at most PREFIX_SCAN_ROWS chunks pass the filter (counted on the index, stopping there)."""
+        clause, args = within.sql("c")
+        counted = self._conn.execute(
+            f"SELECT count(*) FROM (SELECT 1 FROM chunks AS c WHERE {clause} LIMIT {PREFIX_SCAN_ROWS + 1})", args)
+        return int(counted.fetchone()[0]) <= PREFIX_SCAN_ROWS
+
+    def _under(self, within: ChunkFilter, seqs: list[int]) -> list[int]:
+        clause, args = within.sql("c")
+        return [int(row[0]) for row in self._conn.execute(
+            f"SELECT c.seq FROM chunks AS c WHERE c.seq IN (SELECT value FROM json_each(:seqs)) AND {clause}",
+            {**args, "seqs": json.dumps(seqs)})]
+
+    def _vector_scan(self, query_blob: bytes, limit: int, within: ChunkFilter | None) -> list[VectorHit]:
+        from clawmem_index.embeddings.base import unpack
+
+        query = unpack(query_blob)
+        scored: list[tuple[float, int]] = []
+        for seq, blob in self._conn.execute("SELECT rowid, embedding FROM chunks_vec"):
+            vec = unpack(blob)
+            scored.append((1.0 - sum(a * b for a, b in zip(query, vec, strict=False)), int(seq)))
+        scored.sort()
+        clause, args = (within or ChunkFilter()).sql("c")
+        hits: list[VectorHit] = []
+        for distance, seq in scored:
+            row = self._conn.execute(
+                f"SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, c.date FROM chunks AS c"
+                f" WHERE c.seq = :seq AND {clause}", {**args, "seq": seq}).fetchone()
+            if row:
+                hits.append(VectorHit(*row[:6], distance, row[6]))
+                if len(hits) >= limit:
+                    break
+        return hits
+
+
+def _padded_dims(dims: int) -> int:
+    return dims + (-dims) % 8
+
+
+def _pad8(blob: bytes) -> bytes:
+    """vec_quantize_binary wants a multiple of 8 dimensions; zeros quantize to 0 bits, alike for every vector."""
+    return blob + bytes(4 * ((-(len(blob) // 4)) % 8))
+
+
+def _usable(blob: bytes) -> bool:
+    """A vector with a direction: a zero, NaN or infinite vector must never be stored as a match."""
+    import numpy as np  # writers only: a CLI search never stores a vector
+
+    values = np.frombuffer(blob, dtype="<f4").astype(np.float64)  # float64 squares neither overflow nor vanish
+    total = float(values @ values)
+    return math.isfinite(total) and total > 0.0
