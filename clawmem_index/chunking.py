@@ -158,12 +158,14 @@ def _emit(lines: Sequence[str], i: int, k: int, costs: list[int], max_tokens: in
     if n > max_tokens:
         out.extend(_split_long_line(lines[i], i + 1, max_tokens, encoding))
         return i + 1
-    out.append(Chunk(i + 1, k, text, _hash(text), n))
+    if text.strip():  # blank lines alone (before a long line, say) make no chunk: nothing in them to find
+        out.append(Chunk(i + 1, k, text, _hash(text), n))
     return k
 
 
 def _split_long_line(line: str, lineno: int, max_tokens: int, encoding: tiktoken.Encoding) -> list[Chunk]:
-    return [Chunk(lineno, lineno, piece, _hash(piece), n) for piece, n in split_by_tokens(line, max_tokens, encoding)]
+    return [Chunk(lineno, lineno, piece, _hash(piece), n) for piece, n in split_by_tokens(line, max_tokens, encoding)
+            if piece.strip()]
 
 
 def _hash(text: str) -> str:

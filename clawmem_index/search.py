@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -165,6 +165,19 @@ def mmr(cands: list[Candidate], lam: float, limit: int) -> list[Candidate]:
     return picked
 
 
+def _one_per_citation(ranked: Iterable[Candidate]) -> list[Candidate]:
+    """The best candidate of each (path, start_line, end_line): the pieces of one long line share a
+    citation, and an answer that cites the same lines twice wastes a place on a repeat."""
+    seen: set[tuple[str, int, int]] = set()
+    kept: list[Candidate] = []
+    for c in ranked:
+        key = (c.path, c.start_line, c.end_line)
+        if key not in seen:
+            seen.add(key)
+            kept.append(c)
+    return kept
+
+
 def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / len(a | b) if a or b else 1.0
 
@@ -242,7 +255,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
     else:
         ranked, effective = fuse_weighted(cands, settings.vector_weight, settings.text_weight), "hybrid"
 
-    ranked = [c for c in ranked if c.score >= min_score]
+    ranked = _one_per_citation(c for c in ranked if c.score >= min_score)
     if settings.decay_half_life_days:
         ranked = decay(ranked, settings.decay_half_life_days, today or dt.date.today())
     ranked = mmr(ranked, settings.mmr_lambda, limit) if settings.mmr_lambda else ranked[:limit]

@@ -314,3 +314,18 @@ def test_mmr_drops_a_near_duplicate(settings: Settings, write) -> None:
     diverse = run_search(index.reader(), None, request, with_overrides(settings, search={"mmr_lambda": 0.5}).search)
     assert [r.path for r in diverse.results] == [plain[0].path, "memory/c.md"]
     index.close()
+
+
+@pytest.mark.parametrize("mode", ["bm25", "hybrid", "vector"])
+def test_one_citation_appears_once_in_an_answer(settings: Settings, write, mode: str) -> None:
+    """The pieces of one long line share its line range: an answer names those lines once, at the best piece's rank."""
+    long_line = " ".join(f"the heron study {i} found herons nesting" for i in range(200))
+    write("memory/long.md", f"# Herons\n\n{long_line}\n")
+    write("memory/short.md", "# Note\nherons seen at the lake\n")
+    index = MemoryIndex(settings, provider=FakeProvider())
+    index.sync()
+    pieces = index.reader().execute("SELECT count(*) FROM chunks WHERE path = 'memory/long.md' AND start_line = 3")
+    assert pieces[0][0] > 3
+    results = answer(index, "herons nesting", mode=mode, max_results=20, min_score=0.0)
+    cited = [(r["path"], r["start_line"], r["end_line"]) for r in results]
+    assert len(cited) == len(set(cited)) and ("memory/long.md", 3, 3) in cited
