@@ -37,6 +37,7 @@ from clawmem_index import DISTRIBUTION, __version__
 from clawmem_index.config import MAX_CONTEXT_BUDGET
 from clawmem_index.context import citation
 from clawmem_index.errors import ClawmemError, ConfigError, ExtraNotInstalled, QueryError
+from clawmem_index.storable import storable
 
 if TYPE_CHECKING:
     from clawmem_index.api import Client
@@ -126,19 +127,35 @@ _BY_NAME = {tool.name: tool for tool in TOOLS}
 
 
 def call_tool(client: Client, name: str, arguments: Mapping[str, Any] | None) -> ToolAnswer:
-    """Run one tool; every clawmem failure (and a bad argument) is a tool error with its message."""
+    """Run one tool; every clawmem failure (and a bad argument) is a tool error with its message.
+
+    Text in the arguments is made storable first (a lone surrogate, which JSON can escape but
+    UTF-8 cannot encode, becomes U+FFFD), and so is the answer: an answer the SDK cannot encode
+    would never be sent, and the host would wait for it forever.
+    """
     spec = _BY_NAME.get(name)
     if spec is None:
-        return ToolAnswer(f"unknown tool {name!r} (tools: {', '.join(_BY_NAME)})", error=True)
+        return ToolAnswer(storable(f"unknown tool {name!r} (tools: {', '.join(_BY_NAME)})"), error=True)
     try:
-        args = _arguments(spec, arguments or {})
+        args = _arguments(spec, _repaired(arguments or {}))
         data, text = _TOOL_CALLS[name](client, args)
     except ClawmemError as exc:
-        return ToolAnswer(str(exc), error=True)
+        return ToolAnswer(storable(str(exc)), error=True)
     except Exception as exc:  # a bug: the host gets a tool error, stderr the traceback, the server lives on
         logging.getLogger("clawmem.mcp").exception("tool %s failed", name)
-        return ToolAnswer(f"internal error in {name}: {type(exc).__name__}: {exc}", error=True)
-    return ToolAnswer(text, data)
+        return ToolAnswer(storable(f"internal error in {name}: {type(exc).__name__}: {exc}"), error=True)
+    return ToolAnswer(storable(text), _repaired(data))
+
+
+def _repaired(value: Any) -> Any:
+    """`value` with every string in it made storable (keys included), however deeply nested."""
+    if isinstance(value, str):
+        return storable(value)
+    if isinstance(value, Mapping):
+        return {_repaired(k): _repaired(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_repaired(v) for v in value]
+    return value
 
 
 def _search(client: Client, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -335,10 +352,39 @@ def _exit_quietly(signum: int, frame: object) -> None:
 
 
 async def _serve_stdio(server: Any) -> None:
+    import io
+
+    import anyio
     from mcp.server.stdio import stdio_server
 
-    async with stdio_server() as (read_stream, write_stream):
+    stdin = anyio.wrap_file(io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace"))
+    async with stdio_server(stdin=_RepairedLines(stdin)) as (read_stream, write_stream):  # type: ignore[arg-type]
         await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+class _RepairedLines:
+    """Input lines with escaped lone surrogates (`\\ud800`, valid JSON) made storable before the SDK parses them.
+
+    The SDK's JSON parser refuses such a line and answers nothing, so the host would wait forever;
+    repaired, the request is served (the lone surrogate becomes U+FFFD, as everywhere in clawmem).
+    """
+
+    def __init__(self, lines: Any) -> None:
+        self._lines = lines
+
+    async def __aiter__(self) -> Any:
+        async for line in self._lines:
+            yield _repair_line(line)
+
+
+def _repair_line(line: str) -> str:
+    if "\\ud" not in line.lower():
+        return line
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        return line  # not JSON: the SDK answers that as it does
+    return json.dumps(_repaired(message), ensure_ascii=False)
 
 
 async def _serve_http(server: Any, listener: socket.socket, token: str) -> None:

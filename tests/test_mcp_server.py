@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
+import select
 import subprocess
 import sys
 import threading
@@ -290,3 +292,56 @@ def test_every_tool_has_a_schema_and_description() -> None:
         assert tool.input_schema["type"] == "object" and len(tool.description) > 60
         for name in tool.input_schema["required"]:
             assert name in tool.input_schema["properties"]
+
+
+def test_stdio_answers_the_hostile_corpus_and_keeps_serving(indexed: Settings, sock_dir: Path) -> None:
+    """Every hostile text (escaped in the JSON as a host would send it: lone surrogates as \\udXXX) as a query, a path
+    and a context query, and every hostile JSON line: an answer or an error for each, and the server keeps serving."""
+    from hostile import FIXED_JSON, FIXED_TEXTS
+
+    proc = subprocess.Popen([sys.executable, *server_args(indexed, sock_dir / "none.sock")], env=server_env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(message: dict[str, Any] | str) -> None:
+        line = message if isinstance(message, str) else json.dumps(message)  # ensure_ascii: \\udXXX escapes
+        proc.stdin.write(line.encode() + b"\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+
+    def answer_to(rid: int) -> dict[str, Any]:
+        while True:
+            ready, _, _ = select.select([proc.stdout], [], [], STARTUP)
+            assert ready, f"no answer to request {rid}"
+            raw = proc.stdout.readline()  # type: ignore[union-attr]
+            assert raw, "the server hung up"
+            message = json.loads(raw)
+            if message.get("id") == rid:
+                return dict(message)
+
+    try:
+        send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+        assert "result" in answer_to(0)
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        rid, outcomes = 0, []
+        for text in FIXED_TEXTS.values():
+            for name, arguments in (("memory_search", {"query": text}), ("memory_get", {"path": text}),
+                                    ("memory_context", {"query": text, "budget": 50})):
+                rid += 1
+                send({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                      "params": {"name": name, "arguments": arguments}})
+                got = answer_to(rid)
+                assert "result" in got or "error" in got
+                outcomes.append(bool(got.get("error") or got["result"].get("isError")))
+        for body in FIXED_JSON.values():
+            send(body.replace("\n", " "))
+        rid += 1
+        send({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+              "params": {"name": "memory_search", "arguments": {"query": "sqlite"}}})
+        last = answer_to(rid)
+        assert not last["result"].get("isError") and last["result"]["structuredContent"]["results"]
+        assert any(outcomes) and not all(outcomes)
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+        proc.stdout.close()
