@@ -135,3 +135,17 @@ def test_install_lines_name_the_projects_own_distribution() -> None:
                         named.append(package)
                         assert re.fullmatch(rf"{re.escape(name)}(\[[\w,]+\])?", package), (doc.name, line)
     assert f"{name}" in named and any(p.startswith(f"{name}[") for p in named)
+
+
+def test_every_socket_error_code_is_in_the_readme() -> None:
+    """A client meets these: each must be explained where the socket API is."""
+    import inspect
+
+    from clawmem_index import errors, protocol
+
+    codes = {value for name, value in vars(protocol).items() if name.isupper() and isinstance(value, int)
+             and -32768 <= value <= -32000}
+    codes |= {cls.rpc_code for cls in vars(errors).values() if inspect.isclass(cls) and hasattr(cls, "rpc_code")}
+    text = README.read_text()
+    missing = sorted(code for code in codes if str(code) not in text)
+    assert not missing, f"error codes not in README.md: {missing}"
