@@ -82,8 +82,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         "memory_search",
         "Mandatory recall step: search the memory (MEMORY.md + memory/**/*.md) by meaning and keywords before"
         " answering questions about prior work, decisions, dates, people, preferences, or todos. Returns the top"
-        " snippets with path, line range, score and a citation (path#Lstart-Lend); then use memory_get to pull"
-        " only the lines you need.",
+        " snippets with path, line range, score, source and a citation (path#Lstart-Lend); then use memory_get"
+        " to pull only the lines you need from a memory file. A result whose source is \"sessions\" (a past"
+        " conversation's transcript) cannot be read with memory_get: its snippet is the text.",
         _schema({
             "query": {"type": "string", "description": "What to recall: keywords or a question in plain words."},
             "maxResults": {"type": "integer", "minimum": 1, "maximum": MAX_RESULTS,
@@ -95,7 +96,8 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "memory_get",
         "Safe read of a memory file (MEMORY.md or memory/**/*.md) with optional from/lines; use after"
-        " memory_search to pull only the needed lines and keep context small. Other paths are refused.",
+        " memory_search to pull only the needed lines and keep context small. Other paths are refused,"
+        " transcripts (sessions/*.jsonl) too: use their memory_search snippet.",
         _schema({
             "path": {"type": "string", "description": "Workspace-relative path, e.g. memory/2026-11-22.md."},
             "from": {"type": "integer", "minimum": 1, "description": "First line to read (1-based; default 1)."},

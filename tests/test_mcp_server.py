@@ -22,7 +22,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from clawmem_index.api import Client
-from clawmem_index.config import Settings
+from clawmem_index.config import Settings, load_settings
 from clawmem_index.engine import MemoryIndex
 from clawmem_index.mcp_server import TOOLS, call_tool
 
@@ -345,3 +345,25 @@ def test_stdio_answers_the_hostile_corpus_and_keeps_serving(indexed: Settings, s
         proc.stdin.close()
         proc.wait(30)
         proc.stdout.close()
+
+
+def test_a_transcript_hit_is_not_sent_to_memory_get_blindly(workspace: Path, tmp_path: Path, sock_dir: Path) -> None:
+    """The descriptions say that a sessions result is read from its snippet, and memory_get says why it refuses one."""
+    (workspace / "MEMORY.md").write_text("# Memory\n")
+    (workspace / "sessions").mkdir()
+    (workspace / "sessions" / "s.jsonl").write_text(
+        json.dumps({"type": "message", "message": {"role": "user", "content": "the okapi plan is on"}}) + "\n")
+    settings = load_settings(workspace=workspace, overrides={"index": str(tmp_path / "i.sqlite"),
+                                                             "embedding.provider": "none",
+                                                             "sources": ["memory", "sessions"]})
+    MemoryIndex(settings).sync()
+    descriptions = {tool.name: tool.description for tool in TOOLS}
+    assert 'source is "sessions"' in descriptions["memory_search"] and "its snippet is the text" in \
+        descriptions["memory_search"]
+    assert "transcripts (sessions/*.jsonl) too" in descriptions["memory_get"]
+    with Client(workspace, index=settings.index_path, socket=sock_dir / "none.sock", provider="none") as client:
+        found = call_tool(client, "memory_search", {"query": "okapi"})
+        [hit] = found.data["results"]
+        assert hit["source"] == "sessions" and "okapi" in hit["snippet"]
+        refused = call_tool(client, "memory_get", {"path": hit["path"]})
+        assert refused.error and "session transcripts are searched, not read" in refused.text
