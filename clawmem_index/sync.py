@@ -138,12 +138,12 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
         memory, sessions = source_scope(settings)
         on_disk = {f.path: f for f in scan(settings.workspace, settings.extra_paths, skipped, settings.exclude,
                                            memory=memory, sessions=sessions)}
-        indexed = store.files()
+        seen = store.file_stats()  # (mtime, size) only: whole rows are read for the files that changed
     else:
         wanted = {path_key(p) for p in paths}
         found = (_stat_source_file(settings, p, skipped) for p in sorted(wanted))
         on_disk = {f.path: f for f in found if f is not None}
-        indexed = {p: row for p in wanted if (row := store.file_row(p)) is not None}
+        seen = {p: (row.mtime, row.size) for p in wanted if (row := store.file_row(p)) is not None}
     if settings.refuse_hardlinks:
         for f in [f for f in on_disk.values() if f.nlink > 1]:
             skipped.append(Skipped(f.path, hardlink_reason(f.nlink)))
@@ -151,13 +151,13 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
     report.skipped = [str(s) for s in skipped]
     report.files_seen = len(on_disk)
 
-    for path in sorted(indexed.keys() - on_disk.keys()):
+    for path in sorted(seen.keys() - on_disk.keys()):
         with store.transaction():
             report.chunks_removed += store.delete_file(path)
         report.removed += 1
 
-    stale = [f for path, f in sorted(on_disk.items())
-             if (row := indexed.get(path)) is None or (row.mtime, row.size) != (f.mtime_ns, f.size)]
+    stale = [f for path, f in sorted(on_disk.items()) if seen.get(path) != (f.mtime_ns, f.size)]
+    indexed = {f.path: row for f in stale if f.path in seen and (row := store.file_row(f.path)) is not None}
     report.unchanged = len(on_disk) - len(stale)
     if progress:
         progress(0, len(stale))

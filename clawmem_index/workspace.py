@@ -56,13 +56,17 @@ class MemoryFile:
     """
 
     path: str
-    abs_path: str
     mtime_ns: int
     size: int
     source: str = "memory"
     root: str = ""
     names: tuple[str, ...] = ()
     nlink: int = 1
+
+    @property
+    def abs_path(self) -> str:
+        """Where the file is, for messages (reads go through `root` and `names`, a folder at a time)."""
+        return os.path.join(self.root, *self.names)
 
     def as_read(self, st: os.stat_result) -> MemoryFile:
         """This file with the stat of the descriptor that was read (the scan's may already be stale)."""
@@ -162,7 +166,7 @@ def stat_memory_file(workspace: Path, rel: str, extra_paths: Sequence[str] = (),
     try:
         with open_memory_file(workspace, rel, extra_paths) as opened:
             st = opened.stat
-            return MemoryFile(opened.path, os.path.join(str(workspace), *opened.names), st.st_mtime_ns, st.st_size,
+            return MemoryFile(opened.path, st.st_mtime_ns, st.st_size,
                               root=str(workspace), names=opened.names, nlink=st.st_nlink)
     except PathError as exc:
         why = refusal_of(exc)  # None: not a memory file by name, so not one a targeted sync may look at
@@ -180,7 +184,7 @@ def stat_session_file(where: SessionsDir, key: str, skipped: list[Skipped] | Non
     try:
         with open_beneath(where.anchor, names, display=path_key(key)) as opened:
             st = opened.stat
-            return MemoryFile(opened.path, os.path.join(where.anchor, *opened.names), st.st_mtime_ns, st.st_size,
+            return MemoryFile(opened.path, st.st_mtime_ns, st.st_size,
                               source="sessions", root=where.anchor, names=opened.names, nlink=st.st_nlink)
     except PathError as exc:
         why = refusal_of(exc)
@@ -191,7 +195,13 @@ def stat_session_file(where: SessionsDir, key: str, skipped: list[Skipped] | Non
 
 def excluded(key: str, patterns: Sequence[str]) -> bool:
     """Whether an index key matches one of the `exclude` globs (`*` within a folder, `**` across folders)."""
-    return any(_glob(pattern).fullmatch(key) for pattern in patterns)
+    return bool(patterns) and _globs(tuple(patterns)).fullmatch(key) is not None
+
+
+@functools.cache
+def _globs(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """All the globs as one pattern: a scan asks it once per file, not once per glob."""
+    return re.compile("|".join(f"(?:{_glob(pattern).pattern})" for pattern in patterns))
 
 
 @functools.cache
@@ -326,14 +336,15 @@ def _walk(anchor: str, names: tuple[str, ...], key: str, note: Note,
         entries = _list_dir(os.path.join(anchor, *dir_names), dir_key, note, suffix)
         siblings = {name for name, _, _ in entries}
         for name, kind, st in entries:
-            entry_key = f"{dir_key}/{path_key(name)}" if dir_key else path_key(name)
+            name_key = path_key(name)
+            entry_key = f"{dir_key}/{name_key}" if dir_key else name_key
             if isinstance(st, OSError):
                 _note_error(note, entry_key, st)
                 continue
             if kind == "link":
                 note(Skipped(entry_key, "symlink, not followed"))
                 continue
-            problem = _name_problem(name, siblings)
+            problem = None if name_key == name else _name_problem(name, siblings)
             if problem is not None:
                 note(Skipped(entry_key, problem))
             elif kind == "dir":
@@ -392,8 +403,7 @@ def _name_problem(name: str, siblings: set[str]) -> str | None:
 
 
 def _memory_file(anchor: str, names: tuple[str, ...], key: str, st: os.stat_result) -> _Found:
-    found = MemoryFile(key, os.path.join(anchor, *names), st.st_mtime_ns, st.st_size, root=anchor, names=names,
-                       nlink=st.st_nlink)
+    found = MemoryFile(key, st.st_mtime_ns, st.st_size, root=anchor, names=names, nlink=st.st_nlink)
     return found, (st.st_dev, st.st_ino)
 
 
