@@ -323,6 +323,6 @@ def test_a_line_longer_than_the_budget_is_left_out_never_cut(workspace: Path, se
     request = SearchRequest("pangolin", mode="bm25", max_results=20, min_score=0.0, path_prefix="memory/")
     block = index.context(request, 2000)
     assert (block["text"], block["tokens"]) == ("", 0)
-    assert block["hits"] > 1 and block["truncated"] and block["omitted_lines"] == 1, "the one long line, left out"
+    assert block["hits"] == 1 and block["truncated"] and block["omitted_lines"] == 1, "the one long line (one citation), left out"
     both = index.context(SearchRequest("one pangolin", mode="bm25", max_results=30, min_score=0.0), 2000)
     assert both["text"] == "### MEMORY.md#L1-L2\n# Memory\n- one pangolin." and both["truncated"]

@@ -339,7 +339,9 @@ def test_fuzz_a_daemon_over_one_connection(workspace: Path, tmp_path: Path, sock
                 check_answer(line, raw)
             answered += expected
             if n % STATUS_EVERY == 0:
-                assert client.call("status")["result"]["files_indexed"] >= 0
+                status = client.call("status")
+                assert "result" in status, status
+                assert status["result"]["files_indexed"] >= 0
         assert answered > DAEMON_LINES // 2
         assert "result" in client.call("status")
         assert daemon.server is not None and daemon.server.alive()
