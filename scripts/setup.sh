@@ -26,7 +26,8 @@ EOF
 }
 covered() {  # the last complete run had these files and at least the extras asked for now
   local had rest
-  read -r had rest < "$stamp" 2>/dev/null || return 1
+  [ -f "$stamp" ] || return 1
+  read -r had rest < "$stamp" || return 1
   [ "$rest" = "$sums" ] || return 1
   for extra in ${extras//,/ }; do
     [[ ",$had," == *",$extra,"* ]] || return 1
