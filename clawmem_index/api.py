@@ -100,8 +100,8 @@ class Client:
 
     def search(self, query: str, *, max_results: int | None = None, min_score: float | None = None,
                mode: str | None = None, path_prefix: str | None = None, source: str | None = None,
-               since: str | None = None, before: str | None = None) -> dict[str, Any]:
-        """The best chunks for `query`, as the socket's `search` answers them.
+               since: str | None = None, before: str | None = None, explain: bool = False) -> dict[str, Any]:
+        """The best chunks for `query`, as the socket's `search` answers them (`explain`: how each got its place).
 
         `{results: [{path, start_line, end_line, score, snippet, source, ...}], provider, model, mode,
         index: {pending_files, pending_embeddings}, fallback?, warning?}`. `mode` is hybrid, bm25 or
@@ -110,7 +110,7 @@ class Client:
         """
         return self._ask("search", {"query": query, "max_results": max_results, "min_score": min_score,
                                     "mode": mode, "path_prefix": path_prefix, "source": source, "since": since,
-                                    "before": before})
+                                    "before": before, "explain": explain or None})
 
     def get(self, path: StrPath, *, start: int | None = None, lines: int | None = None,
             max_bytes: int | None = None) -> dict[str, Any]:

@@ -250,9 +250,11 @@ class _ProgressBar:
 @click.option("--source", type=click.Choice(["memory", "sessions"]), help="Only memory files, or only transcripts.")
 @click.option("--since", metavar="DATE", help="Only chunks dated on or after DATE (YYYY-MM-DD).")
 @click.option("--before", metavar="DATE", help="Only chunks dated before DATE (YYYY-MM-DD).")
+@click.option("--explain", is_flag=True, help="Say how each result got its place (keyword and vector rank and score,"
+                                               " fused score, decay, MMR).")
 def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode: str | None,
            min_score: float | None, path_prefix: str | None, source: str | None, since: str | None,
-           before: str | None, **kwargs: Any) -> None:
+           before: str | None, explain: bool, **kwargs: Any) -> None:
     """Search the memory for QUERY.
 
     Dated chunks are those of daily files (the YYYY-MM-DD in their name) and of transcripts; a date
@@ -263,7 +265,7 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
     def action() -> None:
         answer = ctx.client().search(" ".join(map(_argument, query)), max_results=max_results, min_score=min_score,
                                      mode=mode, path_prefix=_argument(path_prefix) if path_prefix is not None else None,
-                                     source=source, since=since, before=before)
+                                     source=source, since=since, before=before, explain=explain)
         if as_json:
             click.echo(json.dumps(answer, ensure_ascii=False))
             return
@@ -275,11 +277,25 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
         for r in results:
             click.echo(click.style(f"{r['path']}:{r['start_line']}-{r['end_line']}", bold=True)
                        + f"  score {r['score']:.3f}")
+            if r.get("explain"):
+                click.echo(f"    ({_explained(r['explain'])})")
             for line in str(r["snippet"]).splitlines()[:8]:
                 click.echo(f"    {line}")
             click.echo("")
 
     _run(action)
+
+
+def _explained(how: dict[str, Any]) -> str:
+    """`keyword #2 0.830, vector #5 0.612, weighted 0.693, decay x0.81, MMR #4 -> #2` for people."""
+    parts = [f"{side} " + (f"#{how[f'{key}_rank']} {how[f'{key}_score']:.3f}" if how.get(f"{key}_rank") else "-")
+             for side, key in (("keyword", "keyword"), ("vector", "vector"))]
+    parts.append(f"{how['fusion']} {how['fused_score']:.3f}")
+    if "decay_factor" in how:
+        parts.append(f"decay x{how['decay_factor']:.2f}")
+    if "mmr" in how:
+        parts.append(f"MMR #{how['mmr']['place_before']} -> #{how['mmr']['place_after']}")
+    return ", ".join(parts)
 
 
 @cli.command()

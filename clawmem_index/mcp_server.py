@@ -91,6 +91,8 @@ TOOLS: tuple[ToolSpec, ...] = (
                            "description": "How many snippets at most (default 6)."},
             "minScore": {"type": "number", "minimum": 0, "maximum": 1,
                          "description": "Leave out snippets scoring below this, 0..1 (default 0.3)."},
+            "explain": {"type": "boolean",
+                        "description": "Also say how each snippet got its place (keyword/vector rank and score)."},
         }, ("query",)),
     ),
     ToolSpec(
@@ -161,10 +163,12 @@ def _repaired(value: Any) -> Any:
 
 
 def _search(client: Client, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    answer = client.search(args["query"], max_results=args.get("maxResults"), min_score=args.get("minScore"))
+    answer = client.search(args["query"], max_results=args.get("maxResults"), min_score=args.get("minScore"),
+                           explain=bool(args.get("explain")))
     results = [{"path": r["path"], "startLine": r["start_line"], "endLine": r["end_line"], "score": r["score"],
                 "snippet": r["snippet"], "source": r["source"],
-                "citation": citation(r["path"], r["start_line"], r["end_line"])} for r in answer["results"]]
+                "citation": citation(r["path"], r["start_line"], r["end_line"]),
+                **({"explain": r["explain"]} if "explain" in r else {})} for r in answer["results"]]
     data: dict[str, Any] = {"results": results, "provider": answer["provider"], "model": answer["model"],
                             "mode": answer["mode"]}
     if answer.get("fallback"):
@@ -227,6 +231,10 @@ def _arguments(spec: ToolSpec, given: Mapping[str, Any]) -> dict[str, Any]:
 
 def _value(name: str, value: Any, schema: Mapping[str, Any]) -> Any:
     kind = schema["type"]
+    if kind == "boolean":
+        if not isinstance(value, bool):
+            raise QueryError(f"{name!r} must be true or false")
+        return value
     if kind == "string":
         if not isinstance(value, str):
             raise QueryError(f"{name!r} must be a string")

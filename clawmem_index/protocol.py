@@ -186,7 +186,7 @@ def _quote(name: str) -> str:
 PARAMS: dict[str, dict[str, tuple[str, bool]]] = {
     "search": {"query": ("str", True), "max_results": ("int", False), "min_score": ("number", False),
                "mode": ("str", False), "path_prefix": ("str", False), "source": ("str", False),
-               "since": ("str", False), "before": ("str", False)},
+               "since": ("str", False), "before": ("str", False), "explain": ("bool", False)},
     "get": {"path": ("str", True), "from": ("int", False), "lines": ("int", False), "max_bytes": ("int", False)},
     "status": {},
     "context": {"query": ("str", True), "budget": ("int", False), "max_results": ("int", False),
@@ -543,7 +543,8 @@ def search_request(params: dict[str, Any]) -> SearchRequest:
     from clawmem_index.search import SearchRequest
 
     return SearchRequest(params["query"], params.get("max_results"), params.get("min_score"), params.get("mode"),
-                         params.get("path_prefix"), params.get("source"), params.get("since"), params.get("before"))
+                         params.get("path_prefix"), params.get("source"), params.get("since"), params.get("before"),
+                         bool(params.get("explain", False)))
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ class SearchRequest:
     source: str | None = None
     since: str | None = None
     before: str | None = None
+    explain: bool = False  # each result says how it got its place (keyword and vector side, fusion, decay, MMR)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class SearchResult:
     source: str
     vector_score: float | None = None
     text_score: float | None = None
+    explain: dict[str, object] | None = None
 
     def as_dict(self) -> dict[str, object]:
         data: dict[str, object] = {
@@ -58,6 +60,8 @@ class SearchResult:
             data["vector_score"] = round(self.vector_score, 6)
         if self.text_score is not None:
             data["text_score"] = round(self.text_score, 6)
+        if self.explain is not None:
+            data["explain"] = self.explain
         return data
 
 
@@ -73,6 +77,10 @@ class Candidate:
     vector_score: float | None = None
     score: float = 0.0
     date: str | None = None
+    text_rank: int | None = None  # place among the keyword candidates (1 = best), None: not among them
+    vector_rank: int | None = None
+    fused: float = 0.0  # the score before decay
+    before_mmr: int = 0  # place before MMR re-ordered the answer
 
 
 @dataclass
@@ -99,15 +107,16 @@ def vector_scores(hits: Sequence[VectorHit]) -> list[float]:
 
 def merge(text_hits: Sequence[TextHit], vector_hits: Sequence[VectorHit]) -> list[Candidate]:
     by_seq: dict[int, Candidate] = {}
-    for hit, score in zip(text_hits, text_scores(text_hits), strict=True):
+    for rank, (hit, score) in enumerate(zip(text_hits, text_scores(text_hits), strict=True), start=1):
         by_seq[hit.seq] = Candidate(hit.seq, hit.path, hit.source, hit.start_line, hit.end_line, hit.text,
-                                    text_score=score, date=hit.date)
-    for hit, score in zip(vector_hits, vector_scores(vector_hits), strict=True):
+                                    text_score=score, date=hit.date, text_rank=rank)
+    for rank, (hit, score) in enumerate(zip(vector_hits, vector_scores(vector_hits), strict=True), start=1):
         cand = by_seq.get(hit.seq)
         if cand is None:
             cand = by_seq[hit.seq] = Candidate(hit.seq, hit.path, hit.source, hit.start_line, hit.end_line, hit.text,
                                                date=hit.date)
         cand.vector_score = score
+        cand.vector_rank = rank
     return list(by_seq.values())
 
 
@@ -163,6 +172,20 @@ def mmr(cands: list[Candidate], lam: float, limit: int) -> list[Candidate]:
         picked.append(best)
         left.remove(best)
     return picked
+
+
+def _explain(c: Candidate, place: int, how: str, settings: SearchSettings) -> dict[str, object]:
+    """How a result got its place: each side's rank and score, the fused score, and what decay and MMR did."""
+    data: dict[str, object] = {
+        "keyword_rank": c.text_rank, "keyword_score": None if c.text_score is None else round(c.text_score, 6),
+        "vector_rank": c.vector_rank, "vector_score": None if c.vector_score is None else round(c.vector_score, 6),
+        "fusion": how, "fused_score": round(c.fused, 6),
+    }
+    if settings.decay_half_life_days:
+        data["decay_factor"] = round(c.score / c.fused, 6) if c.fused else 1.0
+    if settings.mmr_lambda:
+        data["mmr"] = {"place_before": c.before_mmr, "place_after": place}
+    return data
 
 
 def _one_per_citation(ranked: Iterable[Candidate]) -> list[Candidate]:
@@ -256,12 +279,18 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         ranked, effective = fuse_weighted(cands, settings.vector_weight, settings.text_weight), "hybrid"
 
     ranked = _one_per_citation(c for c in ranked if c.score >= min_score)
+    for c in ranked:
+        c.fused = c.score
     if settings.decay_half_life_days:
         ranked = decay(ranked, settings.decay_half_life_days, today or dt.date.today())
+    for place, c in enumerate(ranked, start=1):
+        c.before_mmr = place
     ranked = mmr(ranked, settings.mmr_lambda, limit) if settings.mmr_lambda else ranked[:limit]
+    how = settings.fusion if effective == "hybrid" else effective
     results = [
         SearchResult(c.path, c.start_line, c.end_line, c.score, snippet(c.text, settings.snippet_chars), c.source,
-                     c.vector_score, c.text_score)
-        for c in ranked
+                     c.vector_score, c.text_score,
+                     _explain(c, place, how, settings) if request.explain else None)
+        for place, c in enumerate(ranked, start=1)
     ]
     return SearchOutcome(results, effective, degraded)

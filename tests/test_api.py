@@ -248,3 +248,19 @@ def test_the_answers_are_json(indexed: Settings, sock_dir: Path) -> None:
     with offline(indexed, sock_dir) as client:
         for answer in (client.search("sqlite"), client.get("MEMORY.md"), client.status(), client.context("sqlite")):
             assert json.loads(json.dumps(answer)) == answer
+
+
+def test_explain_goes_through_the_daemon_and_is_checked(indexed: Settings, workspace: Path, tmp_path: Path,
+                                                        sock_dir: Path) -> None:
+    from daemon_helpers import RawClient
+
+    settings = daemon_settings(workspace, tmp_path, sock_dir, index=str(indexed.index_path))
+    with running_daemon(settings) as daemon:
+        wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
+        with Client(workspace, socket=settings.socket_path) as client:
+            found = client.search("ocelot", mode="bm25", explain=True)
+            assert client.served_by == "daemon" and found["results"][0]["explain"]["keyword_rank"] == 1
+            assert "explain" not in client.search("ocelot", mode="bm25")["results"][0]
+        with RawClient(settings.socket_path) as raw:
+            refused = raw.call("search", {"query": "ocelot", "explain": "yes"})
+            assert refused["error"]["code"] == -32602 and "explain" in refused["error"]["message"]

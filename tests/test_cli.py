@@ -158,3 +158,11 @@ def test_the_progress_bar_redraws_a_few_times_a_second_and_measures_before_it_te
         assert bar._status(1001) == "910 files/s, 0:01 left"
         bar.update(2000, 2000)
         assert bar._drawn == 2000, "the end is always drawn"
+
+
+def test_search_explain_on_the_command_line(ws: Path) -> None:
+    assert clawmem("index", cwd=ws).returncode == 0
+    out = clawmem("search", "--explain", "--mode", "bm25", "staging", "server", cwd=ws)
+    assert out.returncode == 0 and "(keyword #1 1.000, vector -, bm25 1.000)" in out.stdout
+    data = json.loads(clawmem("search", "--json", "--explain", "--mode", "bm25", "staging", cwd=ws).stdout)
+    assert data["results"][0]["explain"]["keyword_rank"] == 1

@@ -81,8 +81,8 @@ def check(seen: dict[str, Any], served_by: str) -> None:
     assert "memory_search" in (seen["init"].instructions or "")
     tools = {t.name: t for t in seen["tools"]}
     assert list(tools) == ["memory_search", "memory_get", "memory_status", "memory_context"]
-    assert set(tools["memory_search"].input_schema["properties"]) == {"query", "maxResults", "minScore"}
-    assert tools["memory_search"].input_schema["required"] == ["query"]
+    assert set(tools["memory_search"].input_schema["properties"]) == {"query", "maxResults", "minScore", "explain"}
+    assert tools["memory_search"].input_schema["required"] == ["query"]  # OpenClaw's, plus an optional explain
     assert set(tools["memory_get"].input_schema["properties"]) == {"path", "from", "lines"}
     assert "before answering" in (tools["memory_search"].description or "")
 

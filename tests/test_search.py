@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -329,3 +330,29 @@ def test_one_citation_appears_once_in_an_answer(settings: Settings, write, mode:
     results = answer(index, "herons nesting", mode=mode, max_results=20, min_score=0.0)
     cited = [(r["path"], r["start_line"], r["end_line"]) for r in results]
     assert len(cited) == len(set(cited)) and ("memory/long.md", 3, 3) in cited
+
+
+def test_explain_says_how_each_result_got_its_place(settings: Settings, write) -> None:
+    write("memory/car.md", "# Garage\nThe automobile needs new tyres before winter.\n")
+    write("memory/tyre.md", "# Shop\nTyres on sale at the garage.\n")
+    for i in range(4):
+        write(f"memory/filler{i}.md", f"# Filler {i}\nunrelated gardening note number {i}\n")
+    index = MemoryIndex(settings, provider=FakeProvider(synonyms={"car": "automobile", "tires": "tyres"}))
+    index.sync()
+    plain = index.search(SearchRequest("car tyres", min_score=0.0))["results"]
+    explained = index.search(SearchRequest("car tyres", min_score=0.0, explain=True))["results"]
+    assert [r["path"] for r in explained] == [r["path"] for r in plain] and "explain" not in plain[0]
+    for result in explained:
+        how = result["explain"]
+        assert how["fusion"] == "weighted" and how["fused_score"] == result["score"]
+        assert (how["keyword_rank"] is None) == (how["keyword_score"] is None)
+        assert (how["vector_rank"] is None) == (how["vector_score"] is None)
+    assert {r["explain"]["keyword_rank"] for r in explained if r["explain"]["keyword_rank"]} == {1, 2}
+    keyword = index.search(SearchRequest("tyres", mode="bm25", explain=True))["results"][0]["explain"]
+    assert keyword["fusion"] == "bm25" and keyword["keyword_rank"] == 1 and keyword["vector_rank"] is None
+
+    tuned = replace(settings, search=replace(settings.search, decay_half_life_days=30.0, mmr_lambda=0.7))
+    both = MemoryIndex(tuned, provider=FakeProvider()).search(SearchRequest("tyres garage", explain=True,
+                                                                            min_score=0.0))["results"]
+    assert all("decay_factor" in r["explain"] and "mmr" in r["explain"] for r in both)
+    assert [r["explain"]["mmr"]["place_after"] for r in both] == list(range(1, len(both) + 1))
