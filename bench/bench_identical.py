@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_robustness import call  # noqa: E402  (the same one-request socket client)
 
 DEBOUNCE = 0.3
 LINE = "the same line again, as a log that repeats itself\n"
@@ -35,17 +38,6 @@ def same_lines(megabytes: float) -> str:
 
 def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("CLAWMEM_")}
-
-
-def call(path: Path, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(300)
-        s.connect(str(path))
-        s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params or {}}).encode() + b"\n")
-        answer = json.loads(s.makefile("rb").readline())
-    if "error" in answer:
-        raise RuntimeError(answer["error"])
-    return dict(answer["result"])
 
 
 def bench_scaling(tmp: Path, megabytes: float, runs: int) -> dict[str, Any]:

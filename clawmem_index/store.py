@@ -350,8 +350,10 @@ class Store:
 
         A text another chunk still holds keeps its vector there instead (None: no chunk is left).
         """
+        if seqs is not None and not seqs:
+            return  # most file syncs drop no chunk: no query for them
         owner = self._vector_owner()
-        if owner is None or (seqs is not None and not seqs):
+        if owner is None:
             return
         # Per text, once: cached if the chunks going are all the chunks holding it (k copies cost O(k log k)).
         among = "" if seqs is None else " WHERE c.seq IN (SELECT value FROM json_each(:seqs))"
