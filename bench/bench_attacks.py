@@ -18,7 +18,10 @@ call on a new connection every 100 ms (connect, ask, read the answer):
 Each attack runs on its own daemon, started on the index a first daemon built; the slow-reader
 attack runs once more on a daemon that builds its own index first (indexing leaves the allocator
 holding more, so that is the worst case). BENCH_DAEMON_ENV='{"NAME": "value"}' adds to the
-daemon's environment (e.g. to try glibc's MALLOC_ARENA_MAX).
+daemon's environment (e.g. to try glibc's MALLOC_ARENA_MAX). `--provider local` runs the daemons
+with the default local model (as a user's daemon runs), `--model-in-process` with it loaded in the
+daemon itself (`embedding.isolate_local = false`) instead of its child process; the model process's
+RSS is reported apart (`model_process_rss_mb`).
 
 Prints one JSON object: per attack the RSS before and at its peak (MB), what the attackers got
 back, and the status latencies (p50/max ms, how many were answered).
@@ -76,10 +79,15 @@ def make_workspace(root: Path) -> Path:
     return ws
 
 
+PROVIDER = {"name": "none", "isolate": True}
+
+
 def spawn(ws: Path, sock: Path, index: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, CLAWMEM_PROVIDER="none", CLAWMEM_LOG_LEVEL="error")
+    env = dict(os.environ, CLAWMEM_PROVIDER=str(PROVIDER["name"]), CLAWMEM_LOG_LEVEL="error")
     env.update(json.loads(os.environ.get("BENCH_DAEMON_ENV", "{}")))
-    (ws / "clawmem.toml").write_text("[daemon]\ndebounce = 0.2\nmax_delay = 1.0\nrescan_interval = 0\n")
+    isolate = "true" if PROVIDER["isolate"] else "false"
+    (ws / "clawmem.toml").write_text("[daemon]\ndebounce = 0.2\nmax_delay = 1.0\nrescan_interval = 0\n"
+                                     f"[embedding]\nisolate_local = {isolate}\n")
     return subprocess.Popen([sys.executable, "-m", "clawmem_index", "serve", "--workspace", str(ws), "--socket",
                              str(sock), "--index", str(index)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -335,6 +343,7 @@ def with_daemon(ws: Path, work: Path, attack: Callable[[int, Path], dict[str, An
         result = {"idle_rss_mb": round(proc_status(proc.pid)["VmRSS"], 1), **attack(proc.pid, sock)}
         result["status_after"] = "answered" if "result" in call_once(sock, "status") else "error"
         result["rss_after_mb"] = round(proc_status(proc.pid)["VmRSS"], 1)
+        result["model_process_rss_mb"] = round(sum(proc_status(child)["VmRSS"] for child in children(proc.pid)), 1)
         result["daemon_alive"] = proc.poll() is None
         return result
     finally:
@@ -346,12 +355,24 @@ def with_daemon(ws: Path, work: Path, attack: Callable[[int, Path], dict[str, An
             proc.wait()
 
 
+def children(pid: int) -> list[int]:
+    """The daemon's child processes (the local model's, when it runs one)."""
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=4.0, help="length of each attack")
     parser.add_argument("--out", type=Path, help="also write the JSON summary here")
+    parser.add_argument("--provider", choices=("none", "local"), default="none",
+                        help="the daemons' embedding provider (local: the default model)")
+    parser.add_argument("--model-in-process", action="store_true",
+                        help="load the local model in the daemon itself (embedding.isolate_local = false)")
     args = parser.parse_args()
+    PROVIDER.update(name=args.provider, isolate=not args.model_in_process)
     results = run(args.seconds)
+    results["provider"] = dict(PROVIDER)
     text = json.dumps(results, indent=2)
     print(text)
     if args.out:

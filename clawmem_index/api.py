@@ -201,7 +201,7 @@ class Client:
             differs.append(f"its index is {status.get('index_path')}, not {self._settings.index_path}")
         wanted = self._asked_for["provider"]
         serving = str(status.get("configured_provider") or "")  # "provider/model", or "none"
-        if wanted and serving.split("/")[0] != wanted:
+        if wanted and serving and serving.split("/")[0] != wanted:  # "" from an older daemon: not known
             differs.append(f"it uses provider {serving}, not {wanted}")
         if differs:
             pid = (status.get("daemon") or {}).get("pid")

@@ -64,6 +64,7 @@ class EmbeddingSettings:
     timeout: float = 60.0
     cache_max_entries: int = 50_000
     threads: int = 0
+    isolate_local: bool = True  # the daemon runs a local model in a child process (embeddings.isolated)
     concurrency: int = 4  # remote requests in flight at once
 
     def validate(self) -> None:

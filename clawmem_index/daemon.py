@@ -360,7 +360,7 @@ class Daemon:
     def _new_index(self, settings: Settings) -> MemoryIndex:
         provider = {} if self._provider is _UNSET else {"provider": self._provider}
         return MemoryIndex(settings, pending_files=self._pending_files, files_on_disk=self._files_on_disk,
-                           **provider)
+                           isolate_local_model=settings.embedding.isolate_local, **provider)
 
     def _pending_files(self) -> int:
         """Files changed since the last sync, from what the watcher and the writer know.

@@ -62,8 +62,12 @@ _REPORTED_PROBLEMS = 20  # per sync, kept in meta for `status`
 class MemoryIndex:
     def __init__(self, settings: Settings, *, provider: EmbeddingProvider | None = _UNRESOLVED,
                  lock_timeout: float = 30.0, pending_files: Callable[[], int] | None = None,
-                 files_on_disk: Callable[[], int] | None = None, read_only: bool = False) -> None:
+                 files_on_disk: Callable[[], int] | None = None, read_only: bool = False,
+                 isolate_local_model: bool = False) -> None:
         """`pending_files` and `files_on_disk` are answered by a watcher without a scan (the daemon's).
+
+        `isolate_local_model`: a local model runs in a child process (the daemon's, when
+        `embedding.isolate_local` is on), so its memory and any native crash stay out of this one.
 
         `read_only`: a query client's index (clawmem_index.api): its connections cannot write, and sync and
         reindex are refused, so a reader beside the daemon never becomes a second writer.
@@ -72,6 +76,7 @@ class MemoryIndex:
         self.read_only = read_only
         self._pending_files = pending_files
         self._files_on_disk = files_on_disk
+        self.isolate_local_model = isolate_local_model
         self.path = settings.index_path
         self.lock_timeout = lock_timeout
         self._provider = provider
@@ -104,7 +109,8 @@ class MemoryIndex:
         except ImportError:
             self._provider, self.provider_note = None, "embedding providers are not installed: keyword search only"
             return
-        resolved = resolve_provider(self.settings.embedding, cache_dir=self.settings.cache_dir)
+        resolved = resolve_provider(self.settings.embedding, cache_dir=self.settings.cache_dir,
+                                    isolate_local=self.isolate_local_model)
         self._provider = resolved.provider
         self.provider_note = resolved.reason
         self.fallback_used = resolved.fallback_used
@@ -153,6 +159,9 @@ class MemoryIndex:
                     store.close()
             self._stores.clear()
         self._local = threading.local()
+        provider = self._provider if self._provider is not _UNRESOLVED else None
+        if self.isolate_local_model and hasattr(provider, "close"):
+            provider.close()  # type: ignore[union-attr]  # ends a child model process
 
     @contextlib.contextmanager
     def write_lock(self) -> Iterator[None]:
@@ -538,6 +547,7 @@ class MemoryIndex:
         if not self.path.exists():
             on_disk = self._files_on_disk() if self._files_on_disk else self.disk_state(None)[0]
             data.update(files_on_disk=on_disk, files_indexed=0, chunks_indexed=0, fresh=False,
+                        configured_provider=self._provider_state({})[0],
                         stale_reasons=["no index yet: run `clawmem index` (or start `clawmem serve`)"])
             return data
         store = self.reader()

@@ -178,3 +178,11 @@ def test_what_a_sync_left_out_is_counted_in_status(settings: Settings, write: An
     assert sorted(status["last_sync_problems"]) == ["memory/link.md: symlink, not followed",
                                                     "memory/pipe.md: not a regular file (FIFO)"]
     index.close()
+
+
+def test_status_names_the_configured_provider_before_the_first_build(settings: Settings, write: Any) -> None:
+    """A client compares it with the provider it asks for: unnamed, it would bypass a daemon still building."""
+    write("memory/a.md", "# A\nalpha\n")
+    status = MemoryIndex(settings, provider=FakeProvider(dims=8)).status()
+    assert status["index_exists"] is False
+    assert status["configured_provider"] == f"fake/{FakeProvider(dims=8).info.model}"

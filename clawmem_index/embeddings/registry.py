@@ -20,6 +20,7 @@ without importing the SDK, so `auto` pays nothing for looking.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -93,16 +94,21 @@ class NotInstalled(Unavailable):
 
 
 def resolve_provider(settings: EmbeddingSettings, *, cache_dir: Path,
-                     environ: Mapping[str, str] = os.environ) -> ResolvedProvider:
+                     environ: Mapping[str, str] = os.environ, isolate_local: bool = False) -> ResolvedProvider:
+    """The provider the settings ask for, or their fallback, with the reason it was chosen.
+
+    `isolate_local`: run a local model in a child process (the daemon's choice, see `isolated`).
+    """
     requested = settings.provider
     hide = _secrets(settings, environ)
     if requested == "none":
         return ResolvedProvider(None, requested, False, "embedding provider is 'none': keyword search only")
     if requested == "auto":
-        chosen, why = _auto(settings, cache_dir, environ, skip=())
+        chosen, why = _auto(settings, cache_dir, environ, skip=(), isolate_local=isolate_local)
         return ResolvedProvider(chosen, requested, False, redact(why, hide))
     try:
-        chosen = create_provider(requested, settings, cache_dir=cache_dir, environ=environ)
+        chosen = create_provider(requested, settings, cache_dir=cache_dir, environ=environ,
+                                 isolate_local=isolate_local)
         return ResolvedProvider(chosen, requested, False, f"{requested} requested")
     except Unavailable as exc:
         failure = str(exc)
@@ -113,13 +119,14 @@ def resolve_provider(settings: EmbeddingSettings, *, cache_dir: Path,
     if fallback not in ("", requested):
         spare = _without_connection(settings)
         if fallback == "auto":
-            chosen, why = _auto(spare, cache_dir, environ, skip=(requested,))
+            chosen, why = _auto(spare, cache_dir, environ, skip=(requested,), isolate_local=isolate_local)
             if chosen is not None:
                 return ResolvedProvider(chosen, requested, True, redact(f"{failure}; fallback {why}", hide))
             failure = f"{failure}; fallback auto found no other provider"
         else:
             try:
-                chosen = create_provider(fallback, spare, cache_dir=cache_dir, environ=environ)
+                chosen = create_provider(fallback, spare, cache_dir=cache_dir, environ=environ,
+                                         isolate_local=isolate_local)
                 return ResolvedProvider(chosen, requested, True, redact(f"{failure}; using fallback {fallback}", hide))
             except Unavailable as exc:
                 failure = f"{failure}; fallback {fallback} unavailable too: {exc}"
@@ -128,14 +135,14 @@ def resolve_provider(settings: EmbeddingSettings, *, cache_dir: Path,
 
 
 def create_provider(name: str, settings: EmbeddingSettings, *, cache_dir: Path,
-                    environ: Mapping[str, str] = os.environ) -> EmbeddingProvider:
+                    environ: Mapping[str, str] = os.environ, isolate_local: bool = False) -> EmbeddingProvider:
     """Build provider `name` from `settings`; raises Unavailable when it cannot be had here.
 
     An SDK that is not installed is found before anything else (NotInstalled, naming the extra); one
     that is installed but fails to import (a broken dependency) is named with the extra to reinstall.
     """
     if name == "local":
-        return _create_local(settings, cache_dir, allow_download=True)
+        return _create_local(settings, cache_dir, allow_download=True, isolate=isolate_local)
     if name not in REMOTE_PROVIDERS:
         raise Unavailable(f"{name}: not an embedding provider")
     _require_sdk(name)
@@ -149,13 +156,14 @@ def create_provider(name: str, settings: EmbeddingSettings, *, cache_dir: Path,
 
 
 def _auto(settings: EmbeddingSettings, cache_dir: Path, environ: Mapping[str, str],
-          skip: Iterable[str]) -> tuple[EmbeddingProvider | None, str]:
+          skip: Iterable[str], isolate_local: bool = False) -> tuple[EmbeddingProvider | None, str]:
     """The first provider `auto` can create, with a reason; (None, why there is none) when there is none."""
     skipped = set(skip)
     local_missing = ""
     if "local" not in skipped:
         try:
-            return _create_local(settings, cache_dir, allow_download=False), "auto: local model available"
+            return (_create_local(settings, cache_dir, allow_download=False, isolate=isolate_local),
+                    "auto: local model available")
         except NotInstalled as exc:
             local_missing = str(exc)
         except Unavailable:
@@ -181,7 +189,8 @@ def _auto(settings: EmbeddingSettings, cache_dir: Path, environ: Mapping[str, st
     return None, _nothing_found(local_missing or "no local model", missing)
 
 
-def _create_local(settings: EmbeddingSettings, cache_dir: Path, *, allow_download: bool) -> EmbeddingProvider:
+def _create_local(settings: EmbeddingSettings, cache_dir: Path, *, allow_download: bool,
+                  isolate: bool = False) -> EmbeddingProvider:
     """The local GGUF provider, converting the default model when needed (no network).
 
     `auto` never downloads (`allow_download=False`): it takes a model that is on disk or can be
@@ -198,6 +207,10 @@ def _create_local(settings: EmbeddingSettings, cache_dir: Path, *, allow_downloa
     try:
         path = models.ensure_local_model(settings, cache_dir, allow_download=allow_download)
         provider: EmbeddingProvider = local.LocalProvider(settings, path)
+        if isolate:
+            isolated = importlib.import_module("clawmem_index.embeddings.isolated")
+            provider = isolated.IsolatedProvider(provider.info, functools.partial(local.LocalProvider, settings, path),
+                                                 preferred_batch=getattr(provider, "preferred_batch", None))
     except Unavailable:
         raise
     except ImportError as exc:

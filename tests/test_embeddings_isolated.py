@@ -1,0 +1,182 @@
+"""The local model in a child process: same vectors, the model's memory outside the daemon, crashes survived."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clawmem_index.config import EmbeddingSettings
+from clawmem_index.embeddings.isolated import IsolatedProvider
+from clawmem_index.embeddings.local import LocalProvider
+from clawmem_index.errors import ProviderError
+from tests.daemon_helpers import CLAWMEM, spawn_daemon, stop_process, wait_listening, wait_until
+
+
+def isolated(model: Path) -> IsolatedProvider:
+    inner = LocalProvider(EmbeddingSettings(), model)
+    return IsolatedProvider(inner.info, functools.partial(LocalProvider, EmbeddingSettings(), model))
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture
+def model(local_provider: LocalProvider) -> Path:
+    return local_provider.model_path
+
+
+def test_the_child_gives_the_vectors_the_model_gives_in_process(model: Path, local_provider: LocalProvider) -> None:
+    provider = isolated(model)
+    try:
+        texts = ["the staging server moved to fra-2", "a second, longer text " * 80]
+        for got, want in zip(provider.embed_documents(texts), local_provider.embed_documents(texts), strict=True):
+            assert got == pytest.approx(want, abs=1e-6)
+        assert provider.embed_query("staging") == pytest.approx(local_provider.embed_query("staging"), abs=1e-6)
+        assert provider.info == local_provider.info
+        assert provider.embed_documents([]) == []
+    finally:
+        provider.close()
+
+
+def test_the_model_is_loaded_in_the_child_not_in_the_caller(model: Path, tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import json, sys
+        from tests.test_embeddings_isolated import isolated
+        from pathlib import Path
+        provider = isolated(Path({str(model)!r}))
+        provider.embed_query("hello")
+        print(json.dumps({{"child": provider.pid, "llama_cpp_here": "llama_cpp" in sys.modules,
+                          "model_mapped_here": {str(model)!r} in open("/proc/self/maps").read()}}))
+        sys.stdout.flush()
+        child_maps = open(f"/proc/{{provider.pid}}/maps").read()
+        print(json.dumps({{"model_mapped_in_child": {str(model)!r} in child_maps}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1], check=True).stdout.splitlines()
+    first, second = json.loads(out[0]), json.loads(out[1])
+    assert first["child"] != os.getpid() and first["child"] is not None
+    assert first["llama_cpp_here"] is False and first["model_mapped_here"] is False
+    assert second["model_mapped_in_child"] is True
+
+
+def test_a_killed_model_process_is_restarted_within_the_call(model: Path) -> None:
+    provider = isolated(model)
+    try:
+        before = provider.embed_query("first")
+        pid = provider.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not alive(pid), message="the model process gone")
+        assert provider.embed_query("first") == pytest.approx(before, abs=1e-6)
+        assert provider.restarts == 1 and provider.pid not in (None, pid)
+    finally:
+        provider.close()
+    assert provider.pid is None
+
+
+def test_a_child_that_dies_at_once_every_time_is_a_provider_error(model: Path) -> None:
+    provider = IsolatedProvider(LocalProvider(EmbeddingSettings(), model).info, functools.partial(os._exit, 3))
+    with pytest.raises(ProviderError, match=r"model process ended \(exit code 3\) twice"):
+        provider.embed_query("x")
+    with pytest.raises(ProviderError):  # and the next call tries again rather than hanging
+        provider.embed_documents(["y"])
+
+
+def test_a_model_that_cannot_load_is_the_providers_own_error(model: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(model.read_bytes()[:4096])
+    provider = IsolatedProvider(LocalProvider(EmbeddingSettings(), model).info,
+                                functools.partial(LocalProvider, EmbeddingSettings(), broken))
+    try:
+        with pytest.raises(ProviderError, match="truncated GGUF header"):
+            provider.embed_query("x")
+        assert provider.pid is not None  # the child reported it and keeps serving
+    finally:
+        provider.close()
+
+
+def test_the_model_process_ends_with_a_killed_caller(model: Path) -> None:
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from tests.test_embeddings_isolated import isolated
+        provider = isolated(Path({str(model)!r}))
+        provider.embed_query("hello")
+        print(provider.pid, flush=True)
+        time.sleep(600)
+    """)
+    caller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert caller.stdout is not None
+        child = int(caller.stdout.readline())
+        assert alive(child)
+        caller.kill()
+        caller.wait(30)
+        wait_until(lambda: not alive(child), timeout=30, message="the model process ended after its caller")
+    finally:
+        stop_process(caller)
+        caller.stdout.close()  # type: ignore[union-attr]
+
+
+def test_the_daemon_runs_the_local_model_in_a_child(model: Path, workspace: Path, tmp_path: Path) -> None:
+    (workspace / "MEMORY.md").write_text("# Memory\n\n- The staging server is fra-2.\n", encoding="utf-8")
+    sock, index = tmp_path / "d.sock", tmp_path / "index.sqlite"
+    proc = spawn_daemon(workspace, sock, index, env={"CLAWMEM_PROVIDER": "local", "CLAWMEM_LOCAL_MODEL": str(model)})
+    try:
+        wait_listening(sock, proc, timeout=60)
+        answer = subprocess.run([*CLAWMEM, "search", "--workspace", str(workspace), "--socket", str(sock),
+                                 "--index", str(index), "--provider", "local", "--json", "--mode", "vector",
+                                 "--min-score", "0", "which staging server"],
+                                capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "CLAWMEM_LOCAL_MODEL": str(model)})
+        assert answer.returncode == 0, answer.stderr
+        assert json.loads(answer.stdout)["results"][0]["path"] == "MEMORY.md"
+        def model_processes() -> list[str]:
+            children = [pid for task in Path(f"/proc/{proc.pid}/task").iterdir()
+                        for pid in (task / "children").read_text().split()]
+            return [pid for pid in children if str(model) in Path(f"/proc/{pid}/maps").read_text()]
+
+        mapped = wait_until(model_processes, timeout=60, message="a child process of the daemon with the model loaded")
+        assert str(model) not in Path(f"/proc/{proc.pid}/maps").read_text()
+    finally:
+        assert stop_process(proc) == 0
+    wait_until(lambda: not any(alive(int(pid)) for pid in mapped), message="the model process ended with the daemon")
+
+
+def test_only_an_isolating_caller_gets_a_child(model: Path) -> None:
+    from clawmem_index.embeddings.registry import resolve_provider
+
+    local = EmbeddingSettings(provider="local", local_model=str(model))
+    assert isinstance(resolve_provider(local, cache_dir=model.parent).provider, LocalProvider)
+    assert isinstance(resolve_provider(local, cache_dir=model.parent, isolate_local=True).provider, IsolatedProvider)
+
+
+def test_a_daemon_index_closes_its_model_process(model: Path, settings: Any) -> None:
+    from dataclasses import replace
+
+    from clawmem_index.engine import MemoryIndex
+
+    on = replace(settings, embedding=replace(settings.embedding, provider="local", local_model=str(model)))
+    index = MemoryIndex(on, isolate_local_model=on.embedding.isolate_local)
+    provider = index.provider
+    assert isinstance(provider, IsolatedProvider)
+    provider.warm()
+    pid = provider.pid
+    assert pid is not None and alive(pid)
+    index.close()
+    assert not alive(pid)
