@@ -93,7 +93,7 @@ def spawn(ws: Path, sock: Path, index: Path) -> subprocess.Popen[bytes]:
                             stderr=subprocess.DEVNULL)
 
 
-def wait_ready(proc: subprocess.Popen[bytes], sock: Path, timeout: float = 60.0) -> None:
+def wait_ready(proc: subprocess.Popen[bytes], sock: Path, timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

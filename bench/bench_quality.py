@@ -1,23 +1,28 @@
-"""Retrieval quality on real data: BEIR SciFact and LoCoMo, for bm25, vector, hybrid weighted and rrf.
+"""Retrieval quality on real data (BEIR SciFact, LoCoMo), per search configuration, with paired bootstrap CIs.
 
-    python bench/bench_quality.py [--sets scifact,locomo] [--modes bm25,vector,weighted,rrf]
-                                  [--model PATH.gguf] [--work DIR] [--out bench/out/quality.json]
+    python bench/bench_quality.py [--sets scifact,locomo] [--configs NAME,...] [--model PATH.gguf]
+                                  [--work DIR] [--out bench/out/quality.json] [--list]
 
 Needs the evaluation data in ../shared/bench (never copied into this repository). Workspaces and
 indexes are written under --work and reused between runs (the index is incremental and the
-embedding cache survives), so a second run costs only the queries.
+embedding cache survives), so a second run costs only the queries; each query's vector is computed
+once and shared by every configuration.
+
+A configuration is a search as a user asks it: a mode, an answer size `n`, and settings (min_score
+included: the defaults unless the configuration says otherwise). `--list` prints them.
 
 SciFact: each document becomes memory/<_id>.md ("# title", blank line, text); a document's score
-is its best chunk's; nDCG@10 and recall@100 over the 300 test queries.
-LoCoMo: each conversation is its own workspace (bench/locomo/locomo_to_workspace.py); a chunk is
-relevant when its line range covers an evidence line; per question: recall@k of evidence lines
-covered by the top k chunks, hit@k, MRR@20; by category and overall.
+is its best chunk's; nDCG@10 over the 300 test queries.
+LoCoMo: each conversation is its own workspace (locomo_to_workspace.py); a chunk is relevant when
+its line range covers an evidence line; per question: recall@6 (evidence lines covered by the
+answer's first 6 results), hit@6, MRR over the answer; by category and overall (1,982 questions).
+Every configuration is compared with `bm25` question by question: the mean difference and its 95%
+interval from 2,000 paired bootstrap resamples, so a one-point change is not mistaken for a gain.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import statistics
@@ -25,9 +30,12 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -36,43 +44,110 @@ sys.path.insert(0, str(ROOT))
 from clawmem_index.config import Settings, load_settings, with_overrides  # noqa: E402
 from clawmem_index.engine import MemoryIndex  # noqa: E402
 from clawmem_index.search import SearchRequest, run_search  # noqa: E402
-from clawmem_index.workspace import file_date  # noqa: E402
-
-MODES = {
-    "bm25": {"mode": "bm25"},
-    "vector": {"mode": "vector"},
-    "weighted": {"mode": "hybrid", "fusion": "weighted"},
-    "rrf": {"mode": "hybrid", "fusion": "rrf"},
-}
 
 
-SEARCH_OVERRIDES: dict[str, Any] = {}
+@dataclass(frozen=True)
+class Config:
+    name: str
+    mode: str = "hybrid"
+    n: int = 6
+    search: dict[str, Any] = field(default_factory=dict)
 
 
-def open_index(workspace: Path, index: Path, model: str | None, mode: str) -> MemoryIndex:
-    provider = "none" if mode == "bm25" else "local"
-    overrides: dict[str, Any] = {"index": str(index), "embedding.provider": provider}
-    if model and provider == "local":
+CONFIGS = [
+    Config("bm25", "bm25", search={"min_score": 0.0}),
+    Config("bm25-default-min", "bm25"),
+    Config("vector", "vector"),
+    Config("hybrid"),
+    Config("hybrid-n20", n=20),
+    Config("hybrid-min0", search={"min_score": 0.0}),
+    Config("hybrid-vw0.5", search={"vector_weight": 0.5, "text_weight": 0.5}),
+    Config("hybrid-vw0.4", search={"vector_weight": 0.4, "text_weight": 0.6}),
+    Config("rrf", search={"fusion": "rrf", "min_score": 0.0}),
+    Config("mmr0.7", search={"mmr_lambda": 0.7}),
+    Config("mmr0.7-n20", n=20, search={"mmr_lambda": 0.7}),
+    Config("decay90", search={"decay_half_life_days": 90}),
+    Config("decay90-n20", n=20, search={"decay_half_life_days": 90}),
+]
+BY_NAME = {c.name: c for c in CONFIGS}
+BASELINE = "bm25"
+
+
+class QueryVectors:
+    """The provider, remembering each query's vector: every configuration asks the same questions."""
+
+    def __init__(self, provider: Any) -> None:
+        self.provider = provider
+        self.info = provider.info
+        self.seen: dict[str, Any] = {}
+
+    def embed_query(self, text: str) -> Any:
+        if text not in self.seen:
+            self.seen[text] = self.provider.embed_query(text)
+        return self.seen[text]
+
+    def embed_documents(self, texts: Sequence[str]) -> Any:
+        return self.provider.embed_documents(texts)
+
+
+def open_index(workspace: Path, index: Path, model: str | None, keyword_only: bool) -> MemoryIndex:
+    overrides: dict[str, Any] = {"index": str(index), "embedding.provider": "none" if keyword_only else "local"}
+    if model and not keyword_only:
         overrides["embedding.local_model"] = model
     settings: Settings = load_settings(workspace=workspace, overrides=overrides, environ={})
-    search = {k: v for k, v in MODES[mode].items() if k != "mode"}
-    settings = with_overrides(settings, search={**search, **SEARCH_OVERRIDES, "min_score": 0.0})
     return MemoryIndex(settings, pending_files=lambda: 0)  # queries timed without the freshness scan
 
 
-def build(workspace: Path, index: Path, model: str | None, mode: str, log: Callable[[str], None]) -> MemoryIndex:
-    memory = open_index(workspace, index, model, mode)
+def build(workspace: Path, index: Path, model: str | None, keyword_only: bool,
+          log: Callable[[str], None]) -> MemoryIndex:
+    memory = open_index(workspace, index, model, keyword_only)
     started = time.perf_counter()
     report = memory.sync()
     if report.changed or report.embedded:
-        log(f"  indexed {workspace.name} ({'keyword' if mode == 'bm25' else 'local'}): {report.added} files, "
+        log(f"  indexed {workspace.name} ({'keyword' if keyword_only else 'local'}): {report.added} files, "
             f"{report.embedded} embedded in {time.perf_counter() - started:.1f}s")
     if report.embed_error:
         raise SystemExit(f"embedding failed: {report.embed_error}")
     return memory
 
 
-# -- SciFact -------------------------------------------------------------------------------------
+class Searcher:
+    """Both indexes of one workspace (keyword-only and hybrid), searched as each configuration says."""
+
+    def __init__(self, workspace: Path, work: Path, stem: str, model: str | None, log: Callable[[str], None]) -> None:
+        self.keyword = build(workspace, work / f"{stem}-bm25.sqlite", model, True, log)
+        self.hybrid = build(workspace, work / f"{stem}-local.sqlite", model, False, log)
+        self.vectors = QueryVectors(self.hybrid.provider)
+        self.latencies: dict[str, list[float]] = defaultdict(list)
+
+    def search(self, config: Config, query: str, n: int | None = None) -> list[dict[str, Any]]:
+        memory = self.keyword if config.mode == "bm25" else self.hybrid
+        settings = with_overrides(memory.settings, search=config.search).search
+        self.vectors.embed_query(query)  # outside the timing: query embedding is excluded
+        started = time.perf_counter()
+        outcome = run_search(memory.reader(), None if config.mode == "bm25" else self.vectors,
+                             SearchRequest(query, max_results=n or config.n, mode=config.mode), settings)
+        self.latencies[config.name].append(time.perf_counter() - started)
+        return [r.as_dict() for r in outcome.results]
+
+    def close(self) -> None:
+        self.keyword.close()
+        self.hybrid.close()
+
+
+# -- statistics ---------------------------------------------------------------------------------
+
+def paired_bootstrap(ours: Sequence[float], theirs: Sequence[float], rounds: int = 2000,
+                     seed: int = 7) -> dict[str, float]:
+    """Mean of ours - theirs over the same questions, with the 2.5 and 97.5 percentiles of resampled means."""
+    diff = np.asarray(ours, dtype=float) - np.asarray(theirs, dtype=float)
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(diff), size=(rounds, len(diff)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"diff": round(float(diff.mean()), 4), "ci95": [round(float(low), 4), round(float(high), 4)]}
+
+
+# -- SciFact ------------------------------------------------------------------------------------
 
 def scifact_workspace(work: Path) -> Path:
     ws = work / "scifact"
@@ -95,8 +170,9 @@ def ndcg_at_10(ranked: list[str], relevant: dict[str, int]) -> float:
     return dcg / idcg if idcg else 0.0
 
 
-def run_scifact(work: Path, modes: list[str], model: str | None, log: Callable[[str], None]) -> dict[str, Any]:
-    ws = scifact_workspace(work)
+def run_scifact(work: Path, configs: list[Config], model: str | None, log: Callable[[str], None]) -> dict[str, Any]:
+    """nDCG@10 of each configuration, asked for 10 results (its own min_score applies)."""
+    searcher = Searcher(scifact_workspace(work), work, "scifact", model, log)
     queries = {}
     with (SHARED / "bench" / "scifact" / "queries.jsonl").open() as fh:
         for line in fh:
@@ -108,30 +184,31 @@ def run_scifact(work: Path, modes: list[str], model: str | None, log: Callable[[
         for line in fh:
             qid, doc, score = line.split()
             qrels[qid][doc] = int(score)
-    results: dict[str, Any] = {}
-    for mode in modes:
-        index_path = work / ("scifact-bm25.sqlite" if mode == "bm25" else "scifact-local.sqlite")
-        memory = build(ws, index_path, model, mode, log)
-        ndcgs, recalls, latencies = [], [], []
+    per_config: dict[str, list[float]] = {}
+    for config in configs:
+        scores = []
         for qid, relevant in qrels.items():
-            started = time.perf_counter()
-            answer = memory.search(SearchRequest(queries[qid], max_results=300, min_score=0.0, mode=MODES[mode]["mode"]))
-            latencies.append(time.perf_counter() - started)
             ranked: list[str] = []
-            for r in answer["results"]:  # type: ignore[union-attr]
+            for r in searcher.search(config, queries[qid], n=max(10, config.n)):
                 doc = Path(r["path"]).stem
                 if doc not in ranked:
                     ranked.append(doc)
-            ndcgs.append(ndcg_at_10(ranked, relevant))
-            recalls.append(len(set(ranked[:100]) & relevant.keys()) / len(relevant))
-        results[mode] = {"ndcg@10": round(statistics.mean(ndcgs), 4), "recall@100": round(statistics.mean(recalls), 4),
-                         "queries": len(ndcgs), "query_ms_median": round(1000 * statistics.median(latencies), 1)}
-        log(f"  scifact {mode}: {results[mode]}")
-        memory.close()
+            scores.append(ndcg_at_10(ranked, relevant))
+        per_config[config.name] = scores
+    results = {}
+    for config in configs:
+        scores = per_config[config.name]
+        row: dict[str, Any] = {"ndcg@10": round(statistics.mean(scores), 4), "queries": len(scores),
+                               "query_ms_p50": round(1000 * statistics.median(searcher.latencies[config.name]), 2)}
+        if BASELINE in per_config and config.name != BASELINE:
+            row["vs_bm25"] = paired_bootstrap(scores, per_config[BASELINE])
+        results[config.name] = row
+        log(f"  scifact {config.name}: {row}")
+    searcher.close()
     return results
 
 
-# -- LoCoMo --------------------------------------------------------------------------------------
+# -- LoCoMo -------------------------------------------------------------------------------------
 
 def locomo_workspaces(work: Path) -> Path:
     out = work / "locomo"
@@ -142,101 +219,86 @@ def locomo_workspaces(work: Path) -> Path:
     return out
 
 
-def evidence_date(q: dict[str, Any]) -> dt.date | None:
-    """The date of the daily file holding a question's first evidence line (the session it happened in)."""
-    days = sorted(file_date(e["file"]) or "" for e in q["expected"])
-    return dt.date.fromisoformat(days[0]) if days and days[0] else None
+def locomo_scores(hits: list[dict[str, Any]], expected: set[tuple[str, int]]) -> dict[str, float]:
+    def covers(r: dict[str, Any], f: str, line: int) -> bool:
+        return bool(r["path"] == f and r["start_line"] <= line <= r["end_line"])
+
+    covered = {(f, line) for (f, line) in expected for r in hits[:6] if covers(r, f, line)}
+    first = next((i for i, r in enumerate(hits, start=1) if any(covers(r, f, line) for f, line in expected)), None)
+    return {"recall@6": len(covered) / len(expected), "hit@6": 1.0 if covered else 0.0,
+            "mrr": 1.0 / first if first else 0.0}
 
 
-def run_locomo(work: Path, modes: list[str], model: str | None, log: Callable[[str], None],
-               half_life: float = 0.0, window: int | None = None) -> dict[str, Any]:
-    """`half_life`: recency decay (days) counted from the conversation's last session; `window`: only
-    temporal questions, each searched within +/- `window` days of its evidence's date (an oracle
-    window: how much a right `since`/`before` helps, not how to find one)."""
+def run_locomo(work: Path, configs: list[Config], model: str | None, log: Callable[[str], None]) -> dict[str, Any]:
     root = locomo_workspaces(work)
     questions = [json.loads(line) for line in (root / "qrels.jsonl").open()]
     questions = [q for q in questions if q["expected"]]
-    if window is not None:
-        questions = [q for q in questions if q["category_name"] == "temporal" and evidence_date(q)]
-    by_ws: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for q in questions:
-        by_ws[q["workspace"]].append(q)
+    by_ws: dict[str, list[int]] = defaultdict(list)
+    for i, q in enumerate(questions):
+        by_ws[q["workspace"]].append(i)
+    # per configuration, per metric: one value per question (in `questions` order)
+    values: dict[str, dict[str, list[float]]] = {c.name: defaultdict(lambda: [0.0] * len(questions)) for c in configs}
+    sizes: dict[str, list[int]] = defaultdict(list)
+    latencies: dict[str, list[float]] = defaultdict(list)
+    for name, indices in sorted(by_ws.items()):
+        searcher = Searcher(root / name, work, f"locomo-{name}", model, log)
+        for config in configs:
+            for i in indices:
+                q = questions[i]
+                hits = searcher.search(config, q["question"])
+                sizes[config.name].append(len(hits))
+                for metric, value in locomo_scores(hits, {(e["file"], e["line"]) for e in q["expected"]}).items():
+                    values[config.name][metric][i] = value
+            latencies[config.name].extend(searcher.latencies.pop(config.name, []))
+        searcher.close()
+    categories = sorted({q["category_name"] for q in questions})
     results: dict[str, Any] = {}
-    for mode in modes:
-        per_cat: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-        for name, qs in sorted(by_ws.items()):
-            index_path = work / f"locomo-{name}-{'bm25' if mode == 'bm25' else 'local'}.sqlite"
-            memory = build(root / name, index_path, model, mode, log)
-            search = with_overrides(memory.settings, search={"decay_half_life_days": half_life}).search
-            last_day = max(filter(None, (file_date(p.name) for p in (root / name / "memory").glob("*.md"))))
-            provider = memory.provider if mode != "bm25" else None
-            for q in qs:
-                bounds: dict[str, str] = {}
-                if window is not None:
-                    day = evidence_date(q)
-                    assert day is not None
-                    bounds = {"since": (day - dt.timedelta(days=window)).isoformat(),
-                              "before": (day + dt.timedelta(days=window + 1)).isoformat()}
-                request = SearchRequest(q["question"], max_results=20, min_score=0.0, mode=MODES[mode]["mode"],
-                                        **bounds)
-                outcome = run_search(memory.reader(), provider, request, search,
-                                     today=dt.date.fromisoformat(last_day))
-                hits = [r.as_dict() for r in outcome.results]
-                expected = {(e["file"], e["line"]) for e in q["expected"]}
-
-                def covered(k: int) -> set[tuple[str, int]]:
-                    return {(f, line) for (f, line) in expected for r in hits[:k]  # type: ignore[index]
-                            if r["path"] == f and r["start_line"] <= line <= r["end_line"]}
-
-                first = next((i for i, r in enumerate(hits, start=1)  # type: ignore[arg-type]
-                              if any(r["path"] == f and r["start_line"] <= line <= r["end_line"]
-                                     for f, line in expected)), None)
-                for cat in (q["category_name"], "overall"):
-                    row = per_cat[cat]
-                    row["recall@6"].append(len(covered(6)) / len(expected))
-                    row["recall@20"].append(len(covered(20)) / len(expected))
-                    row["hit@6"].append(1.0 if covered(6) else 0.0)
-                    row["mrr@20"].append(1.0 / first if first else 0.0)
-            memory.close()
-        results[mode] = {cat: {m: round(statistics.mean(v), 4) for m, v in row.items()} | {"n": len(row["mrr@20"])}
-                         for cat, row in sorted(per_cat.items())}
-        log(f"  locomo {mode}: overall {results[mode]['overall']}")
+    for config in configs:
+        row: dict[str, Any] = {"n": config.n, "mode": config.mode, "search": config.search,
+                               "mean_results": round(statistics.mean(sizes[config.name]), 2),
+                               "query_ms_p50": round(1000 * statistics.median(latencies[config.name]), 2)}
+        for cat in ("overall", *categories):
+            picked = [i for i, q in enumerate(questions) if cat == "overall" or q["category_name"] == cat]
+            cell: dict[str, Any] = {m: round(statistics.mean(v[i] for i in picked), 4)
+                                    for m, v in values[config.name].items()}
+            cell["questions"] = len(picked)
+            if BASELINE in values and config.name != BASELINE:
+                base = values[BASELINE]["recall@6"]
+                cell["recall@6_vs_bm25"] = paired_bootstrap([values[config.name]["recall@6"][i] for i in picked],
+                                                            [base[i] for i in picked])
+            row[cat] = cell
+        results[config.name] = row
+        log(f"  locomo {config.name}: overall {row['overall']}")
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sets", default="scifact,locomo")
-    parser.add_argument("--modes", default="bm25,vector,weighted,rrf")
+    parser.add_argument("--configs", default=",".join(c.name for c in CONFIGS))
     parser.add_argument("--model", default=None,
                         help="GGUF embedding model (default: clawmem's default local model, MiniLM converted to f16)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/clawmem-quality"))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "quality.json")
-    parser.add_argument("--vector-weight", type=float, help="weighted fusion: vector weight (text = 1 - it)")
-    parser.add_argument("--decay", default="0", help="LoCoMo: recency half-lives to compare, days (0: off)")
-    parser.add_argument("--windows", default="", help="LoCoMo temporal questions: +/- days around the evidence")
+    parser.add_argument("--list", action="store_true", help="print the configurations and exit")
     args = parser.parse_args()
-    if args.vector_weight is not None:
-        SEARCH_OVERRIDES.update(vector_weight=args.vector_weight, text_weight=1.0 - args.vector_weight)
+    if args.list:
+        for c in CONFIGS:
+            print(f"{c.name}: mode {c.mode}, n {c.n}, {c.search or 'defaults'}")
+        return
+    configs = [BY_NAME[name] for name in args.configs.split(",")]
+    if BASELINE not in {c.name for c in configs}:
+        configs.insert(0, BY_NAME[BASELINE])
     if not (SHARED / "bench").is_dir():
         raise SystemExit("the evaluation data (../shared/bench) is not beside this project")
     args.work.mkdir(parents=True, exist_ok=True)
-    modes = args.modes.split(",")
-    out: dict[str, Any] = {"model": args.model, "search": SEARCH_OVERRIDES}
+    out: dict[str, Any] = {"model": args.model}
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     for name in args.sets.split(","):
         print(f"{name}:", flush=True)
-        if name == "scifact":
-            out[name] = run_scifact(args.work, modes, args.model, log)
-            continue
-        for half_life in map(float, args.decay.split(",")):
-            key = name if not half_life else f"{name}-decay-{half_life:g}d"
-            out[key] = run_locomo(args.work, modes, args.model, log, half_life=half_life)
-        for window in (int(w) for w in args.windows.split(",") if w):
-            out[f"{name}-temporal-window-{window}d"] = run_locomo(args.work, modes, args.model, log, window=window)
+        out[name] = (run_scifact if name == "scifact" else run_locomo)(args.work, configs, args.model, log)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
-    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

@@ -86,7 +86,9 @@ class SearchSettings:
     mode: str = "hybrid"
     max_results: int = 6
     min_score: float = 0.3
-    candidate_multiplier: int = 4
+    candidate_multiplier: int = 4  # ignored: pools no longer grow with max_results (kept so old configs load)
+    candidate_pool: int = 32  # each side is read this deep first, then deeper until the order is proven
+    candidate_cap: int = 1024  # ... but never deeper than this
     fusion: str = "weighted"
     vector_weight: float = 0.6
     text_weight: float = 0.4
@@ -94,7 +96,10 @@ class SearchSettings:
     snippet_chars: int = 700
     query_timeout: float = 2.0  # seconds a search waits for its query vector before answering keyword-only
     decay_half_life_days: float = 0.0  # 0: off; else dated chunks lose half their score every so many days
+    decay_floor: float = 0.5  # the share of its score the oldest chunk keeps
     mmr_lambda: float = 0.0  # 0: off; else relevance vs diversity (1.0: relevance only)
+    mmr_pool: int = 30  # MMR re-orders this many best results (whatever max_results is)
+    mmr_floor: float = 0.5  # ... of those, only ones with at least this share of the best's relevance
     context_budget: int = 1500  # tokens of a `context` block (about 4 chunks): a prompt's share for memory
 
     def validate(self) -> None:
@@ -103,6 +108,12 @@ class SearchSettings:
         _require(1 <= self.max_results <= 1000, "search.max_results", "must be between 1 and 1000")
         _require(0.0 <= self.min_score <= 1.0, "search.min_score", "must be between 0 and 1")
         _require(self.candidate_multiplier >= 1, "search.candidate_multiplier", "must be >= 1")
+        _require(1 <= self.candidate_pool <= self.candidate_cap, "search.candidate_pool",
+                 "must be >= 1 and <= search.candidate_cap")
+        _require(self.candidate_cap <= 4096, "search.candidate_cap", "must be <= 4096")
+        _require(0.0 <= self.decay_floor < 1.0, "search.decay_floor", "must be >= 0 and < 1")
+        _require(1 <= self.mmr_pool <= 1000, "search.mmr_pool", "must be between 1 and 1000")
+        _require(0.0 <= self.mmr_floor <= 1.0, "search.mmr_floor", "must be between 0 and 1")
         _require(self.vector_weight >= 0 and self.text_weight >= 0 and self.vector_weight + self.text_weight > 0,
                  "search.vector_weight", "weights must be >= 0 and not both 0")
         _require(self.rrf_k >= 1, "search.rrf_k", "must be >= 1")

@@ -7,6 +7,7 @@ row and its FTS row together.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import apsw
@@ -64,3 +65,17 @@ class KeywordIndex:
             " JOIN chunks AS c ON c.seq = f.rowid ORDER BY f.score"
         )
         return [TextHit(*row) for row in self._conn.execute(sql, args)]
+
+    def scores_of(self, match: str, seqs: Iterable[int]) -> dict[int, float]:
+        """The BM25 score `search` would give each of `seqs` (absent: it does not match).
+
+        FTS5's BM25 takes its statistics from the whole table, so a score asked for one row is the
+        one that row gets in any search; a rowid constraint makes FTS5 seek, not scan the matches.
+        """
+        sql = "SELECT bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ? AND rowid = ?"
+        scores: dict[int, float] = {}
+        for seq in seqs:
+            row = self._conn.execute(sql, (match, seq)).fetchone()
+            if row is not None:
+                scores[seq] = float(row[0])
+        return scores

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from clawmem_index.config import SearchSettings
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.errors import ClawmemError, QueryError
 from clawmem_index.keywords import build_match
-from clawmem_index.store import ChunkFilter, Store, TextHit, VectorHit
+from clawmem_index.candidates import Candidate, Sides, gather, read_fixed
+from clawmem_index.store import ChunkFilter, Store
 
-__all__ = ["Candidate", "SearchOutcome", "SearchRequest", "SearchResult", "decay", "fuse_rrf", "fuse_weighted",
-           "iso_date", "mmr", "run_search"]
+__all__ = ["Candidate", "SearchOutcome", "SearchRequest", "SearchResult", "decay_factor", "fuse_rrf", "iso_date",
+           "mmr", "run_search"]
 
 Mode = Literal["hybrid", "bm25", "vector"]
 
@@ -66,66 +67,11 @@ class SearchResult:
 
 
 @dataclass
-class Candidate:
-    seq: int
-    path: str
-    source: str
-    start_line: int
-    end_line: int
-    text: str
-    text_score: float | None = None
-    vector_score: float | None = None
-    score: float = 0.0
-    date: str | None = None
-    text_rank: int | None = None  # place among the keyword candidates (1 = best), None: not among them
-    vector_rank: int | None = None
-    fused: float = 0.0  # the score before decay
-    before_mmr: int = 0  # place before MMR re-ordered the answer
-
-
-@dataclass
 class SearchOutcome:
     results: list[SearchResult]
     mode: str
     degraded: str | None = None
     extra: dict[str, object] = field(default_factory=dict)
-
-
-def text_scores(hits: Sequence[TextHit]) -> list[float]:
-    """BM25 mapped monotonically to 0..1: FTS5 ranks are negative, so -rank is the relevance; divide by the best."""
-    relevance = [max(0.0, -h.bm25) for h in hits]
-    best = max(relevance, default=0.0)
-    if best <= 0.0:
-        return [1.0 for _ in hits]
-    return [r / best for r in relevance]
-
-
-def vector_scores(hits: Sequence[VectorHit]) -> list[float]:
-    """Cosine distance (0..2) to similarity clipped to 0..1."""
-    return [min(1.0, max(0.0, 1.0 - h.distance)) for h in hits]
-
-
-def merge(text_hits: Sequence[TextHit], vector_hits: Sequence[VectorHit]) -> list[Candidate]:
-    by_seq: dict[int, Candidate] = {}
-    for rank, (hit, score) in enumerate(zip(text_hits, text_scores(text_hits), strict=True), start=1):
-        by_seq[hit.seq] = Candidate(hit.seq, hit.path, hit.source, hit.start_line, hit.end_line, hit.text,
-                                    text_score=score, date=hit.date, text_rank=rank)
-    for rank, (hit, score) in enumerate(zip(vector_hits, vector_scores(vector_hits), strict=True), start=1):
-        cand = by_seq.get(hit.seq)
-        if cand is None:
-            cand = by_seq[hit.seq] = Candidate(hit.seq, hit.path, hit.source, hit.start_line, hit.end_line, hit.text,
-                                               date=hit.date)
-        cand.vector_score = score
-        cand.vector_rank = rank
-    return list(by_seq.values())
-
-
-def fuse_weighted(cands: list[Candidate], vector_weight: float, text_weight: float) -> list[Candidate]:
-    total = vector_weight + text_weight
-    vw, tw = vector_weight / total, text_weight / total
-    for c in cands:
-        c.score = vw * (c.vector_score or 0.0) + tw * (c.text_score or 0.0)
-    return sorted(cands, key=lambda c: (-c.score, c.path, c.start_line))
 
 
 def fuse_rrf(cands: list[Candidate], k: int) -> list[Candidate]:
@@ -142,36 +88,51 @@ def fuse_rrf(cands: list[Candidate], k: int) -> list[Candidate]:
     return sorted(cands, key=lambda c: (-c.score, c.path, c.start_line))
 
 
-def decay(cands: list[Candidate], half_life_days: float, today: dt.date) -> list[Candidate]:
-    """Older dated chunks count less: score x 2^(-age / half-life). Undated ones (MEMORY.md) never decay."""
-    for c in cands:
-        if c.date is not None:
-            age = max(0, (today - dt.date.fromisoformat(c.date)).days)
-            c.score *= 0.5 ** (age / half_life_days)
-    return sorted(cands, key=lambda c: (-c.score, c.path, c.start_line))
+def decay_factor(date: str | None, half_life_days: float, reference: dt.date, floor: float) -> float:
+    """How much of its score a chunk keeps for its age: `floor + (1 - floor) x 2^(-age / half-life)`.
+
+    Ages count from `reference` (the newest date in the index, so a memory left alone for a year
+    does not fade as a whole). An undated chunk (MEMORY.md, notes without a date) is current: 1.
+    The floor keeps an old but exactly relevant chunk in reach of newer, vaguer ones.
+    """
+    if date is None:
+        return 1.0
+    try:
+        age = max(0, (reference - dt.date.fromisoformat(date)).days)
+    except ValueError:
+        return 1.0
+    return floor + (1.0 - floor) * 0.5 ** (age / half_life_days)
 
 
 _WORDS = re.compile(r"\w+", re.UNICODE)
 
 
-def mmr(cands: list[Candidate], lam: float, limit: int) -> list[Candidate]:
-    """Maximal marginal relevance: each next pick trades its score against its likeness to the picks so far.
+def mmr(ranked: list[Candidate], lam: float, pool: int, floor: float) -> list[Candidate]:
+    """Maximal marginal relevance over the first `pool` candidates; the rest keep their order after them.
 
-    Likeness is the Jaccard overlap of the chunks' word sets, which needs no vectors (keyword-only
-    indexes too) and is what makes two chunks near-duplicates in an answer.
+    Relevance is each score relative to the best (so `lam` means the same for every query); only a
+    candidate with at least `floor` of the best's relevance can be moved ahead, so diversity never
+    promotes a chunk that barely matches. Likeness is the Jaccard overlap of the chunks' word sets,
+    which needs no vectors (keyword-only indexes too). Each pick updates every candidate's closest
+    likeness once, so the cost is pool x picks set operations. The pool does not depend on how many
+    results are asked for, so neither does the order.
     """
-    words = {c.seq: frozenset(_WORDS.findall(c.text.lower())) for c in cands}
+    if not ranked:
+        return ranked
+    top = ranked[0].score or 1.0
+    head = [c for c in ranked[:pool] if c.score / top >= floor]
+    chosen = {c.seq for c in head}
+    words = {c.seq: frozenset(_WORDS.findall(c.text.lower())) for c in head}
+    closest = {c.seq: 0.0 for c in head}
     picked: list[Candidate] = []
-    left = list(cands)
-    while left and len(picked) < limit:
-        def worth(c: Candidate) -> float:
-            overlap = max((_jaccard(words[c.seq], words[p.seq]) for p in picked), default=0.0)
-            return lam * c.score - (1.0 - lam) * overlap
-
-        best = max(left, key=worth)
+    left = list(head)
+    while left:
+        place = max(range(len(left)), key=lambda i: (lam * left[i].score / top - (1.0 - lam) * closest[left[i].seq], -i))
+        best = left.pop(place)
         picked.append(best)
-        left.remove(best)
-    return picked
+        for c in left:
+            closest[c.seq] = max(closest[c.seq], _jaccard(words[c.seq], words[best.seq]))
+    return picked + [c for c in ranked if c.seq not in chosen]
 
 
 def _explain(c: Candidate, place: int, how: str, settings: SearchSettings) -> dict[str, object]:
@@ -222,9 +183,11 @@ def snippet(text: str, limit: int) -> str:
 
 def run_search(store: Store, provider: EmbeddingProvider | None, request: SearchRequest,
                settings: SearchSettings, *, today: dt.date | None = None) -> SearchOutcome:
-    """Retrieve (within the request's filter) -> fuse -> filter by min_score -> decay -> diversify -> snippets.
+    """Retrieve (within the request's filter) and fuse -> min_score -> decay -> one per citation -> MMR -> snippets.
 
-    `today` is the date recency decay counts ages from (the current date by default).
+    The order does not depend on `max_results` (see clawmem_index.candidates): an answer's first k
+    results are the first k of any larger answer to the same request. `today` is the date recency
+    decay counts ages from (default: the newest date in the index).
     """
     query = request.query.strip() if isinstance(request.query, str) else ""
     if not query:
@@ -236,14 +199,13 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
     if not 1 <= limit <= 1000:
         raise QueryError("max_results must be between 1 and 1000")
     min_score = settings.min_score if request.min_score is None else request.min_score
-    n_candidates = limit * settings.candidate_multiplier
     if request.source not in (None, "memory", "sessions"):
         raise QueryError(f"unknown source {request.source!r}: use memory or sessions")
     where = ChunkFilter(request.path_prefix or None, request.source, iso_date(request.since, "since"),
                         iso_date(request.before, "before"))
 
     degraded: str | None = None
-    vector_hits: list[VectorHit] = []
+    blob: bytes | None = None
     if mode != "bm25":
         if provider is None or not store.vec_table_exists():
             degraded = "no embeddings available: keyword results only"
@@ -252,40 +214,46 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
                 vec = unit(provider.embed_query(query))
             except ClawmemError as exc:
                 vec, degraded = None, f"embedding the query failed ({exc}): keyword results only"
-            if vec is not None:
-                vector_hits = store.vector_search(pack(vec), n_candidates, where)
-        if degraded and mode == "vector":
+            blob = None if vec is None else pack(vec)
+        if blob is None:
             mode = "bm25"
-    text_hits: list[TextHit] = []
-    if mode != "vector":
-        match = build_match(query)
-        if match is not None:
-            text_hits = store.text_search(match, n_candidates, where)
-
-    cands = merge(text_hits, vector_hits)
-    if mode == "bm25" or (mode == "hybrid" and not vector_hits):
-        ranked = sorted(cands, key=lambda c: (-(c.text_score or 0.0), c.path, c.start_line))
-        for c in ranked:
-            c.score = c.text_score or 0.0
-        effective = "bm25"
-    elif mode == "vector":
-        ranked = sorted(cands, key=lambda c: (-(c.vector_score or 0.0), c.path, c.start_line))
-        for c in ranked:
-            c.score = c.vector_score or 0.0
-        effective = "vector"
-    elif settings.fusion == "rrf":
-        ranked, effective = fuse_rrf(cands, settings.rrf_k), "hybrid"
+    match = build_match(query) if mode != "vector" else None
+    vector_blob = blob
+    sides = Sides(
+        text=None if match is None else lambda depth: store.text_search(match, depth, where),
+        vector=None if vector_blob is None else lambda depth: store.vector_search(vector_blob, depth, where),
+        text_of=None if match is None else lambda seqs: store.text_scores_of(match, seqs),
+        vector_of=None if vector_blob is None else lambda seqs: store.vector_distances_of(vector_blob, seqs),
+    )
+    factor = _decay(store, settings, today)
+    want = max(limit, settings.mmr_pool if settings.mmr_lambda else 0)
+    if mode == "hybrid" and settings.fusion == "rrf":
+        cands = fuse_rrf(read_fixed(sides, settings.candidate_pool), settings.rrf_k)
+        for c in cands:
+            c.fused = c.score
+            c.score *= factor(c)
+        effective = "hybrid"
     else:
-        ranked, effective = fuse_weighted(cands, settings.vector_weight, settings.text_weight), "hybrid"
+        total = settings.text_weight + settings.vector_weight
+        weights = {"bm25": (1.0, 0.0), "vector": (0.0, 1.0),
+                   "hybrid": (settings.text_weight / total, settings.vector_weight / total)}[mode]
+        pools = gather(sides, weights=weights, want=want, pool=settings.candidate_pool, cap=settings.candidate_cap,
+                       factor=factor, min_score=min_score)
+        effective = mode
+        if mode == "hybrid" and not any(c.vector_rank for c in pools.candidates):
+            # No vector near enough (none stored yet, or none within the filter): rank as keyword search does.
+            pools = gather(replace(sides, vector=None), weights=(1.0, 0.0), want=want, pool=settings.candidate_pool,
+                           cap=settings.candidate_cap, factor=factor, min_score=min_score)
+            effective = "bm25"
+        cands = pools.candidates
 
-    ranked = _one_per_citation(c for c in ranked if c.score >= min_score)
-    for c in ranked:
-        c.fused = c.score
-    if settings.decay_half_life_days:
-        ranked = decay(ranked, settings.decay_half_life_days, today or dt.date.today())
+    ranked = _one_per_citation(sorted((c for c in cands if c.fused >= min_score),
+                                      key=lambda c: (-c.score, c.path, c.start_line)))
     for place, c in enumerate(ranked, start=1):
         c.before_mmr = place
-    ranked = mmr(ranked, settings.mmr_lambda, limit) if settings.mmr_lambda else ranked[:limit]
+    if settings.mmr_lambda:
+        ranked = mmr(ranked, settings.mmr_lambda, settings.mmr_pool, settings.mmr_floor)
+    ranked = ranked[:limit]
     how = settings.fusion if effective == "hybrid" else effective
     results = [
         SearchResult(c.path, c.start_line, c.end_line, c.score, snippet(c.text, settings.snippet_chars), c.source,
@@ -294,3 +262,14 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         for place, c in enumerate(ranked, start=1)
     ]
     return SearchOutcome(results, effective, degraded)
+
+
+def _decay(store: Store, settings: SearchSettings, today: dt.date | None) -> Callable[[Candidate], float]:
+    """Each candidate's recency factor (1 for all when decay is off)."""
+    if not settings.decay_half_life_days:
+        return lambda c: 1.0
+    if today is None:
+        newest = store.newest_date()
+        today = dt.date.fromisoformat(newest) if newest else dt.date.today()
+    reference, half_life, floor = today, settings.decay_half_life_days, settings.decay_floor
+    return lambda c: decay_factor(c.date, half_life, reference, floor)

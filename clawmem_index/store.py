@@ -240,6 +240,19 @@ class Store:
         """The `limit` chunks nearest by cosine distance (exact distances), nearest first, within `where`."""
         return self.vectors.search(query_blob, limit, where)
 
+    def text_scores_of(self, match: str, seqs: Iterable[int]) -> dict[int, float]:
+        """The BM25 score each of `seqs` gets for `match` in any search (absent: it does not match)."""
+        return self.keywords.scores_of(match, seqs)
+
+    def vector_distances_of(self, query_blob: bytes, seqs: Sequence[int]) -> dict[int, float]:
+        """The cosine distance each of `seqs` (with a vector) gets in any vector search."""
+        return self.vectors.distances_of(query_blob, seqs)
+
+    def newest_date(self) -> str | None:
+        """The latest date a chunk carries (recency decay counts ages from it)."""
+        row = self.conn.execute("SELECT max(date) FROM chunks WHERE date IS NOT NULL").fetchone()
+        return None if row is None or row[0] is None else str(row[0])
+
     def vec_table_exists(self) -> bool:
         """Whether stored vectors can be searched (a schema-1 vec0 table needs sqlite-vec)."""
         return self.vectors.readable()

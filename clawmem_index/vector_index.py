@@ -183,6 +183,21 @@ class VectorIndex:
             return self._ranked(query_blob, limit, where)
         return self._ranked(query_blob, limit, None, among)
 
+    def distances_of(self, query_blob: bytes, seqs: Sequence[int]) -> dict[int, float]:
+        """The cosine distance `search` would give each of `seqs` that has a vector."""
+        layout = self.layout()
+        if not layout.readable or not seqs:
+            return {}
+        rows = self._conn.execute("SELECT rowid, embedding FROM chunks_vec WHERE rowid IN (SELECT value FROM json_each(?))",
+                                  (json.dumps(list(seqs)),)).fetchall()
+        if self.loaded:
+            return {int(seq): float(self._conn.execute("SELECT vec_distance_cosine(?, ?)", (blob, query_blob))
+                                    .fetchone()[0]) for seq, blob in rows}
+        from clawmem_index.embeddings.base import unpack
+
+        query = unpack(query_blob)
+        return {int(seq): 1.0 - sum(a * b for a, b in zip(query, unpack(blob), strict=False)) for seq, blob in rows}
+
     def _candidates(self, query_blob: bytes, want: int, partitions: int) -> list[int] | None:
         """About `want` seqs nearest by hamming distance, an equal share from each partition (None: vec0's k limit)."""
         per_part = -(-want // partitions)

@@ -12,7 +12,7 @@ from clawmem_index.config import Settings, load_settings
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.engine import MemoryIndex
 from clawmem_index.errors import PathError, QueryError
-from clawmem_index.search import Candidate, SearchRequest, fuse_rrf, fuse_weighted, snippet, text_scores
+from clawmem_index.search import Candidate, SearchRequest, fuse_rrf, snippet
 from clawmem_index.store import TextHit
 
 
@@ -155,19 +155,6 @@ def hit(seq: int, bm25: float) -> TextHit:
     return TextHit(seq, f"p{seq}", "memory", 1, 1, "t", bm25)
 
 
-def test_bm25_normalisation_is_monotone_and_not_flat() -> None:
-    scores = text_scores([hit(1, -9.0), hit(2, -3.0), hit(3, -1.5)])
-    assert scores[0] == 1.0 and scores[0] > scores[1] > scores[2] > 0
-
-
-def test_weighted_fusion_uses_normalised_weights() -> None:
-    a = Candidate(1, "a", "memory", 1, 1, "", text_score=1.0, vector_score=0.2)
-    b = Candidate(2, "b", "memory", 1, 1, "", text_score=0.1, vector_score=0.9)
-    ranked = fuse_weighted([a, b], 7, 3)
-    assert [c.seq for c in ranked] == [2, 1]
-    assert ranked[0].score == pytest.approx(0.7 * 0.9 + 0.3 * 0.1)
-
-
 def test_rrf_rewards_agreement_and_scales_to_one() -> None:
     both = Candidate(1, "a", "memory", 1, 1, "", text_score=1.0, vector_score=0.9)
     text_only = Candidate(2, "b", "memory", 1, 1, "", text_score=0.8)
@@ -296,7 +283,12 @@ def test_decay_prefers_the_newer_of_two_equal_notes_and_never_touches_memory_md(
     assert [r.path for r in decayed] == ["MEMORY.md", "memory/2026-11-01.md", "memory/2026-06-01.md"]
     by_path = {r.path: r.score for r in decayed}
     assert by_path["MEMORY.md"] == plain[0].score  # undated: never decays
-    assert by_path["memory/2026-11-01.md"] == pytest.approx(plain[0].score * 0.5 ** (21 / 30))
+    floor = decayed_settings.decay_floor
+    assert by_path["memory/2026-11-01.md"] == pytest.approx(plain[0].score * (floor + (1 - floor) * 0.5 ** (21 / 30)))
+    # By default ages count from the newest date in the index, not from the calendar: a memory left
+    # alone for months does not fade as a whole.
+    newest = run_search(index.reader(), None, request, decayed_settings).results
+    assert {r.path: r.score for r in newest}["memory/2026-11-01.md"] == pytest.approx(plain[0].score)
     index.close()
 
 
@@ -312,8 +304,13 @@ def test_mmr_drops_a_near_duplicate(settings: Settings, write) -> None:
     request = SearchRequest("kiwi rollout plan", mode="bm25", min_score=0.0, max_results=2)
     plain = run_search(index.reader(), None, request, settings.search).results
     assert sorted(r.path for r in plain) == ["memory/a.md", "memory/b.md"]
-    diverse = run_search(index.reader(), None, request, with_overrides(settings, search={"mmr_lambda": 0.5}).search)
+    diverse = run_search(index.reader(), None, request,
+                         with_overrides(settings, search={"mmr_lambda": 0.5, "mmr_floor": 0.0}).search)
     assert [r.path for r in diverse.results] == [plain[0].path, "memory/c.md"]
+    # With a relevance floor, a chunk matching one word of three is never promoted over the duplicate.
+    floored = run_search(index.reader(), None, request,
+                         with_overrides(settings, search={"mmr_lambda": 0.5, "mmr_floor": 0.9}).search)
+    assert [r.path for r in floored.results] == [r.path for r in plain]
     index.close()
 
 
@@ -356,3 +353,60 @@ def test_explain_says_how_each_result_got_its_place(settings: Settings, write) -
                                                                             min_score=0.0))["results"]
     assert all("decay_factor" in r["explain"] and "mmr" in r["explain"] for r in both)
     assert [r["explain"]["mmr"]["place_after"] for r in both] == list(range(1, len(both) + 1))
+
+
+# -- stable ranking -------------------------------------------------------------------------------
+
+VOCAB = ("kiwi mango staging deploy server budget owner dana launch plan rollout cluster fra tokyo "
+         "invoice review sqlite index vector memory alpha beta gamma delta omega").split()
+
+
+@pytest.fixture(scope="module")
+def ranking_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[MemoryIndex, FakeProvider]:
+    """Sixty notes of words drawn from a small vocabulary (so queries match many chunks, by both sides)."""
+    import random
+
+    rng = random.Random(16)
+    ws = tmp_path_factory.mktemp("rankws")
+    (ws / "memory" / "team").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n" + " ".join(rng.choices(VOCAB, k=12)) + "\n")
+    for i in range(60):
+        name = f"memory/2026-{1 + i % 12:02d}-{1 + i % 27:02d}.md" if i % 3 else f"memory/team/note-{i}.md"
+        lines = [" ".join(rng.choices(VOCAB, k=rng.randint(3, 14))) for _ in range(rng.randint(1, 4))]
+        with (ws / name).open("a") as fh:
+            fh.write("\n".join(lines) + "\n")
+    # Synonyms make the sides disagree: a note can be near a query by vector and hold none of its words.
+    provider = FakeProvider(dims=32, synonyms={"mango": "kiwi", "tokyo": "fra", "omega": "alpha",
+                                               "invoice": "budget", "rollout": "launch", "cluster": "server"})
+    index = MemoryIndex(load_settings(workspace=ws, overrides={"index": str(ws.parent / "rank.sqlite")}),
+                        provider=provider)
+    index.sync()
+    return index, provider
+
+
+@hsettings(max_examples=120, deadline=None)
+@given(words=st.lists(st.sampled_from(VOCAB), min_size=1, max_size=4), mode=st.sampled_from(["hybrid", "bm25", "vector"]),
+       fusion=st.sampled_from(["weighted", "rrf"]), pool=st.integers(1, 4), k=st.integers(1, 10),
+       extra=st.integers(1, 30), min_score=st.sampled_from([0.0, 0.2, 0.3]),
+       mmr_lambda=st.sampled_from([0.0, 0.5, 0.7]), decay=st.sampled_from([0.0, 30.0]),
+       prefix=st.sampled_from([None, "memory/", "memory/team/"]), since=st.sampled_from([None, "2026-04-01"]))
+def test_the_first_k_results_are_the_first_k_of_any_larger_answer(
+        ranking_corpus: tuple[MemoryIndex, FakeProvider], words: list[str], mode: str, fusion: str, pool: int,
+        k: int, extra: int, min_score: float, mmr_lambda: float, decay: float, prefix: str | None,
+        since: str | None) -> None:
+    from clawmem_index.config import with_overrides
+    from clawmem_index.search import run_search
+
+    index, provider = ranking_corpus
+    tuned = with_overrides(index.settings, search={
+        "fusion": fusion, "candidate_pool": pool, "mmr_lambda": mmr_lambda, "mmr_pool": 8,
+        "decay_half_life_days": decay}).search
+
+    def first(n: int) -> list[tuple[str, int, float]]:
+        request = SearchRequest(" ".join(words), max_results=n, min_score=min_score, mode=mode, path_prefix=prefix,
+                                since=since)
+        return [(r.path, r.start_line, round(r.score, 9))
+                for r in run_search(index.reader(), provider, request, tuned).results]
+
+    small, large = first(k), first(k + extra)
+    assert large[:k] == small
