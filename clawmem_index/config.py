@@ -100,6 +100,8 @@ class SearchSettings:
     mmr_lambda: float = 0.0  # 0: off; else relevance vs diversity (1.0: relevance only)
     mmr_pool: int = 30  # MMR re-orders this many best results (whatever max_results is)
     mmr_floor: float = 0.5  # ... of those, only ones with at least this share of the best's relevance
+    cache_entries: int = 256  # answers kept for repeated searches (0: off); any index change misses
+    cache_seconds: float = 300.0  # ... and each for at most this long
     context_budget: int = 1500  # tokens of a `context` block (about 4 chunks): a prompt's share for memory
 
     def validate(self) -> None:
@@ -114,6 +116,8 @@ class SearchSettings:
         _require(0.0 <= self.decay_floor < 1.0, "search.decay_floor", "must be >= 0 and < 1")
         _require(1 <= self.mmr_pool <= 1000, "search.mmr_pool", "must be between 1 and 1000")
         _require(0.0 <= self.mmr_floor <= 1.0, "search.mmr_floor", "must be between 0 and 1")
+        _require(0 <= self.cache_entries <= 100_000, "search.cache_entries", "must be between 0 (off) and 100000")
+        _require(self.cache_seconds > 0, "search.cache_seconds", "must be > 0")
         _require(self.vector_weight >= 0 and self.text_weight >= 0 and self.vector_weight + self.text_weight > 0,
                  "search.vector_weight", "weights must be >= 0 and not both 0")
         _require(self.rrf_k >= 1, "search.rrf_k", "must be >= 1")

@@ -44,7 +44,8 @@ from clawmem_index.errors import (
     QueryError,
 )
 from clawmem_index.files import GET_MAX_BYTES, Window, read_window
-from clawmem_index.search import SearchRequest, run_search
+from clawmem_index.query_cache import QueryCache
+from clawmem_index.search import SearchOutcome, SearchRequest, run_search
 from clawmem_index.store import SCHEMA_VERSION, Store, make_private_dirs, make_private_file
 from clawmem_index.sync import Progress, SyncReport, embed_pending, source_scope, sync_workspace
 from clawmem_index.timefmt import iso_time, seconds
@@ -87,6 +88,8 @@ class MemoryIndex:
         self._stores: list[Store] = []
         self._stores_lock = threading.Lock()
         self._provider_lock = threading.Lock()
+        search = settings.search
+        self._answers: QueryCache[SearchOutcome] = QueryCache(search.cache_entries, search.cache_seconds)
 
     # -- provider ---------------------------------------------------------------------------
 
@@ -159,6 +162,7 @@ class MemoryIndex:
                     store.close()
             self._stores.clear()
         self._local = threading.local()
+        self._answers.clear()
         provider = self._provider if self._provider is not _UNRESOLVED else None
         if self.isolate_local_model and hasattr(provider, "close"):
             provider.close()  # type: ignore[union-attr]  # ends a child model process
@@ -379,7 +383,12 @@ class MemoryIndex:
         store = self.reader()
         mode = request.mode or self.settings.search.mode
         provider, note = self._query_provider(store) if mode != "bm25" else (None, None)
-        outcome = run_search(store, provider, request, self.settings.search)
+        key = (store, store.data_version(), request, self.settings.search, provider is None)
+        outcome = self._answers.get(key)
+        if outcome is None:
+            outcome = run_search(store, provider, request, self.settings.search)
+            if outcome.degraded is None:  # a provider that failed this time may answer the next
+                self._answers.put(key, outcome)
         # Whose vectors the index holds (a keyword-only answer from an index with vectors says so too).
         built = json.loads(store.get_meta("fingerprint") or "{}")
         answer: dict[str, object] = {

@@ -248,6 +248,10 @@ class Store:
         """The cosine distance each of `seqs` (with a vector) gets in any vector search."""
         return self.vectors.distances_of(query_blob, seqs)
 
+    def data_version(self) -> int:
+        """Changes whenever another connection commits to the index (SQLite's own counter, per connection)."""
+        return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
+
     def newest_date(self) -> str | None:
         """The latest date a chunk carries (recency decay counts ages from it)."""
         row = self.conn.execute("SELECT max(date) FROM chunks WHERE date IS NOT NULL").fetchone()
