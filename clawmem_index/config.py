@@ -100,6 +100,7 @@ class SearchSettings:
     mmr_lambda: float = 0.0  # 0: off; else relevance vs diversity (1.0: relevance only)
     mmr_pool: int = 30  # MMR re-orders this many best results (whatever max_results is)
     mmr_floor: float = 0.5  # ... of those, only ones with at least this share of the best's relevance
+    prefix_fallback: bool = True  # when nothing passes min_score, search the beginnings of the query's words
     cache_entries: int = 256  # answers kept for repeated searches (0: off); any index change misses
     cache_seconds: float = 300.0  # ... and each for at most this long
     context_budget: int = 1500  # tokens of a `context` block (about 4 chunks): a prompt's share for memory

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["build_match", "index_text", "query_terms"]
+__all__ = ["build_match", "build_prefix_match", "index_text", "query_terms"]
 
 _CJK = (
     "\u3040-\u30ff"  # hiragana, katakana
@@ -70,3 +70,24 @@ def build_match(query: str) -> str | None:
     if not terms:
         return None
     return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
+
+
+PREFIX_SHARE = 0.6  # of a word's letters kept as its prefix: "stagng" -> stag*, "a828e60" -> a828*
+MIN_PREFIX = 3
+
+
+def build_prefix_match(query: str) -> str | None:
+    """An FTS5 expression matching the beginnings of the query's words (None: no word long enough).
+
+    The fallback when nothing matches the words as typed: a typo past the first letters, or the
+    start of an identifier, still finds the chunks holding the word it begins.
+    """
+    prefixes: dict[str, None] = {}
+    for term in query_terms(query):
+        if " " in term or len(term) < MIN_PREFIX:
+            continue  # CJK pairs are matched as typed
+        keep = max(MIN_PREFIX, -(-len(term) * 6 // 10))
+        prefixes.setdefault(term[:keep], None)
+    if not prefixes:
+        return None
+    return " OR ".join('"' + prefix.replace('"', '""') + '"*' for prefix in prefixes)

@@ -15,7 +15,7 @@ from typing import Literal
 from clawmem_index.config import SearchSettings
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.errors import ClawmemError, QueryError
-from clawmem_index.keywords import build_match
+from clawmem_index.keywords import build_match, build_prefix_match
 from clawmem_index.candidates import Candidate, Sides, gather, read_fixed
 from clawmem_index.store import ChunkFilter, Store
 
@@ -149,6 +149,12 @@ def _explain(c: Candidate, place: int, how: str, settings: SearchSettings) -> di
     return data
 
 
+def _passing(cands: Iterable[Candidate], min_score: float) -> list[Candidate]:
+    """Best first, those whose fused score reaches `min_score`, one per citation."""
+    return _one_per_citation(sorted((c for c in cands if c.fused >= min_score),
+                                    key=lambda c: (-c.score, c.path, c.start_line)))
+
+
 def _one_per_citation(ranked: Iterable[Candidate]) -> list[Candidate]:
     """The best candidate of each (path, start_line, end_line): the pieces of one long line share a
     citation, and an answer that cites the same lines twice wastes a place on a repeat."""
@@ -247,14 +253,21 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
             effective = "bm25"
         cands = pools.candidates
 
-    ranked = _one_per_citation(sorted((c for c in cands if c.fused >= min_score),
-                                      key=lambda c: (-c.score, c.path, c.start_line)))
+    ranked = _passing(cands, min_score)
+    if not ranked and settings.prefix_fallback:
+        prefix = build_prefix_match(query)
+        if prefix is not None:
+            pools = gather(Sides(text=lambda depth: store.text_search(prefix, depth, where)), weights=(1.0, 0.0),
+                           want=want, pool=settings.candidate_pool, cap=settings.candidate_cap, factor=factor,
+                           min_score=min_score)
+            ranked = _passing(pools.candidates, min_score)
+            effective = "prefix" if ranked else effective
     for place, c in enumerate(ranked, start=1):
         c.before_mmr = place
     if settings.mmr_lambda:
         ranked = mmr(ranked, settings.mmr_lambda, settings.mmr_pool, settings.mmr_floor)
     ranked = ranked[:limit]
-    how = settings.fusion if effective == "hybrid" else effective
+    how = settings.fusion if effective == "hybrid" else effective  # "prefix": the fallback on word beginnings
     results = [
         SearchResult(c.path, c.start_line, c.end_line, c.score, snippet(c.text, settings.snippet_chars), c.source,
                      c.vector_score, c.text_score,

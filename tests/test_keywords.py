@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawmem_index.keywords import build_match, index_text, query_terms
+from clawmem_index.keywords import build_match, build_prefix_match, index_text, query_terms
 
 
 @pytest.fixture(scope="module")
@@ -20,9 +20,9 @@ def fts() -> apsw.Connection:
 @settings(max_examples=400, deadline=None)
 @given(st.text(st.characters(exclude_categories=("Cs",)), max_size=200))
 def test_no_user_text_can_break_the_fts5_query(fts: apsw.Connection, query: str) -> None:
-    match = build_match(query)
-    if match is not None:
-        fts.execute("SELECT rowid FROM t WHERE t MATCH ? ORDER BY rank", (match,)).fetchall()
+    for match in (build_match(query), build_prefix_match(query)):
+        if match is not None:
+            fts.execute("SELECT rowid FROM t WHERE t MATCH ? ORDER BY rank", (match,)).fetchall()
 
 
 @pytest.mark.parametrize("query", ['"', "AND OR NOT", "NEAR(a b)", "col:value", "a*", "^start", "(((", "-x", "a + b",
@@ -64,3 +64,26 @@ def test_exact_ids_are_found(fts: apsw.Connection) -> None:
 def test_index_text_leaves_latin_text_alone() -> None:
     assert index_text("plain text") == "plain text"
     assert index_text("记忆abc") == " 记 忆 abc"
+
+
+@pytest.mark.parametrize("query, expected", [
+    ("stagng", '"stag"*'),
+    ("a828e60 deploy", '"a828e"* OR "depl"*'),
+    ("the ab", None),  # "ab" is shorter than a prefix; "the" is a stop-word dropped beside it
+    ("the", '"the"*'),
+    ("記憶", None),
+    ('quo"te', '"quo"*'),
+])
+def test_prefix_match_keeps_the_start_of_each_word(query: str, expected: str | None) -> None:
+    assert build_prefix_match(query) == expected
+
+
+def test_a_prefix_finds_the_word_a_typo_or_a_partial_id_begins(fts: apsw.Connection) -> None:
+    def found(query: str) -> list[int]:
+        match = build_prefix_match(query)
+        assert match is not None
+        return [row[0] for row in fts.execute("SELECT rowid FROM t WHERE t MATCH ?", (match,))]
+
+    assert found("deplyo") == [1]
+    assert found("a828e") == [4]
+    assert search(fts, "deplyo") == [] and search(fts, "a828e") == []

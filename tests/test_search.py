@@ -410,3 +410,21 @@ def test_the_first_k_results_are_the_first_k_of_any_larger_answer(
 
     small, large = first(k), first(k + extra)
     assert large[:k] == small
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "bm25"])
+def test_when_nothing_matches_the_beginnings_of_the_words_are_searched(settings: Settings, write, mode: str) -> None:
+    from clawmem_index.config import with_overrides
+
+    write("memory/a.md", "# Deploys\nthe staging server is fra-2, commit a828e60\n")
+    write("memory/b.md", "# Other\nlunch options near the office\n")
+    index = MemoryIndex(settings, provider=FakeProvider(dims=512))
+    index.sync()
+    for typo in ("stagng", "a828e"):
+        answer = index.search(SearchRequest(typo, mode=mode))
+        assert answer["mode"] == "prefix" and [r["path"] for r in answer["results"]] == ["memory/a.md"]  # type: ignore[index]
+    assert index.search(SearchRequest("staging", mode=mode))["mode"] == mode  # found as typed: no fallback
+    off = MemoryIndex(with_overrides(settings, search={"prefix_fallback": False}), provider=FakeProvider(dims=512))
+    assert off.search(SearchRequest("stagng", mode=mode))["results"] == []
+    index.close()
+    off.close()
