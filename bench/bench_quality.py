@@ -29,7 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +68,9 @@ CONFIGS = [
     Config("mmr0.7-n20", n=20, search={"mmr_lambda": 0.7}),
     Config("decay90", search={"decay_half_life_days": 90}),
     Config("decay90-n20", n=20, search={"decay_half_life_days": 90}),
+    Config("early2", search={"early_return_ratio": 2.0}),
+    Config("early3", search={"early_return_ratio": 3.0}),
+    Config("no-prefix", search={"prefix_fallback": False}),
 ]
 BY_NAME = {c.name: c for c in CONFIGS}
 BASELINE = "bm25"
@@ -119,6 +122,7 @@ class Searcher:
         self.hybrid = build(workspace, work / f"{stem}-local.sqlite", model, False, log)
         self.vectors = QueryVectors(self.hybrid.provider)
         self.latencies: dict[str, list[float]] = defaultdict(list)
+        self.modes: dict[str, Counter[str]] = defaultdict(Counter)  # the answers' modes (bm25: an early return)
 
     def search(self, config: Config, query: str, n: int | None = None) -> list[dict[str, Any]]:
         memory = self.keyword if config.mode == "bm25" else self.hybrid
@@ -128,6 +132,7 @@ class Searcher:
         outcome = run_search(memory.reader(), None if config.mode == "bm25" else self.vectors,
                              SearchRequest(query, max_results=n or config.n, mode=config.mode), settings)
         self.latencies[config.name].append(time.perf_counter() - started)
+        self.modes[config.name][outcome.mode] += 1
         return [r.as_dict() for r in outcome.results]
 
     def close(self) -> None:
@@ -199,7 +204,8 @@ def run_scifact(work: Path, configs: list[Config], model: str | None, log: Calla
     for config in configs:
         scores = per_config[config.name]
         row: dict[str, Any] = {"ndcg@10": round(statistics.mean(scores), 4), "queries": len(scores),
-                               "query_ms_p50": round(1000 * statistics.median(searcher.latencies[config.name]), 2)}
+                               "query_ms_p50": round(1000 * statistics.median(searcher.latencies[config.name]), 2),
+                               "answer_modes": dict(searcher.modes[config.name])}
         if BASELINE in per_config and config.name != BASELINE:
             row["vs_bm25"] = paired_bootstrap(scores, per_config[BASELINE])
         results[config.name] = row
@@ -240,6 +246,7 @@ def run_locomo(work: Path, configs: list[Config], model: str | None, log: Callab
     values: dict[str, dict[str, list[float]]] = {c.name: defaultdict(lambda: [0.0] * len(questions)) for c in configs}
     sizes: dict[str, list[int]] = defaultdict(list)
     latencies: dict[str, list[float]] = defaultdict(list)
+    modes: dict[str, Counter[str]] = defaultdict(Counter)
     for name, indices in sorted(by_ws.items()):
         searcher = Searcher(root / name, work, f"locomo-{name}", model, log)
         for config in configs:
@@ -250,13 +257,15 @@ def run_locomo(work: Path, configs: list[Config], model: str | None, log: Callab
                 for metric, value in locomo_scores(hits, {(e["file"], e["line"]) for e in q["expected"]}).items():
                     values[config.name][metric][i] = value
             latencies[config.name].extend(searcher.latencies.pop(config.name, []))
+            modes[config.name].update(searcher.modes.pop(config.name, Counter()))
         searcher.close()
     categories = sorted({q["category_name"] for q in questions})
     results: dict[str, Any] = {}
     for config in configs:
         row: dict[str, Any] = {"n": config.n, "mode": config.mode, "search": config.search,
                                "mean_results": round(statistics.mean(sizes[config.name]), 2),
-                               "query_ms_p50": round(1000 * statistics.median(latencies[config.name]), 2)}
+                               "query_ms_p50": round(1000 * statistics.median(latencies[config.name]), 2),
+                               "answer_modes": dict(modes[config.name])}
         for cat in ("overall", *categories):
             picked = [i for i, q in enumerate(questions) if cat == "overall" or q["category_name"] == cat]
             cell: dict[str, Any] = {m: round(statistics.mean(v[i] for i in picked), 4)

@@ -100,6 +100,7 @@ class SearchSettings:
     mmr_lambda: float = 0.0  # 0: off; else relevance vs diversity (1.0: relevance only)
     mmr_pool: int = 30  # MMR re-orders this many best results (whatever max_results is)
     mmr_floor: float = 0.5  # ... of those, only ones with at least this share of the best's relevance
+    early_return_ratio: float = 0.0  # 0: off; else skip the query vector when the best keyword match leads by this
     prefix_fallback: bool = True  # when nothing passes min_score, search the beginnings of the query's words
     cache_entries: int = 256  # answers kept for repeated searches (0: off); any index change misses
     cache_seconds: float = 300.0  # ... and each for at most this long
@@ -119,6 +120,8 @@ class SearchSettings:
         _require(0.0 <= self.mmr_floor <= 1.0, "search.mmr_floor", "must be between 0 and 1")
         _require(0 <= self.cache_entries <= 100_000, "search.cache_entries", "must be between 0 (off) and 100000")
         _require(self.cache_seconds > 0, "search.cache_seconds", "must be > 0")
+        _require(self.early_return_ratio == 0 or self.early_return_ratio >= 1, "search.early_return_ratio",
+                 "must be 0 (off) or >= 1")
         _require(self.vector_weight >= 0 and self.text_weight >= 0 and self.vector_weight + self.text_weight > 0,
                  "search.vector_weight", "weights must be >= 0 and not both 0")
         _require(self.rrf_k >= 1, "search.rrf_k", "must be >= 1")

@@ -212,6 +212,9 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
 
     degraded: str | None = None
     blob: bytes | None = None
+    if mode == "hybrid" and settings.early_return_ratio and _keywords_decide(store, query, where,
+                                                                            settings.early_return_ratio):
+        mode = "bm25"
     if mode != "bm25":
         if provider is None or not store.vec_table_exists():
             degraded = "no embeddings available: keyword results only"
@@ -275,6 +278,18 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         for place, c in enumerate(ranked, start=1)
     ]
     return SearchOutcome(results, effective, degraded)
+
+
+def _keywords_decide(store: Store, query: str, where: ChunkFilter, ratio: float) -> bool:
+    """Whether the best keyword match leads the next by `ratio` (or is the only one): then the query
+    is not embedded and the answer is keyword-only (an exact id or a rare name needs no meaning)."""
+    match = build_match(query)
+    if match is None:
+        return False
+    top = store.text_search(match, 2, where)
+    if not top:
+        return False
+    return len(top) == 1 or -top[0].bm25 >= ratio * max(0.0, -top[1].bm25)
 
 
 def _decay(store: Store, settings: SearchSettings, today: dt.date | None) -> Callable[[Candidate], float]:

@@ -428,3 +428,23 @@ def test_when_nothing_matches_the_beginnings_of_the_words_are_searched(settings:
     assert off.search(SearchRequest("stagng", mode=mode))["results"] == []
     index.close()
     off.close()
+
+
+def test_an_early_return_skips_the_query_vector_only_when_keywords_decide(settings: Settings, write) -> None:
+    from clawmem_index.config import with_overrides
+
+    write("memory/a.md", "# Deploys\ncommit a828e60 fixed the staging deploy\n")
+    write("memory/b.md", "# Deploys\nthe staging deploy failed twice\n")
+    provider = FakeProvider(dims=64)
+    index = MemoryIndex(with_overrides(settings, search={"early_return_ratio": 2.0, "cache_entries": 0}),
+                        provider=provider)
+    index.sync()
+    answer = index.search(SearchRequest("a828e60"))
+    assert answer["mode"] == "bm25" and provider.query_calls == 0
+    assert [r["path"] for r in answer["results"]] == ["memory/a.md"]  # type: ignore[index]
+    assert index.search(SearchRequest("staging deploy"))["mode"] == "hybrid"  # two close matches: embedded
+    assert provider.query_calls == 1
+    plain = MemoryIndex(with_overrides(settings, search={"cache_entries": 0}), provider=provider)
+    assert plain.search(SearchRequest("a828e60"))["mode"] == "hybrid"  # off by default
+    index.close()
+    plain.close()
