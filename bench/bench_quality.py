@@ -1,6 +1,6 @@
 """Retrieval quality on real data (BEIR SciFact, LoCoMo), per search configuration, with paired bootstrap CIs.
 
-    python bench/bench_quality.py [--sets scifact,locomo] [--configs NAME,...] [--model PATH.gguf]
+    python bench/bench_quality.py [--sets scifact,locomo,locomo-typos,locomo-partial] [--configs NAME,...] [--model PATH.gguf]
                                   [--work DIR] [--out bench/out/quality.json] [--list]
 
 Needs the evaluation data in ../shared/bench (never copied into this repository). Workspaces and
@@ -18,6 +18,9 @@ its line range covers an evidence line; per question: recall@6 (evidence lines c
 answer's first 6 results), hit@6, MRR over the answer; by category and overall (1,982 questions).
 Every configuration is compared with `bm25` question by question: the mean difference and its 95%
 interval from 2,000 paired bootstrap resamples, so a one-point change is not mistaken for a gain.
+locomo-typos / locomo-partial: the same questions asked as their two longest content words, both
+misspelled (two letters past the middle swapped), or as the first half of the longest one: for the
+prefix fallback (compare `hybrid` with `no-prefix`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from clawmem_index.config import Settings, load_settings, with_overrides  # noqa: E402
 from clawmem_index.engine import MemoryIndex  # noqa: E402
+from clawmem_index.keywords import query_terms  # noqa: E402
 from clawmem_index.search import SearchRequest, run_search  # noqa: E402
 
 
@@ -235,10 +239,36 @@ def locomo_scores(hits: list[dict[str, Any]], expected: set[tuple[str, int]]) ->
             "mrr": 1.0 / first if first else 0.0}
 
 
-def run_locomo(work: Path, configs: list[Config], model: str | None, log: Callable[[str], None]) -> dict[str, Any]:
+def misspell(word: str) -> str:
+    """A typo past the first letters: the two letters after the middle swapped (or the last one dropped)."""
+    i = len(word) // 2
+    return word[:i] + word[i + 1] + word[i] + word[i + 2:] if i + 1 < len(word) and word[i] != word[i + 1] \
+        else word[:-1]
+
+
+def typo_query(question: str) -> str | None:
+    """The question's two longest content words, both misspelled (None: fewer than two of 5+ letters)."""
+    words = sorted((w for w in query_terms(question) if w.isalpha() and len(w) >= 5), key=len, reverse=True)[:2]
+    return " ".join(misspell(w) for w in words) if len(words) == 2 else None
+
+
+def partial_query(question: str) -> str | None:
+    """The start of the question's longest content word (about half of it), as typed by someone unsure."""
+    words = sorted((w for w in query_terms(question) if w.isalpha() and len(w) >= 7), key=len, reverse=True)
+    return words[0][: len(words[0]) // 2 + 1] if words else None
+
+
+TRANSFORMS: dict[str, Callable[[str], str | None]] = {"locomo-typos": typo_query, "locomo-partial": partial_query}
+
+
+def run_locomo(work: Path, configs: list[Config], model: str | None, log: Callable[[str], None],
+               transform: Callable[[str], str | None] | None = None) -> dict[str, Any]:
+    """`transform`: ask each question as it returns instead (dropped when it returns None)."""
     root = locomo_workspaces(work)
     questions = [json.loads(line) for line in (root / "qrels.jsonl").open()]
     questions = [q for q in questions if q["expected"]]
+    if transform is not None:
+        questions = [{**q, "question": asked} for q in questions if (asked := transform(q["question"]))]
     by_ws: dict[str, list[int]] = defaultdict(list)
     for i, q in enumerate(questions):
         by_ws[q["workspace"]].append(i)
@@ -305,7 +335,10 @@ def main() -> None:
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     for name in args.sets.split(","):
         print(f"{name}:", flush=True)
-        out[name] = (run_scifact if name == "scifact" else run_locomo)(args.work, configs, args.model, log)
+        if name == "scifact":
+            out[name] = run_scifact(args.work, configs, args.model, log)
+        else:
+            out[name] = run_locomo(args.work, configs, args.model, log, TRANSFORMS.get(name))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
 

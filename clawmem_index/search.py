@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from clawmem_index.candidates import Candidate, Sides, gather, read_fixed
 from clawmem_index.config import SearchSettings
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.errors import ClawmemError, QueryError
 from clawmem_index.keywords import build_match, build_prefix_match
-from clawmem_index.candidates import Candidate, Sides, gather, read_fixed
 from clawmem_index.store import ChunkFilter, Store
 
 __all__ = ["Candidate", "SearchOutcome", "SearchRequest", "SearchResult", "decay_factor", "fuse_rrf", "iso_date",
