@@ -15,7 +15,7 @@ What one client can make the daemon hold is bounded here:
   requests are not run and get -32002 (REPLY_TOO_LARGE: ask for less); a single answer that is too
   large is replaced the same way;
 - bytes held for clients (replies being built or waiting for a slow reader, unfinished request
-  lines) count against one `MemoryBudget` shared by every connection (64 MiB by default; the
+  lines) count against one `MemoryBudget` shared by every connection (32 MiB by default: eight full replies; the
   first FREE_BYTES of each are not counted, so small answers such as `status` always go out): a
   reply that does not fit is replaced by a small -32001 "server busy" error. A `get` holds room
   for its `max_bytes` (default 256 KiB) before it runs, so once the budget is spent it is refused
@@ -72,7 +72,7 @@ MAX_REPLY_BYTES = 4 << 20
 # The largest `get` text: JSON escapes a control character to 6 bytes (\u00XX), so even a text of
 # nothing else, with its envelope, fits one reply line.
 MAX_GET_BYTES = 512 << 10
-MEMORY_BUDGET = 64 << 20
+MEMORY_BUDGET = 32 << 20
 FREE_BYTES = 64 << 10  # 256 connections x 64 KiB = 16 MiB at most outside the budget
 SEND_CHUNK = 64 << 10
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
