@@ -66,6 +66,21 @@ class KeywordIndex:
         )
         return [TextHit(*row) for row in self._conn.execute(sql, args)]
 
+    def ranking(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[tuple[int, float]]:
+        """(seq, bm25) of the best `limit` matches, best first (ties by seq): `search` without the chunks' rows.
+
+        FTS5 scores every match to sort them, so reading deeper costs almost nothing more; the rows
+        are fetched (`TextHit`s, through the store) only for the chunks a search keeps.
+        """
+        join, condition, args = "", "1", {"match": match, "k": limit}
+        if where:
+            join = " JOIN chunks AS w ON w.seq = chunks_fts.rowid"
+            condition, extra = where.sql("w")
+            args.update(extra)
+        sql = (f"SELECT chunks_fts.rowid, bm25(chunks_fts) AS score FROM chunks_fts{join}"
+               f" WHERE chunks_fts MATCH :match AND {condition} ORDER BY score, chunks_fts.rowid LIMIT :k")
+        return [(int(seq), float(score)) for seq, score in self._conn.execute(sql, args)]
+
     def scores_of(self, match: str, seqs: Iterable[int]) -> dict[int, float]:
         """The BM25 score `search` would give each of `seqs` (absent: it does not match).
 

@@ -17,7 +17,7 @@ from clawmem_index.config import SearchSettings
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.errors import ClawmemError, QueryError
 from clawmem_index.keywords import build_match, build_prefix_match
-from clawmem_index.store import ChunkFilter, Store
+from clawmem_index.store import ChunkFilter, Store, TextHit
 
 __all__ = ["Candidate", "SearchOutcome", "SearchRequest", "SearchResult", "decay_factor", "fuse_rrf", "iso_date",
            "mmr", "run_search"]
@@ -228,10 +228,11 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
             mode = "bm25"
     match = build_match(query) if mode != "vector" else None
     vector_blob = blob
+    keywords = None if match is None else _KeywordSide(store, match, where, settings.candidate_cap)
     sides = Sides(
-        text=None if match is None else lambda depth: store.text_search(match, depth, where),
+        text=None if keywords is None else keywords.hits,
         vector=None if vector_blob is None else lambda depth: store.vector_search(vector_blob, depth, where),
-        text_of=None if match is None else lambda seqs: store.text_scores_of(match, seqs),
+        text_of=None if keywords is None else keywords.scores_of,
         vector_of=None if vector_blob is None else lambda seqs: store.vector_distances_of(vector_blob, seqs),
     )
     factor = _decay(store, settings, today)
@@ -260,7 +261,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
     if not ranked and settings.prefix_fallback:
         prefix = build_prefix_match(query)
         if prefix is not None:
-            pools = gather(Sides(text=lambda depth: store.text_search(prefix, depth, where)), weights=(1.0, 0.0),
+            pools = gather(Sides(text=_KeywordSide(store, prefix, where, settings.candidate_cap).hits), weights=(1.0, 0.0),
                            want=want, pool=settings.candidate_pool, cap=settings.candidate_cap, factor=factor,
                            min_score=min_score)
             ranked = _passing(pools.candidates, min_score)
@@ -278,6 +279,38 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         for place, c in enumerate(ranked, start=1)
     ]
     return SearchOutcome(results, effective, degraded)
+
+
+class _KeywordSide:
+    """The keyword list, read once `cap` deep: FTS5 scores every match to sort them whatever the
+    depth, so reading deeper, and a vector candidate's keyword score, are then lookups (a chunk
+    past `cap` is asked for by rowid). Rows are fetched only for the depth a search reads."""
+
+    def __init__(self, store: Store, match: str, where: ChunkFilter, cap: int) -> None:
+        self._store, self._match, self._where, self._cap = store, match, where, cap
+        self._ranking: list[tuple[int, float]] | None = None
+        self._known: dict[int, float] | None = None
+        self._hits: list[TextHit] = []
+
+    @property
+    def ranking(self) -> list[tuple[int, float]]:
+        if self._ranking is None:
+            self._ranking = self._store.text_ranking(self._match, self._cap, self._where)
+        return self._ranking
+
+    def hits(self, depth: int) -> list[TextHit]:
+        if len(self._hits) < min(depth, len(self.ranking)):
+            self._hits = self._store.text_hits(self.ranking[:depth])
+        return self._hits[:depth]
+
+    def scores_of(self, seqs: list[int]) -> dict[int, float]:
+        if self._known is None:
+            self._known = dict(self.ranking)
+        known = self._known
+        found = {seq: known[seq] for seq in seqs if seq in known}
+        if len(self.ranking) >= self._cap:  # not every match was read: ask for the rest
+            found.update(self._store.text_scores_of(self._match, [seq for seq in seqs if seq not in known]))
+        return found
 
 
 def _keywords_decide(store: Store, query: str, where: ChunkFilter, ratio: float) -> bool:
