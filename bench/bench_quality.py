@@ -19,7 +19,8 @@ answer's first 6 results), hit@6, MRR over the answer; by category and overall (
 Every configuration is compared with `bm25` question by question: the mean difference and its 95%
 interval from 2,000 paired bootstrap resamples, so a one-point change is not mistaken for a gain.
 locomo-typos / locomo-partial: the same questions asked as their two longest content words, both
-misspelled (two letters past the middle swapped), or as the first half of the longest one: for the
+misspelled (two neighbouring letters swapped, anywhere past the first), or as the first half of the
+longest one: for the
 prefix fallback (compare `hybrid` with `no-prefix`).
 """
 
@@ -65,6 +66,7 @@ CONFIGS = [
     Config("hybrid"),
     Config("hybrid-n20", n=20),
     Config("hybrid-min0", search={"min_score": 0.0}),
+    Config("hybrid-min0.3", search={"min_score": 0.3}),
     Config("hybrid-vw0.5", search={"vector_weight": 0.5, "text_weight": 0.5}),
     Config("hybrid-vw0.4", search={"vector_weight": 0.4, "text_weight": 0.6}),
     Config("rrf", search={"fusion": "rrf", "min_score": 0.0}),
@@ -72,6 +74,7 @@ CONFIGS = [
     Config("mmr0.7-n20", n=20, search={"mmr_lambda": 0.7}),
     Config("decay90", search={"decay_half_life_days": 90}),
     Config("decay90-n20", n=20, search={"decay_half_life_days": 90}),
+    Config("decay90-floor0.5", search={"decay_half_life_days": 90, "decay_floor": 0.5}),
     Config("early2", search={"early_return_ratio": 2.0}),
     Config("early3", search={"early_return_ratio": 3.0}),
     Config("no-prefix", search={"prefix_fallback": False}),
@@ -240,10 +243,10 @@ def locomo_scores(hits: list[dict[str, Any]], expected: set[tuple[str, int]]) ->
 
 
 def misspell(word: str) -> str:
-    """A typo past the first letters: the two letters after the middle swapped (or the last one dropped)."""
-    i = len(word) // 2
-    return word[:i] + word[i + 1] + word[i] + word[i + 2:] if i + 1 < len(word) and word[i] != word[i + 1] \
-        else word[:-1]
+    """A typo past the first letter: two neighbouring letters swapped (the last dropped when they are alike),
+    at a position fixed by the word (so every run asks the same), spread over the word as real typos are."""
+    i = 1 + sum(map(ord, word)) % (len(word) - 2)
+    return word[:i] + word[i + 1] + word[i] + word[i + 2:] if word[i] != word[i + 1] else word[:-1]
 
 
 def typo_query(question: str) -> str | None:

@@ -245,7 +245,7 @@ class _ProgressBar:
 @click.option("--json", "as_json", is_flag=True, help="Print the socket API's search object as JSON.")
 @click.option("-n", "--max-results", type=click.IntRange(1, 1000), help="How many results (default 6).")
 @click.option("--mode", type=click.Choice(["hybrid", "bm25", "vector"]), help="Ranking mode (default hybrid).")
-@click.option("--min-score", type=click.FloatRange(0.0, 1.0), help="Drop results scoring below this (default 0.3).")
+@click.option("--min-score", type=click.FloatRange(0.0, 1.0), help="Drop results scoring below this (default 0.2).")
 @click.option("--path-prefix", metavar="PREFIX", help="Only results whose path starts with PREFIX.")
 @click.option("--source", type=click.Choice(["memory", "sessions"]), help="Only memory files, or only transcripts.")
 @click.option("--since", metavar="DATE", help="Only chunks dated on or after DATE (YYYY-MM-DD).")

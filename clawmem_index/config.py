@@ -85,7 +85,7 @@ class EmbeddingSettings:
 class SearchSettings:
     mode: str = "hybrid"
     max_results: int = 6
-    min_score: float = 0.3
+    min_score: float = 0.2
     candidate_multiplier: int = 4  # ignored: pools no longer grow with max_results (kept so old configs load)
     candidate_pool: int = 32  # each side is read this deep first, then deeper until the order is proven
     candidate_cap: int = 1024  # ... but never deeper than this
@@ -96,9 +96,9 @@ class SearchSettings:
     snippet_chars: int = 700
     query_timeout: float = 2.0  # seconds a search waits for its query vector before answering keyword-only
     decay_half_life_days: float = 0.0  # 0: off; else dated chunks lose half their score every so many days
-    decay_floor: float = 0.5  # the share of its score the oldest chunk keeps
+    decay_floor: float = 0.8  # the share of its score the oldest chunk keeps
     mmr_lambda: float = 0.0  # 0: off; else relevance vs diversity (1.0: relevance only)
-    mmr_pool: int = 30  # MMR re-orders this many best results (whatever max_results is)
+    mmr_pool: int = 20  # MMR re-orders this many best results (whatever max_results is)
     mmr_floor: float = 0.5  # ... of those, only ones with at least this share of the best's relevance
     early_return_ratio: float = 0.0  # 0: off; else skip the query vector when the best keyword match leads by this
     prefix_fallback: bool = True  # when nothing passes min_score, search the beginnings of the query's words

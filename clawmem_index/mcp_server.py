@@ -90,7 +90,7 @@ TOOLS: tuple[ToolSpec, ...] = (
             "maxResults": {"type": "integer", "minimum": 1, "maximum": MAX_RESULTS,
                            "description": "How many snippets at most (default 6)."},
             "minScore": {"type": "number", "minimum": 0, "maximum": 1,
-                         "description": "Leave out snippets scoring below this, 0..1 (default 0.3)."},
+                         "description": "Leave out snippets scoring below this, 0..1 (default 0.2)."},
             "explain": {"type": "boolean",
                         "description": "Also say how each snippet got its place (keyword/vector rank and score)."},
         }, ("query",)),

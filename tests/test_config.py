@@ -13,7 +13,7 @@ from clawmem_index.errors import ConfigError
 def test_defaults_match_the_spec(tmp_path: Path) -> None:
     s = load_settings(workspace=tmp_path, environ={})
     assert (s.chunking.tokens, s.chunking.overlap, s.chunking.tokenizer) == (400, 80, "cl100k_base")
-    assert (s.search.max_results, s.search.min_score, s.search.candidate_multiplier) == (6, 0.3, 4)
+    assert (s.search.max_results, s.search.min_score, s.search.candidate_multiplier) == (6, 0.2, 4)
     assert (s.search.vector_weight, s.search.text_weight, s.search.rrf_k) == (0.6, 0.4, 60)
     assert s.embedding.provider == "auto" and s.embedding.cache_max_entries == 50_000
     assert s.daemon.debounce == 1.5
