@@ -3,18 +3,43 @@
 `chunks_fts` is contentless (the text is stored once, in `chunks`) with contentless_delete, so a
 row is removed by rowid; its rowid is the chunk's `seq`. The caller's transaction covers the chunk
 row and its FTS row together.
+
+Ranking an OR of common words, FTS5 scores every chunk holding any of them (about half a
+microsecond each, plus a scan of every word's doclist for its IDF) before it keeps the best few.
+FTS5's BM25 of an OR of phrases is, bit for bit, the sum in phrase order of what each phrase
+scores on its own (a missing phrase adds exactly 0.0), so each phrase's scores are read from FTS5
+once per version of the index and kept; a query then adds them up with numpy and picks the top
+`limit`, the same rows, scores and order FTS5 would give. Queries matching few chunks, other
+expressions, and searches inside a transaction go to FTS5 as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import apsw
+import numpy as np
+import numpy.typing as npt
 
 from clawmem_index.filters import ChunkFilter
 
 __all__ = ["KeywordIndex", "TextHit"]
+
+_OR_OF_PHRASES = re.compile(r'"(?:[^"]|"")+"\*?(?: OR "(?:[^"]|"")+"\*?)*')
+_PHRASE = re.compile(r'"(?:[^"]|"")+"\*?')
+
+PLAIN_MAX = 2048  # matches (summed over the phrases) below which FTS5 ranks the query itself, as fast
+CACHE_POSTINGS = 1 << 20  # per-phrase scores kept per connection (16 bytes each), least recently used dropped
+FILTER_DEPTH = 1 << 16  # how deep the best matches are walked for a filter before FTS5 ranks the query instead
+CHECKED = 3  # hits FTS5 scores once per connection to confirm the sums (each rescans the phrases for their IDF)
+
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,12 +54,26 @@ class TextHit:
     date: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Postings:
+    """One phrase's matches: rowids ascending, and the BM25 relevance (-bm25) the phrase alone gives each."""
+
+    seqs: Ints
+    gains: Floats
+
 
 class KeywordIndex:
     """chunks_fts on one connection."""
 
     def __init__(self, conn: apsw.Connection) -> None:
         self._conn = conn
+        self._version: tuple[int, int] | None = None
+        self._postings: OrderedDict[str, _Postings] = OrderedDict()
+        self._held = 0
+        self._counts: dict[str, int] = {}
+        self._ranked: tuple[str, Ints, Floats] | None = None
+        self._sums_checked = False  # whether FTS5 has confirmed a summed ranking on this connection
+        self._sums_exact = True
 
     def add(self, seq: int, text: str, *, id: str, path: str, source: str, model: str, start_line: int,
             end_line: int) -> None:
@@ -52,7 +91,66 @@ class KeywordIndex:
         self._conn.execute("DELETE FROM chunks_fts WHERE rowid = ?", (seq,))
 
     def search(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[TextHit]:
-        """The best `limit` chunks for an FTS5 MATCH expression, best first (bm25 ascending: FTS5 ranks are negative)."""
+        """The best `limit` chunks for an FTS5 MATCH expression, best first (bm25 ascending: FTS5 ranks
+        are negative; ties by seq)."""
+        phrases = self._phrases(match)
+        if phrases is None or limit <= 0:
+            return self._fts_search(match, limit, where)
+        with self._snapshot():
+            if not self._common(phrases):
+                return self._fts_search(match, limit, where)
+            seqs, gains = self._ranking(match, phrases)
+            best = self._best(seqs, gains, limit, where)
+            if best is None or not self._confirmed(match, phrases, seqs[best], gains[best]):
+                return self._fts_search(match, limit, where)
+            return self._hits(seqs[best], gains[best])
+
+    def ranking(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[tuple[int, float]]:
+        """(seq, bm25) of the best `limit` matches, best first (ties by seq): `search` without the chunks' rows.
+
+        Reading deeper costs almost nothing more (FTS5 scores every match to sort them; the summed
+        scores are sorted once per query), so a search reads its keyword side once, deep, and fetches
+        the rows (`TextHit`s, through the store) only for the chunks it keeps.
+        """
+        phrases = self._phrases(match)
+        if phrases is not None and limit > 0:
+            with self._snapshot():
+                if self._common(phrases):
+                    seqs, gains = self._ranking(match, phrases)
+                    best = self._best(seqs, gains, limit, where)
+                    if best is not None and self._confirmed(match, phrases, seqs[best], gains[best]):
+                        return [(seq, -gain) for seq, gain in zip(seqs[best].tolist(), gains[best].tolist(),
+                                                                   strict=True)]
+        return self._fts_ranking(match, limit, where)
+
+    def scores_of(self, match: str, seqs: Iterable[int]) -> dict[int, float]:
+        """The BM25 score `search` would give each of `seqs` (absent: it does not match).
+
+        FTS5's BM25 takes its statistics from the whole table, so a score asked for one row is the
+        one that row gets in any search.
+        """
+        wanted = list(seqs)
+        phrases = self._phrases(match)
+        if phrases is None or not wanted:
+            return self._fts_scores_of(match, wanted)
+        with self._snapshot():
+            if not self._common(phrases):
+                return self._fts_scores_of(match, wanted)
+            asked = np.array(wanted, dtype=np.int64)
+            total = np.zeros(len(asked))
+            found = np.zeros(len(asked), dtype=bool)
+            for postings in [self._phrase_postings(p) for p in phrases]:
+                if not len(postings.seqs):
+                    continue
+                at = np.minimum(np.searchsorted(postings.seqs, asked), len(postings.seqs) - 1)
+                hit = postings.seqs[at] == asked
+                total[hit] += postings.gains[at[hit]]
+                found |= hit
+            return {int(seq): -float(gain) for seq, gain, hit in zip(asked, total, found, strict=True) if hit}
+
+    # -- FTS5 ranks the query itself ------------------------------------------------------------
+
+    def _fts_search(self, match: str, limit: int, where: ChunkFilter | None) -> list[TextHit]:
         join, condition, args = "", "1", {"match": match, "k": limit}
         if where:
             join = " JOIN chunks AS w ON w.seq = chunks_fts.rowid"
@@ -61,17 +159,12 @@ class KeywordIndex:
         sql = (
             "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, f.score, c.date FROM"
             f" (SELECT chunks_fts.rowid AS rowid, bm25(chunks_fts) AS score FROM chunks_fts{join}"
-            f" WHERE chunks_fts MATCH :match AND {condition} ORDER BY score LIMIT :k) AS f"
-            " JOIN chunks AS c ON c.seq = f.rowid ORDER BY f.score"
+            f" WHERE chunks_fts MATCH :match AND {condition} ORDER BY score, chunks_fts.rowid LIMIT :k) AS f"
+            " JOIN chunks AS c ON c.seq = f.rowid ORDER BY f.score, f.rowid"
         )
         return [TextHit(*row) for row in self._conn.execute(sql, args)]
 
-    def ranking(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[tuple[int, float]]:
-        """(seq, bm25) of the best `limit` matches, best first (ties by seq): `search` without the chunks' rows.
-
-        FTS5 scores every match to sort them, so reading deeper costs almost nothing more; the rows
-        are fetched (`TextHit`s, through the store) only for the chunks a search keeps.
-        """
+    def _fts_ranking(self, match: str, limit: int, where: ChunkFilter | None) -> list[tuple[int, float]]:
         join, condition, args = "", "1", {"match": match, "k": limit}
         if where:
             join = " JOIN chunks AS w ON w.seq = chunks_fts.rowid"
@@ -81,12 +174,8 @@ class KeywordIndex:
                f" WHERE chunks_fts MATCH :match AND {condition} ORDER BY score, chunks_fts.rowid LIMIT :k")
         return [(int(seq), float(score)) for seq, score in self._conn.execute(sql, args)]
 
-    def scores_of(self, match: str, seqs: Iterable[int]) -> dict[int, float]:
-        """The BM25 score `search` would give each of `seqs` (absent: it does not match).
-
-        FTS5's BM25 takes its statistics from the whole table, so a score asked for one row is the
-        one that row gets in any search; a rowid constraint makes FTS5 seek, not scan the matches.
-        """
+    def _fts_scores_of(self, match: str, seqs: list[int]) -> dict[int, float]:
+        """A rowid constraint makes FTS5 seek, not scan the matches (it still scans each phrase for its IDF)."""
         sql = "SELECT bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ? AND rowid = ?"
         scores: dict[int, float] = {}
         for seq in seqs:
@@ -94,3 +183,144 @@ class KeywordIndex:
             if row is not None:
                 scores[seq] = float(row[0])
         return scores
+
+    # -- per-phrase scores, summed --------------------------------------------------------------
+
+    def _phrases(self, match: str) -> list[str] | None:
+        """The phrases of an OR of quoted phrases (what keywords.build_match makes); None for anything else,
+        or inside a transaction, whose changes the kept scores could outlive if it is rolled back."""
+        if not self._sums_exact or not _OR_OF_PHRASES.fullmatch(match) or not self._conn.get_autocommit():
+            return None
+        return _PHRASE.findall(match)
+
+    def _confirmed(self, match: str, phrases: list[str], seqs: Ints, gains: Floats) -> bool:
+        """Once per connection, whether FTS5 scores the first summed answer of several phrases the same.
+
+        The sums equal FTS5's only if its SQLite build rounds each phrase's term before adding it (a
+        compiler fusing the multiply-add, as on some ARM builds, would not): if not, FTS5 ranks from then on.
+        """
+        if self._sums_checked or len(phrases) < 2 or not len(seqs):
+            return True
+        sql = "SELECT bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ? AND rowid = ?"
+        checked = zip(seqs[:CHECKED].tolist(), (-gains[:CHECKED]).tolist(), strict=True)
+        self._sums_exact = all(self._conn.execute(sql, (match, seq)).fetchone() == (bm25,) for seq, bm25 in checked)
+        self._sums_checked = True
+        return self._sums_exact
+
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """One read transaction, so every phrase is read from the same version of the index; the kept
+        scores are dropped when that version is not the one they were read from."""
+        self._conn.execute("BEGIN")
+        try:
+            version = (int(self._conn.execute("PRAGMA data_version").fetchone()[0]), self._conn.total_changes())
+            if version != self._version:
+                self._postings.clear()
+                self._counts.clear()
+                self._held, self._ranked, self._version = 0, None, version
+            yield
+        finally:
+            self._conn.execute("COMMIT")
+
+    def _common(self, phrases: list[str]) -> bool:
+        """Whether the phrases match enough chunks for summing kept scores to beat FTS5's own ranking."""
+        total = 0
+        for phrase in dict.fromkeys(phrases):
+            kept = self._postings.get(phrase)
+            if kept is not None:
+                total += len(kept.seqs)
+                continue
+            count = self._counts.get(phrase)
+            if count is None:
+                count = self._counts[phrase] = int(self._conn.execute(
+                    "SELECT count(*) FROM chunks_fts WHERE chunks_fts MATCH ?", (phrase,)).fetchone()[0])
+            total += count
+        return total > PLAIN_MAX
+
+    def _phrase_postings(self, phrase: str) -> _Postings:
+        kept = self._postings.get(phrase)
+        if kept is not None:
+            self._postings.move_to_end(phrase)
+            return kept
+        rows = self._conn.execute("SELECT rowid, bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ?"
+                                  " ORDER BY rowid", (phrase,)).fetchall()
+        postings = _Postings(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)),
+                             -np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows)))
+        self._postings[phrase] = postings
+        self._held += len(rows)
+        while self._held > CACHE_POSTINGS and len(self._postings) > 1:
+            _, dropped = self._postings.popitem(last=False)
+            self._held -= len(dropped.seqs)
+        return postings
+
+    def _ranking(self, match: str, phrases: list[str]) -> tuple[Ints, Floats]:
+        """Every matching seq (ascending) with its relevance: the phrases' gains added in phrase order, as
+        FTS5's bm25 adds them (the last expression is kept: a caller reads deeper and deeper)."""
+        if self._ranked is not None and self._ranked[0] == match:
+            return self._ranked[1], self._ranked[2]
+        lists = [self._phrase_postings(p) for p in phrases]
+        postings = sum(len(p.seqs) for p in lists)
+        size = 1 + max((int(p.seqs[-1]) for p in lists if len(p.seqs)), default=-1)
+        if size <= 8 * postings + (1 << 20):
+            sums = np.zeros(size)
+            matched = np.zeros(size, dtype=bool)
+            for p in lists:
+                sums[p.seqs] += p.gains
+                matched[p.seqs] = True
+            seqs = np.flatnonzero(matched)
+            gains = sums[seqs]
+        else:  # seqs too sparse for an array indexed by seq
+            seqs, inverse = np.unique(np.concatenate([p.seqs for p in lists]), return_inverse=True)
+            gains = np.zeros(len(seqs))
+            start = 0
+            for p in lists:
+                gains[inverse[start:start + len(p.seqs)]] += p.gains
+                start += len(p.seqs)
+        self._ranked = (match, seqs, gains)
+        return seqs, gains
+
+    def _best(self, seqs: Ints, gains: Floats, limit: int, where: ChunkFilter | None) -> Ints | None:
+        """Positions of the best `limit` (relevance descending, ties by seq) that pass `where`; None when a
+        filter passes too few of the best FILTER_DEPTH."""
+        depth = limit if not where else max(64, 4 * limit)
+        while True:
+            top = _top(gains, depth)
+            if not where:
+                return top[:limit]
+            passing = self._passing(seqs[top], where)
+            kept = top[np.isin(seqs[top], passing)]
+            if len(kept) >= limit or len(top) == len(gains):
+                return kept[:limit]
+            if depth >= FILTER_DEPTH:
+                return None
+            depth *= 8
+
+    def _passing(self, seqs: Ints, where: ChunkFilter) -> Ints:
+        condition, args = where.sql("w")
+        rows = self._conn.execute(
+            f"SELECT w.seq FROM chunks AS w WHERE w.seq IN (SELECT value FROM json_each(:seqs)) AND {condition}",
+            {**args, "seqs": json.dumps(seqs.tolist())})
+        return np.fromiter((r[0] for r in rows), dtype=np.int64)
+
+    def _hits(self, seqs: Ints, gains: Floats) -> list[TextHit]:
+        """The chunks' rows in the given order (a seq without a chunk row is left out, as FTS5's join leaves it)."""
+        rows = {r[0]: r for r in self._conn.execute(
+            "SELECT seq, path, source, start_line, end_line, text, date FROM chunks"
+            " WHERE seq IN (SELECT value FROM json_each(?))", (json.dumps(seqs.tolist()),))}
+        hits = []
+        for seq, gain in zip(seqs.tolist(), gains.tolist(), strict=True):
+            row = rows.get(seq)
+            if row is not None:
+                hits.append(TextHit(*row[:6], -gain, row[6]))
+        return hits
+
+
+def _top(gains: Floats, depth: int) -> Ints:
+    """Positions of at least the `depth` largest gains (all that tie with the last), largest first, ties in
+    position order."""
+    if depth < len(gains):
+        cut = np.partition(gains, len(gains) - depth)[len(gains) - depth]
+        chosen = np.flatnonzero(gains >= cut)
+    else:
+        chosen = np.arange(len(gains))
+    return chosen[np.argsort(-gains[chosen], kind="stable")]

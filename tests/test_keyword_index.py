@@ -1,0 +1,184 @@
+"""Keyword search sums per-phrase scores kept between queries: it must answer exactly what FTS5 answers.
+
+The reference is the plain FTS5 query, `ORDER BY bm25 LIMIT k` over the whole OR expression: the
+same rows, the same bm25 values (compared with ==, not approximately) and the same order.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from clawmem_index import keyword_index
+from clawmem_index.filters import ChunkFilter
+from clawmem_index.keywords import build_match, build_prefix_match, index_text
+from clawmem_index.store import Store
+
+WORDS = ["staging", "stage", "deploy", "deploys", "rollback", "server", "alpha", "beta", "gamma", "the", "café",
+         "cafe", "数据", "库"]
+PATHS = ["memory/a.md", "memory/b/c.md", "MEMORY.md", "sessions/x.jsonl"]
+DATES = [None, "2024-01-01", "2024-06-15", "2025-02-28"]
+
+
+def add(store: Store, seq: int | None, text: str, path: str = "memory/a.md", source: str = "memory",
+        date: str | None = None) -> int:
+    """A chunk with its FTS row (`seq` None: the next one; else that seq, to make sparse rowids)."""
+    ident = f"c{store.counts()[1]}-{seq}"
+    if seq is None:
+        return store.insert_chunk(id=ident, path=path, source=source, start_line=1, end_line=1, hash=ident,
+                                  text=text, fts_text=index_text(text), date=date)
+    store.conn.execute("INSERT INTO chunks(seq, id, path, source, start_line, end_line, hash, text, date, updated_at)"
+                       " VALUES(?, ?, ?, ?, 1, 1, ?, ?, ?, 0)", (seq, ident, path, source, ident, text, date))
+    store.keywords.add(seq, index_text(text), id=ident, path=path, source=source, model="", start_line=1, end_line=1)
+    return seq
+
+
+def reference(store: Store, match: str, k: int, where: ChunkFilter | None = None) -> list[tuple[int, float]]:
+    """What FTS5 ranks on its own: (seq, bm25) best first."""
+    join, condition, args = "", "1", {"match": match, "k": k}
+    if where:
+        join = " JOIN chunks AS w ON w.seq = chunks_fts.rowid"
+        condition, extra = where.sql("w")
+        args.update(extra)
+    sql = (f"SELECT chunks_fts.rowid, bm25(chunks_fts) AS score FROM chunks_fts{join}"
+           f" WHERE chunks_fts MATCH :match AND {condition} ORDER BY score LIMIT :k")
+    return [(int(seq), float(score)) for seq, score in store.conn.execute(sql, args)]
+
+
+def ranked(store: Store, match: str, k: int, where: ChunkFilter | None = None) -> list[tuple[int, float]]:
+    """What the store ranks, asked both ways (with the chunks' rows, and without: what a search reads)."""
+    hits = [(hit.seq, hit.bm25) for hit in store.text_search(match, k, where)]
+    assert store.text_ranking(match, k, where) == hits
+    return hits
+
+
+@contextmanager
+def summing(cache: int = keyword_index.CACHE_POSTINGS,
+            filter_depth: int = keyword_index.FILTER_DEPTH) -> Iterator[None]:
+    """Every query takes the summing path, however few chunks it matches (small corpora would not)."""
+    with mock.patch.object(keyword_index, "PLAIN_MAX", 0), \
+            mock.patch.object(keyword_index, "CACHE_POSTINGS", cache), \
+            mock.patch.object(keyword_index, "FILTER_DEPTH", filter_depth):
+        yield
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "k.sqlite")
+    yield s
+    s.close()
+
+
+docs = st.lists(st.tuples(st.lists(st.sampled_from(WORDS), min_size=1, max_size=12), st.sampled_from(PATHS),
+                          st.sampled_from(DATES)), min_size=1, max_size=60)
+queries = st.lists(st.sampled_from(WORDS) | st.text(max_size=8), min_size=1, max_size=5).map(" ".join)
+filters = st.none() | st.builds(ChunkFilter, st.sampled_from([None, "memory/", "memory/b", "M"]),
+                                st.sampled_from([None, "memory", "sessions"]), st.sampled_from([None, "2024-03-01"]),
+                                st.sampled_from([None, "2025-01-01"]))
+
+
+@settings(max_examples=120, deadline=None)
+@given(corpus=docs, query=queries, prefix=st.booleans(), k=st.integers(1, 40), where=filters, sparse=st.booleans(),
+       cache=st.sampled_from([1, 8, 1 << 20]), filter_depth=st.sampled_from([1, 1 << 16]))
+def test_search_and_scores_are_exactly_what_fts5_ranks(corpus: list[tuple[list[str], str, str | None]], query: str,
+                                                      prefix: bool, k: int, where: ChunkFilter | None, sparse: bool,
+                                                      cache: int, filter_depth: int) -> None:
+    match = (build_prefix_match if prefix else build_match)(query)
+    assume(match is not None)
+    assert match is not None
+    with tempfile.TemporaryDirectory() as tmp, summing(cache, filter_depth):
+        store = Store(Path(tmp) / "p.sqlite")
+        try:
+            with store.transaction():
+                for i, (words, path, date) in enumerate(corpus):
+                    seq = (10**9 + 7 * i) if sparse and i % 2 else None  # seqs too far apart for a dense array
+                    add(store, seq, " ".join(words), path, "sessions" if path.startswith("sessions") else "memory",
+                        date)
+            for depth in (k, 2 * k):  # a caller reads deeper with the same expression
+                assert ranked(store, match, depth, where) == reference(store, match, depth, where)
+            everything = dict(reference(store, match, len(corpus)))
+            asked = [seq for seq, in store.conn.execute("SELECT seq FROM chunks")] + [-1, 5 * 10**9]
+            assert store.text_scores_of(match, asked) == everything
+            assert store.keywords._sums_exact  # the sums were used, not handed back to FTS5
+        finally:
+            store.close()
+
+
+def test_kept_scores_answer_later_queries_without_fts5(store: Store) -> None:
+    for i in range(40):
+        add(store, None, ["staging deploy", "deploy rollback", "staging", "rollback server staging"][i % 4])
+    statements: list[str] = []
+    with summing():
+        expected = reference(store, build_match("staging rollback deploy") or "", 10)
+        store.text_search(build_match("staging deploy rollback") or "", 10)
+        store.conn.exec_trace = lambda cursor, sql, bindings: statements.append(sql) or True
+        assert ranked(store, build_match("staging rollback deploy") or "", 10) == expected
+        store.conn.exec_trace = None
+    assert not [sql for sql in statements if "chunks_fts" in sql]
+
+
+def test_a_commit_from_another_connection_is_seen(store: Store, tmp_path: Path) -> None:
+    for _ in range(5):
+        add(store, None, "staging deploy")
+    match = build_match("staging deploy") or ""
+    with summing():
+        assert len(ranked(store, match, 10)) == 5
+        other = Store(tmp_path / "k.sqlite")
+        seq = add(other, None, "staging staging deploy deploy")
+        other.close()
+        top = ranked(store, match, 10)
+    assert top == reference(store, match, 10) and top[0][0] == seq and len(top) == 6
+
+
+def test_own_writes_and_rollbacks_are_seen(store: Store) -> None:
+    for _ in range(5):
+        add(store, None, "staging deploy")
+    match = build_match("staging deploy") or ""
+    with summing():
+        before = ranked(store, match, 10)
+        with pytest.raises(RuntimeError), store.transaction():
+            seq = add(store, None, "staging staging deploy")
+            inside = ranked(store, match, 10)
+            assert inside[0][0] == seq and inside == reference(store, match, 10)
+            raise RuntimeError("roll back")
+        assert ranked(store, match, 10) == before == reference(store, match, 10)
+        store.delete_chunks([before[0][0]])
+        after = ranked(store, match, 10)
+        assert after == reference(store, match, 10) and [seq for seq, _ in after] == [seq for seq, _ in before[1:]]
+
+
+def test_ties_come_in_seq_order(store: Store) -> None:
+    seqs = [add(store, None, "same words here") for _ in range(30)]
+    with summing():
+        assert [seq for seq, _ in ranked(store, build_match("same here") or "", 12)] == seqs[:12]
+
+
+def test_expressions_other_than_an_or_of_phrases_go_to_fts5(store: Store) -> None:
+    for text in ("staging deploy", "staging", "deploy rollback"):
+        add(store, None, text)
+    with summing():
+        for match in ('"staging" AND "deploy"', "staging NOT deploy", '"staging" OR deploy',
+                      'NEAR("staging" "deploy")'):
+            assert ranked(store, match, 5) == reference(store, match, 5)
+
+
+def test_a_sum_fts5_does_not_confirm_hands_ranking_back_to_fts5(store: Store) -> None:
+    for i in range(20):
+        add(store, None, ["staging deploy", "deploy", "staging rollback"][i % 3])
+    match = build_match("staging deploy") or ""
+    real = keyword_index.KeywordIndex._ranking
+
+    def off_by_an_ulp(self: keyword_index.KeywordIndex, match: str, phrases: list[str]):  # type: ignore[no-untyped-def]
+        seqs, gains = real(self, match, phrases)
+        return seqs, gains * (1 + 2**-52)
+
+    with summing(), mock.patch.object(keyword_index.KeywordIndex, "_ranking", off_by_an_ulp):
+        assert ranked(store, match, 5) == reference(store, match, 5)
+        assert store.keywords._phrases(match) is None  # FTS5 ranks every later query
