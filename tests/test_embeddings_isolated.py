@@ -180,3 +180,22 @@ def test_a_daemon_index_closes_its_model_process(model: Path, settings: Any) -> 
     assert pid is not None and alive(pid)
     index.close()
     assert not alive(pid)
+
+
+def test_hostile_texts_get_vectors_or_a_provider_error_and_the_model_process_keeps_serving(model: Path) -> None:
+    from tests.hostile import FIXED_TEXTS
+
+    provider = isolated(model)
+    try:
+        for name, text in FIXED_TEXTS.items():
+            if name == "huge line":
+                text = text[:20_000]  # the splitting is the local provider's own (test_embeddings_local)
+            try:
+                vectors = provider.embed_documents([text, "a plain text"])
+            except ProviderError:
+                continue  # a defined error, not a dead child or a hang
+            assert len(vectors) == 2 and all(len(v) == provider.info.dims for v in vectors), name
+        assert len(provider.embed_query("still serving")) == provider.info.dims
+        assert provider.restarts == 0
+    finally:
+        provider.close()
