@@ -473,10 +473,25 @@ class Daemon:
             "requests_served": self.server.served if self.server is not None else 0,
             "reloads": self.reloads,
         }
+        model = self._model_process()
+        if model is not None:
+            data["daemon"]["model_process"] = model  # type: ignore[index]
         if embedder["last_error"] and isinstance(data.get("stale_reasons"), list):
             data["stale_reasons"].append(f"the embedding provider failed: {embedder['last_error']}")
             data["fresh"] = False
         return data
+
+    def _model_process(self) -> dict[str, object] | None:
+        """The local model's own process (pid, None until first use; restarts after it died), if it has one."""
+        try:
+            provider = self.index.provider
+        except ClawmemError:
+            return None
+        from clawmem_index.embeddings.isolated import IsolatedProvider
+
+        if not isinstance(provider, IsolatedProvider):
+            return None
+        return {"pid": provider.pid, "restarts": provider.restarts}
 
     def sync(self, wait: bool) -> dict[str, object]:
         ticket = self.writer.request_sync("client")

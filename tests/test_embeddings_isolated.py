@@ -152,6 +152,9 @@ def test_the_daemon_runs_the_local_model_in_a_child(model: Path, workspace: Path
             return [pid for pid in children if str(model) in Path(f"/proc/{pid}/maps").read_text()]
 
         mapped = wait_until(model_processes, timeout=60, message="a child process of the daemon with the model loaded")
+        status = json.loads(subprocess.run([*CLAWMEM, "status", "--workspace", str(workspace), "--socket", str(sock),
+                                            "--json"], capture_output=True, text=True, timeout=60, check=True).stdout)
+        assert status["daemon"]["model_process"] == {"pid": int(mapped[0]), "restarts": 0}
         assert str(model) not in Path(f"/proc/{proc.pid}/maps").read_text()
     finally:
         assert stop_process(proc) == 0
