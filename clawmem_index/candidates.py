@@ -87,7 +87,7 @@ def gather(sides: Sides, *, weights: tuple[float, float], want: int, pool: int, 
     chunk, or both lists are exhausted), or at depth `cap` (then `proven` is False).
     """
     wt, wv = weights
-    depth = max(1, pool)
+    depth = min(cap, max(1, pool, 2 * want))
     while True:
         text_hits = list(sides.text(depth)) if sides.text is not None and wt > 0 else []
         vector_hits = list(sides.vector(depth)) if sides.vector is not None and wv > 0 else []

@@ -114,8 +114,14 @@ def test_a_chunk_found_on_one_side_gets_its_real_score_on_the_other() -> None:
 
 def test_reading_stops_as_soon_as_no_unseen_chunk_can_pass_min_score() -> None:
     corpus = Corpus([Chunk(i, -10.0 + i, 0.1 * i) for i in range(50)])
-    gather(corpus.sides(), weights=(0.4, 0.6), want=40, pool=4, cap=4096, factor=lambda c: 1.0, min_score=0.9)
+    gather(corpus.sides(), weights=(0.4, 0.6), want=2, pool=4, cap=4096, factor=lambda c: 1.0, min_score=0.9)
     assert max(depth for _, depth in corpus.reads) == 4  # 0.4 x 0.7 + 0.6 x 0.7 < 0.9 at the first depth
+
+
+def test_the_first_read_is_twice_the_answer_when_that_is_deeper_than_the_pool() -> None:
+    corpus = Corpus([Chunk(i, -100.0 + i, 0.01 * i) for i in range(100)])
+    gather(corpus.sides(), weights=(0.4, 0.6), want=20, pool=4, cap=4096, factor=lambda c: 1.0, min_score=0.0)
+    assert corpus.reads[0][1] == 40
 
 
 def test_the_cap_bounds_the_reading_and_says_the_order_is_not_proven() -> None:
