@@ -14,6 +14,7 @@ from clawmem_index.engine import MemoryIndex
 from clawmem_index.errors import PathError, QueryError
 from clawmem_index.search import Candidate, SearchRequest, fuse_rrf, snippet
 from clawmem_index.store import TextHit
+from tests.hostile import FIXED_TEXTS, hostile_text
 
 
 def answer(index: MemoryIndex, query: str, **kw) -> list[dict]:
@@ -448,3 +449,26 @@ def test_an_early_return_skips_the_query_vector_only_when_keywords_decide(settin
     assert plain.search(SearchRequest("a828e60"))["mode"] == "hybrid"  # off by default
     index.close()
     plain.close()
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(query=st.one_of(st.sampled_from(list(FIXED_TEXTS.values())), hostile_text()),
+       mode=st.sampled_from(["hybrid", "bm25", "vector"]), mmr=st.sampled_from([0.0, 0.7]))
+def test_hostile_queries_get_an_answer_or_a_query_error_through_every_stage(
+        ranking_corpus: tuple[MemoryIndex, FakeProvider], query: str, mode: str, mmr: float) -> None:
+    """Fusion, the proof's deeper reads, the prefix fallback, MMR and the cache, on any text."""
+    from clawmem_index.config import with_overrides
+
+    index, provider = ranking_corpus
+    tuned = MemoryIndex(with_overrides(index.settings, search={"mmr_lambda": mmr, "candidate_pool": 2}),
+                        provider=provider)
+    try:
+        for _ in range(2):  # the second answer comes from the cache
+            try:
+                answer = tuned.search(SearchRequest(query[:2000], mode=mode))
+            except QueryError:
+                assert not query[:2000].strip()  # the only query a search refuses: one with nothing to search
+                break
+            assert answer["mode"] in ("hybrid", "bm25", "vector", "prefix")
+    finally:
+        tuned.close()
