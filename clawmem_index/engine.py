@@ -56,6 +56,7 @@ __all__ = ["MemoryIndex"]
 KEYWORD_FORMAT = "porter-unicode61+cjk-1+dates"  # chunks carry their daily file's date
 CONTEXT_READ_BYTES = 1 << 20  # at least this much of each range of hit lines is read for `context`
 PENDING_CHECK_SECONDS = 0.025  # a query answered without a daemon checks files on disk for this long at most
+CACHED_RESULTS = 50  # answers with more results are not kept by the query cache
 _UNRESOLVED: Any = object()
 _REPORTED_PROBLEMS = 20  # per sync, kept in meta for `status`
 
@@ -387,7 +388,9 @@ class MemoryIndex:
         outcome = self._answers.get(key)
         if outcome is None:
             outcome = run_search(store, provider, request, self.settings.search)
-            if outcome.degraded is None:  # a provider that failed this time may answer the next
+            # Not kept: an answer a failing provider degraded (it may answer the next time), nor a
+            # large one (the cache's memory stays ~256 x 50 snippets, whatever clients ask for).
+            if outcome.degraded is None and len(outcome.results) <= CACHED_RESULTS:
                 self._answers.put(key, outcome)
         # Whose vectors the index holds (a keyword-only answer from an index with vectors says so too).
         built = json.loads(store.get_meta("fingerprint") or "{}")

@@ -86,3 +86,19 @@ def test_an_answer_degraded_by_a_failing_provider_is_not_kept(settings: Settings
     answer = index.search(SearchRequest("kiwi"))
     assert "warning" not in answer and answer["mode"] == "hybrid"
     index.close()
+
+
+def test_a_large_answer_is_not_kept(settings: Settings, write: Any) -> None:
+    from clawmem_index.engine import CACHED_RESULTS
+
+    for i in range(CACHED_RESULTS + 5):
+        write(f"memory/n{i}.md", f"# Note {i}\nkiwi number {i}\n")
+    provider = FakeProvider(dims=16)
+    index = MemoryIndex(settings, provider=provider)
+    index.sync()
+    big = SearchRequest("kiwi", max_results=CACHED_RESULTS + 5, min_score=0.0)
+    assert len(index.search(big)["results"]) > CACHED_RESULTS  # type: ignore[arg-type]
+    calls = provider.query_calls
+    index.search(big)
+    assert provider.query_calls == calls + 1
+    index.close()
