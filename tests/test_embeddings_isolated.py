@@ -202,3 +202,41 @@ def test_hostile_texts_get_vectors_or_a_provider_error_and_the_model_process_kee
         assert provider.restarts == 0
     finally:
         provider.close()
+
+
+def test_a_query_waits_for_one_small_call_not_for_a_whole_indexing_batch(model: Path) -> None:
+    import threading
+
+    from clawmem_index.embeddings import isolated as module
+
+    provider = isolated(model)
+    texts = [f"note {i}: " + "the staging server moved to another rack and back again " * 35 for i in range(40)]
+    assert len(module._groups(texts, module.CALL_CHARS)) == len(texts)  # each long text is its own call
+    provider.warm()
+    started, done = threading.Event(), threading.Event()
+    real_call = provider._call
+
+    def watched(method: str, *args: object) -> object:
+        if method == "embed_documents":
+            started.set()
+        return real_call(method, *args)
+
+    provider._call = watched  # type: ignore[method-assign]
+    batch = threading.Thread(target=lambda: (provider.embed_documents(texts), done.set()))
+    batch.start()
+    try:
+        assert started.wait(60)
+        assert len(provider.embed_query("which rack")) == provider.info.dims
+        assert not done.is_set(), "the query was answered only after the whole batch"
+    finally:
+        batch.join(120)
+        provider.close()
+    assert done.is_set()
+
+
+def test_groups_keep_order_and_put_a_long_text_alone() -> None:
+    from clawmem_index.embeddings.isolated import _groups
+
+    assert _groups([], 10) == []
+    assert _groups(["", ""], 10) == [["", ""]]
+    assert _groups(["aaaa", "bbbb", "cccccccccccc", "d"], 10) == [["aaaa", "bbbb"], ["cccccccccccc"], ["d"]]

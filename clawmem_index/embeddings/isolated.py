@@ -4,7 +4,8 @@ The local GGUF model and llama.cpp's buffers are 85-110 MB of a daemon's memory;
 process they are not in the daemon's RSS, the daemon's own memory is what its clients can make it
 grow (bounded by the socket's budget), and a crash in native code ends the child, not the service.
 The daemon talks to the child over a socket pair with `multiprocessing.connection`'s framed pickles:
-one request at a time, under a lock. A child that dies is restarted once per call; a second death
+one request at a time, under a first-come first-served lock, and documents are sent a few at a time
+(CALL_CHARS), so a search's query vector waits for at most one small call of an indexing batch. A child that dies is restarted once per call; a second death
 in the same call is a ProviderError, and the next call starts a new child. The child exits when
 its end of the pair closes, so a killed daemon leaves no model process behind.
 """
@@ -27,6 +28,27 @@ from clawmem_index.errors import ClawmemError, ProviderError
 __all__ = ["IsolatedProvider"]
 
 Factory = Callable[[], EmbeddingProvider]
+CALL_CHARS = 2000  # texts per call to the child, by length: about one 400-token chunk
+
+
+class _FairLock:
+    """A lock taken in the order it was asked for (threading.Lock lets the releasing thread retake it)."""
+
+    def __init__(self) -> None:
+        self._turns = threading.Condition()
+        self._next = 0
+        self._serving = 0
+
+    def __enter__(self) -> None:
+        with self._turns:
+            ticket = self._next
+            self._next += 1
+            self._turns.wait_for(lambda: self._serving == ticket)
+
+    def __exit__(self, *exc: object) -> None:
+        with self._turns:
+            self._serving += 1
+            self._turns.notify_all()
 
 
 class IsolatedProvider:
@@ -37,7 +59,7 @@ class IsolatedProvider:
         self._factory = factory
         if preferred_batch is not None:
             self.preferred_batch = preferred_batch
-        self._lock = threading.Lock()
+        self._lock = _FairLock()
         self._child: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self.restarts = 0
@@ -56,9 +78,10 @@ class IsolatedProvider:
         self._call("warm")
 
     def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
-        if not texts:
-            return []
-        return self._call("embed_documents", list(texts))  # type: ignore[no-any-return]
+        vectors: list[list[float]] = []
+        for group in _groups(texts, CALL_CHARS):
+            vectors.extend(self._call("embed_documents", group))
+        return vectors
 
     def embed_query(self, text: str) -> list[float]:
         return self._call("embed_query", text)  # type: ignore[no-any-return]
@@ -115,6 +138,19 @@ class IsolatedProvider:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self._stop()
+
+
+def _groups(texts: Sequence[str], chars: int) -> list[list[str]]:
+    """Consecutive texts in groups of about `chars` characters (a longer text alone)."""
+    groups: list[list[str]] = []
+    size = 0
+    for text in texts:
+        if not groups or size + len(text) > chars:
+            groups.append([])
+            size = 0
+        groups[-1].append(text)
+        size += len(text)
+    return groups
 
 
 def _ended(code: int | None) -> str:
