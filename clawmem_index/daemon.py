@@ -324,7 +324,11 @@ class Daemon:
             self.notifier.send("READY=1", "STATUS=reload failed: keeping the previous configuration")
             return
         kept = replace(fresh, workspace=old.workspace, index=old.index_path, socket=old.socket)
-        index = self._new_index(kept)
+        # Same embedding settings: the new index keeps the provider (and the local model's process).
+        same = kept.embedding == old.embedding and self.index.resolved_provider is not None
+        index = self._new_index(kept, self.index.resolved_provider if same else _UNSET)
+        if same:
+            index.provider_note, index.fallback_used = self.index.provider_note, self.index.fallback_used
         try:
             index.provider  # noqa: B018 - a named provider that cannot start keeps the previous configuration
         except ClawmemError as exc:
@@ -340,6 +344,8 @@ class Daemon:
 
         configure(kept.log_level)
         self._retired.append(self.index)
+        if not same:
+            self.index.release_model()  # its model process would otherwise live on beside the new one
         self.index = index
         self.settings = kept
         if self.server is not None:
@@ -357,10 +363,11 @@ class Daemon:
 
     # -- parts -------------------------------------------------------------------------------
 
-    def _new_index(self, settings: Settings) -> MemoryIndex:
-        provider = {} if self._provider is _UNSET else {"provider": self._provider}
+    def _new_index(self, settings: Settings, provider: EmbeddingProvider | None = _UNSET) -> MemoryIndex:
+        chosen = self._provider if provider is _UNSET else provider
+        given = {} if chosen is _UNSET else {"provider": chosen}
         return MemoryIndex(settings, pending_files=self._pending_files, files_on_disk=self._files_on_disk,
-                           isolate_local_model=settings.embedding.isolate_local, **provider)
+                           isolate_local_model=settings.embedding.isolate_local, **given)
 
     def _pending_files(self) -> int:
         """Files changed since the last sync, from what the watcher and the writer know.

@@ -164,9 +164,18 @@ class MemoryIndex:
             self._stores.clear()
         self._local = threading.local()
         self._answers.clear()
-        provider = self._provider if self._provider is not _UNRESOLVED else None
+        self.release_model()
+
+    @property
+    def resolved_provider(self) -> EmbeddingProvider | None:
+        """The provider if it has been resolved (None otherwise, or when there is none): never resolves it."""
+        return None if self._provider is _UNRESOLVED else self._provider  # type: ignore[no-any-return]
+
+    def release_model(self) -> None:
+        """End the model process of an isolated local model (the next embedding would start it again)."""
+        provider = self.resolved_provider
         if self.isolate_local_model and hasattr(provider, "close"):
-            provider.close()  # type: ignore[union-attr]  # ends a child model process
+            provider.close()  # type: ignore[union-attr]
 
     @contextlib.contextmanager
     def write_lock(self) -> Iterator[None]:

@@ -86,6 +86,9 @@ def test_a_killed_model_process_is_restarted_within_the_call(model: Path) -> Non
     finally:
         provider.close()
     assert provider.pid is None
+    with pytest.raises(ProviderError, match="released"):  # closed for good: no second process
+        provider.embed_query("after close")
+    assert provider.pid is None
 
 
 def test_a_child_that_dies_at_once_every_time_is_a_provider_error(model: Path) -> None:
@@ -240,3 +243,39 @@ def test_groups_keep_order_and_put_a_long_text_alone() -> None:
     assert _groups([], 10) == []
     assert _groups(["", ""], 10) == [["", ""]]
     assert _groups(["aaaa", "bbbb", "cccccccccccc", "d"], 10) == [["aaaa", "bbbb"], ["cccccccccccc"], ["d"]]
+
+
+def test_a_reload_keeps_one_model_process(model: Path, workspace: Path, tmp_path: Path) -> None:
+    (workspace / "MEMORY.md").write_text("# Memory\n\n- The staging server is fra-2.\n", encoding="utf-8")
+    sock, index = tmp_path / "d.sock", tmp_path / "index.sqlite"
+    config = workspace / "clawmem.toml"
+    base = "[daemon]\ndebounce = 0.2\nmax_delay = 1.0\nrescan_interval = 0\n"
+    config.write_text(base)
+    proc = spawn_daemon(workspace, sock, index, env={"CLAWMEM_PROVIDER": "local", "CLAWMEM_LOCAL_MODEL": str(model)})
+
+    def model_process() -> dict[str, Any]:
+        status = json.loads(subprocess.run([*CLAWMEM, "status", "--workspace", str(workspace), "--socket",
+                                            str(sock), "--json"], capture_output=True, text=True, timeout=60,
+                                           check=True).stdout)
+        return status["daemon"].get("model_process") or {}
+
+    def children() -> set[int]:
+        return {int(pid) for task in Path(f"/proc/{proc.pid}/task").iterdir()
+                for pid in (task / "children").read_text().split() if alive(int(pid))}
+
+    try:
+        wait_listening(sock, proc, timeout=60)
+        first = wait_until(lambda: model_process().get("pid"), timeout=60, message="the model process")
+        config.write_text(base + "[search]\nmax_results = 3\n")  # not an embedding setting: same model
+        proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: model_process().get("pid") == first and children() == {first}, timeout=30,
+                   message="the same model process after a reload")
+        config.write_text(base + "[embedding]\nthreads = 1\n")  # an embedding setting: a new model process
+        proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: not alive(first), timeout=30, message="the old model process ended")
+        second = wait_until(lambda: model_process().get("pid"), timeout=60, message="a new model process")
+        assert second != first
+        wait_until(lambda: children() == {second}, timeout=30,
+                   message=f"only the new model process: {[Path(f'/proc/{c}/cmdline').read_text() for c in children()]}")
+    finally:
+        assert stop_process(proc) == 0

@@ -62,6 +62,7 @@ class IsolatedProvider:
         self._lock = _FairLock()
         self._child: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
+        self._closed = False
         self.restarts = 0
 
     @property
@@ -87,11 +88,17 @@ class IsolatedProvider:
         return self._call("embed_query", text)  # type: ignore[no-any-return]
 
     def close(self) -> None:
+        """End the model process for good: a caller still holding this provider (a search or an
+        indexing pass that began before a reload) gets a ProviderError, never a second process."""
         with self._lock:
+            self._closed = True
             self._stop()
 
     def _call(self, method: str, *args: Any) -> Any:
         with self._lock:
+            if self._closed:
+                raise ProviderError(f"the {self._info.provider} model process was released (the daemon reloaded "
+                                    "its configuration or is stopping)")
             for attempt in (1, 2):
                 conn = self._conn if self._conn is not None else self._start()
                 try:
