@@ -343,10 +343,10 @@ class Daemon:
         from clawmem_index.log import configure
 
         configure(kept.log_level)
-        self._retired.append(self.index)
-        if not same:
-            self.index.release_model()  # its model process would otherwise live on beside the new one
-        self.index = index
+        retired, self.index = self.index, index
+        self._retired.append(retired)
+        if not same:  # after the swap, so that a pass that fails on it finds the new index and goes again
+            retired.release_model()  # its model process would otherwise live on beside the new one
         self.settings = kept
         if self.server is not None:
             self.server.idle_timeout = kept.daemon.idle_timeout

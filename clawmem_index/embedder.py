@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from clawmem_index.errors import ClawmemError, ProviderError
+from clawmem_index.errors import ClawmemError, ProviderError, ProviderReleased
 from clawmem_index.writer import Backoff, IndexSource, Run
 
 if TYPE_CHECKING:
@@ -128,6 +128,8 @@ class Embedder:
         started = time.perf_counter()
         try:
             self._embed(self._index(), run)
+        except ProviderReleased:  # a reload replaced the provider under this pass: go again now, with the new one
+            run.poll_in = 0.0
         except ClawmemError as exc:
             run.error = exc
         except Exception as exc:  # a bug or an I/O failure: log it whole, keep the daemon serving
@@ -166,7 +168,10 @@ class Embedder:
         finally:
             store.close()
         if error is not None:
-            run.error = ProviderError(error)
+            if getattr(provider, "closed", False):  # a reload released it under this pass: go again, with the new one
+                run.poll_in = 0.0
+            else:
+                run.error = ProviderError(error)
 
     def _log_run(self, run: Run) -> None:
         fields = {"embedded": run.embedded, "pending_embeddings": run.pending_embeddings,

@@ -35,6 +35,7 @@ __all__ = [
     "PathError",
     "ProtocolError",
     "ProviderError",
+    "ProviderReleased",
     "ProviderTimeout",
     "ProviderUnavailable",
     "QueryError",
@@ -76,6 +77,11 @@ class ProviderError(ClawmemError):
     """The embedding provider failed for good (after its retries)."""
 
     rpc_code = -32020
+
+
+class ProviderReleased(ProviderError):
+    """The provider's model process was ended for good (a reload replaced it, or the daemon is stopping):
+    whoever still held it should take the current one."""
 
 
 class RateLimited(ProviderError):

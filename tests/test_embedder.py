@@ -156,3 +156,34 @@ def test_the_embedding_thread_warms_the_provider_off_the_query_path(settings: Se
         writer.wait_sync(writer.request_sync("again"), timeout=10)  # nothing to embed: still warmed
         assert provider.warmed.wait(10)
         assert provider.query_calls == 0
+
+
+class ReleasedProvider(FakeProvider):
+    """A provider a reload released while a pass held it (as IsolatedProvider.close does)."""
+
+    closed = True
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        raise ProviderError("the local model process was released")
+
+
+def test_a_pass_whose_provider_a_reload_released_goes_again_at_once_with_the_new_index(settings: Settings,
+                                                                                    write: Any) -> None:
+    write("memory/a.md", "# A\nalpha beta\n")
+    released = MemoryIndex(settings, provider=ReleasedProvider(dims=16))
+    released.sync()
+    current = MemoryIndex(settings, provider=FakeProvider(dims=16))
+    indexes = iter([released])  # the first pass sees the old index, every later one the new
+
+    log = RecordingLog()
+    embedder = Embedder(lambda: next(indexes, current), log=log, retry_delay=60, max_retry_delay=60)
+    embedder.start()
+    try:
+        embedder.wake()
+        wait_until(lambda: current.status()["pending_embeddings"] == 0, timeout=20,
+                   message="the new index's vectors, without a failure's 60 s backoff")
+        assert embedder.counts["failed"] == 0 and embedder.state()["last_error"] is None
+    finally:
+        embedder.stop(5)
+        released.close()
+        current.close()

@@ -253,11 +253,12 @@ def test_a_reload_keeps_one_model_process(model: Path, workspace: Path, tmp_path
     config.write_text(base)
     proc = spawn_daemon(workspace, sock, index, env={"CLAWMEM_PROVIDER": "local", "CLAWMEM_LOCAL_MODEL": str(model)})
 
+    def status() -> dict[str, Any]:
+        return json.loads(subprocess.run([*CLAWMEM, "status", "--workspace", str(workspace), "--socket", str(sock),
+                                          "--json"], capture_output=True, text=True, timeout=60, check=True).stdout)
+
     def model_process() -> dict[str, Any]:
-        status = json.loads(subprocess.run([*CLAWMEM, "status", "--workspace", str(workspace), "--socket",
-                                            str(sock), "--json"], capture_output=True, text=True, timeout=60,
-                                           check=True).stdout)
-        return status["daemon"].get("model_process") or {}
+        return status()["daemon"].get("model_process") or {}
 
     def children() -> set[int]:
         return {int(pid) for task in Path(f"/proc/{proc.pid}/task").iterdir()
@@ -270,9 +271,21 @@ def test_a_reload_keeps_one_model_process(model: Path, workspace: Path, tmp_path
         proc.send_signal(signal.SIGHUP)
         wait_until(lambda: model_process().get("pid") == first and children() == {first}, timeout=30,
                    message="the same model process after a reload")
-        config.write_text(base + "[embedding]\nthreads = 1\n")  # an embedding setting: a new model process
+        # An embedding setting: a new model process. Here, as the first reload's sync still embeds.
+        (workspace / "memory").mkdir(exist_ok=True)
+        for i in range(30):
+            (workspace / "memory" / f"2026-11-{1 + i % 28:02d}-{i}.md").write_text(f"# Day {i}\n\n- note {i}\n")
+        config.write_text(base + "[embedding]\nthreads = 1\n")
         proc.send_signal(signal.SIGHUP)
         wait_until(lambda: not alive(first), timeout=30, message="the old model process ended")
+        # A pass the reload cut short goes again at once, with the new provider (not after a failure's backoff).
+        wait_until(lambda: status()["pending_embeddings"] == 0, timeout=20, message="every chunk with its vector")
+        assert status()["daemon"]["embedding_error"] is None
+        # The new one starts when first needed (lazily): here for a search's query vector.
+        asked = subprocess.run([*CLAWMEM, "search", "--workspace", str(workspace), "--socket", str(sock), "--json",
+                                "--mode", "vector", "--min-score", "0", "which staging server"],
+                               capture_output=True, text=True, timeout=60)
+        assert asked.returncode == 0 and json.loads(asked.stdout)["mode"] == "vector", asked.stderr
         second = wait_until(lambda: model_process().get("pid"), timeout=60, message="a new model process")
         assert second != first
         wait_until(lambda: children() == {second}, timeout=30,

@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from clawmem_index.embeddings.base import EmbeddingProvider, ProviderInfo
-from clawmem_index.errors import ClawmemError, ProviderError
+from clawmem_index.errors import ClawmemError, ProviderError, ProviderReleased
 
 __all__ = ["IsolatedProvider"]
 
@@ -70,6 +70,11 @@ class IsolatedProvider:
         return self._info
 
     @property
+    def closed(self) -> bool:
+        """Released for good (`close`): a holder should take the current provider."""
+        return self._closed
+
+    @property
     def pid(self) -> int | None:
         """The model process's pid, None while none runs."""
         child = self._child
@@ -97,8 +102,8 @@ class IsolatedProvider:
     def _call(self, method: str, *args: Any) -> Any:
         with self._lock:
             if self._closed:
-                raise ProviderError(f"the {self._info.provider} model process was released (the daemon reloaded "
-                                    "its configuration or is stopping)")
+                raise ProviderReleased(f"the {self._info.provider} model process was released (the daemon reloaded "
+                                       "its configuration or is stopping)")
             for attempt in (1, 2):
                 conn = self._conn if self._conn is not None else self._start()
                 try:
