@@ -17,7 +17,7 @@ from clawmem_index.config import SearchSettings
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.errors import ClawmemError, QueryError
 from clawmem_index.keywords import build_match, build_prefix_match
-from clawmem_index.store import ChunkFilter, Store, TextHit
+from clawmem_index.store import ChunkFilter, Store, TextHit, VectorHit
 
 __all__ = ["Candidate", "SearchOutcome", "SearchRequest", "SearchResult", "decay_factor", "fuse_rrf", "iso_date",
            "mmr", "run_search"]
@@ -231,7 +231,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
     keywords = None if match is None else _KeywordSide(store, match, where, settings.candidate_cap)
     sides = Sides(
         text=None if keywords is None else keywords.hits,
-        vector=None if vector_blob is None else lambda depth: store.vector_search(vector_blob, depth, where),
+        vector=None if vector_blob is None else _VectorSide(store, vector_blob, where).hits,
         text_of=None if keywords is None else keywords.scores_of,
         vector_of=None if vector_blob is None else lambda seqs: store.vector_distances_of(vector_blob, seqs),
     )
@@ -311,6 +311,26 @@ class _KeywordSide:
         if len(self.ranking) >= self._cap:  # not every match was read: ask for the rest
             found.update(self._store.text_scores_of(self._match, [seq for seq in seqs if seq not in known]))
         return found
+
+
+READ_AHEAD = 4  # a vector read returns this many times the depth asked, so the proof's deeper reads are lookups
+
+
+class _VectorSide:
+    """The vector list, read ahead: the first read ranks READ_AHEAD times the depth asked among the
+    sign-bit candidates for that depth (the prefilter, which dominates the cost, runs once), so the
+    proof's next reads (twice, four times as deep) need no second search."""
+
+    def __init__(self, store: Store, blob: bytes, where: ChunkFilter) -> None:
+        self._store, self._blob, self._where = store, blob, where
+        self._hits: list[VectorHit] = []
+        self._read = 0  # how deep the last search was asked to go
+
+    def hits(self, depth: int) -> list[VectorHit]:
+        if depth > len(self._hits) and len(self._hits) >= self._read:
+            self._read = depth * READ_AHEAD
+            self._hits = self._store.vector_search(self._blob, self._read, self._where, candidates_for=depth)
+        return self._hits[:depth]
 
 
 def _keywords_decide(store: Store, query: str, where: ChunkFilter, ratio: float) -> bool:

@@ -236,9 +236,10 @@ class Store:
         """The best `limit` chunks for an FTS5 MATCH expression, best first."""
         return self.keywords.search(match, limit, where)
 
-    def vector_search(self, query_blob: bytes, limit: int, where: ChunkFilter | None = None) -> list[VectorHit]:
+    def vector_search(self, query_blob: bytes, limit: int, where: ChunkFilter | None = None, *,
+                      candidates_for: int | None = None) -> list[VectorHit]:
         """The `limit` chunks nearest by cosine distance (exact distances), nearest first, within `where`."""
-        return self.vectors.search(query_blob, limit, where)
+        return self.vectors.search(query_blob, limit, where, candidates_for=candidates_for)
 
     def text_ranking(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[tuple[int, float]]:
         """(seq, bm25) of the best `limit` chunks for `match`, best first, without their rows."""

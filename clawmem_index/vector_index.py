@@ -163,8 +163,13 @@ class VectorIndex:
         self._conn.execute("DROP TABLE IF EXISTS chunks_vec")
         self._meta.delete("vector_dims", "vector_partitions", _BITS_STALE)
 
-    def search(self, query_blob: bytes, limit: int, where: ChunkFilter | None = None) -> list[VectorHit]:
-        """The `limit` chunks nearest by cosine distance (exact distances), nearest first, within `where`."""
+    def search(self, query_blob: bytes, limit: int, where: ChunkFilter | None = None, *,
+               candidates_for: int | None = None) -> list[VectorHit]:
+        """The `limit` chunks nearest by cosine distance (exact distances), nearest first, within `where`.
+
+        `candidates_for`: oversample the sign-bit candidates for this many hits instead of `limit`
+        (a search reading ahead ranks more of the same candidates, at no extra prefilter cost).
+        """
         layout = self.layout()
         if not layout.readable or limit < 1:
             return []
@@ -175,7 +180,7 @@ class VectorIndex:
             return self._ranked(query_blob, limit, where)
         if where and self._few_under(where):
             return self._ranked(query_blob, limit, where)
-        want = max(limit * OVERSAMPLE, MIN_CANDIDATES)
+        want = max(min(limit, candidates_for or limit) * OVERSAMPLE, MIN_CANDIDATES)
         among = self._candidates(query_blob, want, layout.partitions)
         if among is not None and where:
             among = self._candidates_under(where, among, query_blob, want, layout.partitions)

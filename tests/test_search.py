@@ -472,3 +472,30 @@ def test_hostile_queries_get_an_answer_or_a_query_error_through_every_stage(
             assert answer["mode"] in ("hybrid", "bm25", "vector", "prefix")
     finally:
         tuned.close()
+
+
+def test_the_vector_side_reads_ahead_so_the_proofs_deeper_reads_need_no_second_search() -> None:
+    from clawmem_index.search import READ_AHEAD, _VectorSide
+    from clawmem_index.store import ChunkFilter, VectorHit
+
+    class Store:
+        def __init__(self, size: int) -> None:
+            self.hits = [VectorHit(i, f"p{i}", "memory", 1, 1, "", i / 1000) for i in range(size)]
+            self.asked: list[tuple[int, int | None]] = []
+
+        def vector_search(self, blob: bytes, limit: int, where: ChunkFilter, *,
+                          candidates_for: int | None = None) -> list[VectorHit]:
+            self.asked.append((limit, candidates_for))
+            return self.hits[:limit]
+
+    store = Store(1000)
+    side = _VectorSide(store, b"", ChunkFilter())  # type: ignore[arg-type]
+    assert [h.seq for h in side.hits(10)] == list(range(10))
+    assert len(side.hits(20)) == 20 and len(side.hits(10 * READ_AHEAD)) == 10 * READ_AHEAD
+    assert store.asked == [(10 * READ_AHEAD, 10)]  # one search, its prefilter sized for the depth asked
+    assert len(side.hits(100)) == 100
+    assert store.asked[-1] == (100 * READ_AHEAD, 100)
+    small = Store(15)
+    side = _VectorSide(small, b"", ChunkFilter())  # type: ignore[arg-type]
+    assert len(side.hits(10)) == 10 and len(side.hits(80)) == 15
+    assert len(small.asked) == 1  # it had everything there is
