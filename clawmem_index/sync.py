@@ -55,6 +55,8 @@ Progress = Callable[[int, int], None]
 
 EMBED_BATCH = 64  # chunks per provider call and per vector transaction (progress moves once per batch)
 PARALLEL_MIN_BYTES = 12 << 20  # measured: below ~10 MB, starting the workers costs more than they save
+PARSE_BATCH = 32  # files per task sent to a chunking worker
+PARSE_AHEAD = 16  # batches in flight per worker: enough to keep them busy, few enough to bound memory
 
 
 @dataclass
@@ -327,16 +329,30 @@ def _parse_all(files: Sequence[MemoryFile], settings: Settings, indexed: dict[st
     if workers > 1 and total >= PARALLEL_MIN_BYTES and len(files) >= 64:
         # Chunking is CPU-bound pure Python: a cold index of thousands of files is worth other cores.
         # "spawn" because the daemon has threads, which do not survive a fork safely.
-        from concurrent.futures import ProcessPoolExecutor
+        from collections import deque
+        from concurrent.futures import Future, ProcessPoolExecutor
         from multiprocessing import get_context
 
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_warm_up,
                                  initargs=(settings.chunking.tokenizer,)) as pool:
-            yield from pool.map(_parse_one, files, [args] * len(files), [indexed.get(f.path) for f in files],
-                                chunksize=32)
+            # A bounded window of batches in flight (not `map`, which submits every file at once and
+            # keeps every parsed file the writer has not taken yet): memory stays flat in the file count.
+            ahead: deque[Future[list[ParsedFile]]] = deque()
+            for start in range(0, len(files), PARSE_BATCH):
+                batch = files[start:start + PARSE_BATCH]
+                ahead.append(pool.submit(_parse_batch, batch, args, [indexed.get(f.path) for f in batch]))
+                if len(ahead) >= workers * PARSE_AHEAD:
+                    yield from ahead.popleft().result()
+            while ahead:
+                yield from ahead.popleft().result()
         return
     for f in files:
         yield _parse_one(f, args, indexed.get(f.path))
+
+
+def _parse_batch(files: Sequence[MemoryFile], args: tuple[int, int, str, bool],
+                 previous: Sequence[FileRow | None]) -> list[ParsedFile]:
+    return [_parse_one(f, args, row) for f, row in zip(files, previous, strict=True)]
 
 
 def _warm_up(tokenizer: str) -> None:

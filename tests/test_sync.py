@@ -454,3 +454,33 @@ def test_a_file_of_identical_chunks_is_indexed_and_edited(settings: Settings, wr
     after = {r[0] for r in index.reader().execute("SELECT id FROM chunks WHERE path = 'memory/same.md'")}
     assert again.chunks_kept >= len(before) - 2 and len(before - after) <= 2
     assert paths_found(index, "herons") == {"memory/other.md"}
+
+
+def test_parallel_chunking_keeps_a_bounded_window_of_files_in_flight(settings: Settings, write,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """map() would submit every file at once and hold every parsed file the writer has not taken yet."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from clawmem_index import sync
+    from clawmem_index.workspace import scan
+
+    for i in range(80):
+        write(f"memory/n{i:03d}.md", f"# Note {i}\n\nkiwi {i}\n")
+    monkeypatch.setattr(sync, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(sync, "PARSE_BATCH", 4)
+    monkeypatch.setattr(sync, "PARSE_AHEAD", 2)
+    monkeypatch.setattr(sync.os, "cpu_count", lambda: 2)
+    submitted = []
+    real_submit = ProcessPoolExecutor.submit
+
+    def counting(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        submitted.append(fn)
+        return real_submit(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", counting)
+    files = sorted(scan(settings.workspace, settings.extra_paths, exclude=settings.exclude), key=lambda f: f.path)
+    parsed = sync._parse_all(files, settings, {})
+    first = next(parsed)
+    assert len(submitted) <= 2 * 2  # workers x PARSE_AHEAD batches, not all 20
+    rest = list(parsed)
+    assert [p.file.path for p in [first, *rest]] == [f.path for f in files] and len(submitted) == 20
