@@ -367,7 +367,7 @@ class Daemon:
         chosen = self._provider if provider is _UNSET else provider
         given = {} if chosen is _UNSET else {"provider": chosen}
         return MemoryIndex(settings, pending_files=self._pending_files, files_on_disk=self._files_on_disk,
-                           isolate_local_model=settings.embedding.isolate_local, **given)
+                           isolate_local_model=settings.embedding.isolate_local, long_lived=True, **given)
 
     def _pending_files(self) -> int:
         """Files changed since the last sync, from what the watcher and the writer know.

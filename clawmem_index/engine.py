@@ -65,9 +65,11 @@ class MemoryIndex:
     def __init__(self, settings: Settings, *, provider: EmbeddingProvider | None = _UNRESOLVED,
                  lock_timeout: float = 30.0, pending_files: Callable[[], int] | None = None,
                  files_on_disk: Callable[[], int] | None = None, read_only: bool = False,
-                 isolate_local_model: bool = False) -> None:
+                 isolate_local_model: bool = False, long_lived: bool = False) -> None:
         """`pending_files` and `files_on_disk` are answered by a watcher without a scan (the daemon's).
 
+        `long_lived`: this process answers many queries (the daemon's): its connections keep
+        per-phrase keyword scores, which a one-shot command would read and never reuse.
         `isolate_local_model`: a local model runs in a child process (the daemon's, when
         `embedding.isolate_local` is on), so its memory and any native crash stay out of this one.
 
@@ -79,6 +81,7 @@ class MemoryIndex:
         self._pending_files = pending_files
         self._files_on_disk = files_on_disk
         self.isolate_local_model = isolate_local_model
+        self.long_lived = long_lived
         self.path = settings.index_path
         self.lock_timeout = lock_timeout
         self._provider = provider
@@ -146,7 +149,7 @@ class MemoryIndex:
         if store is None:
             if not self.path.exists():
                 raise IndexUnavailable(f"no index at {self.path} yet: run `clawmem index` first")
-            store = Store(self.path, create=False, read_only=self.read_only)
+            store = Store(self.path, create=False, read_only=self.read_only, keep_keyword_scores=self.long_lived)
             self._local.store = store
             with self._stores_lock:
                 self._stores.append(store)

@@ -21,10 +21,9 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import apsw
-import numpy as np
-import numpy.typing as npt
 
 from clawmem_index.filters import ChunkFilter
 
@@ -38,8 +37,12 @@ CACHE_POSTINGS = 1 << 20  # per-phrase scores kept per connection (16 bytes each
 FILTER_DEPTH = 1 << 16  # how deep the best matches are walked for a filter before FTS5 ranks the query instead
 CHECKED = 3  # hits FTS5 scores once per connection to confirm the sums (each rescans the phrases for their IDF)
 
-Ints = npt.NDArray[np.int64]
-Floats = npt.NDArray[np.float64]
+if TYPE_CHECKING:  # numpy is imported where the sums are made: a command that never sums does not load it
+    import numpy as np
+    import numpy.typing as npt
+
+    Ints = npt.NDArray[np.int64]
+    Floats = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +68,10 @@ class _Postings:
 class KeywordIndex:
     """chunks_fts on one connection."""
 
-    def __init__(self, conn: apsw.Connection) -> None:
+    def __init__(self, conn: apsw.Connection, *, keep_scores: bool = True) -> None:
+        """`keep_scores`: sum kept per-phrase scores for common words (a long-lived process); else FTS5 ranks."""
         self._conn = conn
+        self._keep_scores = keep_scores
         self._version: tuple[int, int] | None = None
         self._postings: OrderedDict[str, _Postings] = OrderedDict()
         self._held = 0
@@ -129,6 +134,8 @@ class KeywordIndex:
         FTS5's BM25 takes its statistics from the whole table, so a score asked for one row is the
         one that row gets in any search.
         """
+        import numpy as np
+
         wanted = list(seqs)
         phrases = self._phrases(match)
         if phrases is None or not wanted:
@@ -189,7 +196,8 @@ class KeywordIndex:
     def _phrases(self, match: str) -> list[str] | None:
         """The phrases of an OR of quoted phrases (what keywords.build_match makes); None for anything else,
         or inside a transaction, whose changes the kept scores could outlive if it is rolled back."""
-        if not self._sums_exact or not _OR_OF_PHRASES.fullmatch(match) or not self._conn.get_autocommit():
+        if not (self._keep_scores and self._sums_exact) or not _OR_OF_PHRASES.fullmatch(match) \
+                or not self._conn.get_autocommit():
             return None
         return _PHRASE.findall(match)
 
@@ -238,6 +246,8 @@ class KeywordIndex:
         return total > PLAIN_MAX
 
     def _phrase_postings(self, phrase: str) -> _Postings:
+        import numpy as np
+
         kept = self._postings.get(phrase)
         if kept is not None:
             self._postings.move_to_end(phrase)
@@ -256,6 +266,8 @@ class KeywordIndex:
     def _ranking(self, match: str, phrases: list[str]) -> tuple[Ints, Floats]:
         """Every matching seq (ascending) with its relevance: the phrases' gains added in phrase order, as
         FTS5's bm25 adds them (the last expression is kept: a caller reads deeper and deeper)."""
+        import numpy as np
+
         if self._ranked is not None and self._ranked[0] == match:
             return self._ranked[1], self._ranked[2]
         lists = [self._phrase_postings(p) for p in phrases]
@@ -282,6 +294,8 @@ class KeywordIndex:
     def _best(self, seqs: Ints, gains: Floats, limit: int, where: ChunkFilter | None) -> Ints | None:
         """Positions of the best `limit` (relevance descending, ties by seq) that pass `where`; None when a
         filter passes too few of the best FILTER_DEPTH."""
+        import numpy as np
+
         depth = limit if not where else max(64, 4 * limit)
         while True:
             top = _top(gains, depth)
@@ -296,6 +310,8 @@ class KeywordIndex:
             depth *= 8
 
     def _passing(self, seqs: Ints, where: ChunkFilter) -> Ints:
+        import numpy as np
+
         condition, args = where.sql("w")
         rows = self._conn.execute(
             f"SELECT w.seq FROM chunks AS w WHERE w.seq IN (SELECT value FROM json_each(:seqs)) AND {condition}",
@@ -318,6 +334,8 @@ class KeywordIndex:
 def _top(gains: Floats, depth: int) -> Ints:
     """Positions of at least the `depth` largest gains (all that tie with the last), largest first, ties in
     position order."""
+    import numpy as np
+
     if depth < len(gains):
         cut = np.partition(gains, len(gains) - depth)[len(gains) - depth]
         chosen = np.flatnonzero(gains >= cut)

@@ -75,8 +75,13 @@ class JobRow:
 class Store:
     """One open index file. Not shared between threads: open one Store per thread."""
 
-    def __init__(self, path: Path, *, create: bool = True, fast_unsafe: bool = False, read_only: bool = False) -> None:
+    def __init__(self, path: Path, *, create: bool = True, fast_unsafe: bool = False, read_only: bool = False,
+                 keep_keyword_scores: bool = True) -> None:
         """`read_only`: a connection SQLite refuses every write on (a query client beside a writer).
+
+        `keep_keyword_scores`: rank common-word queries from per-phrase scores kept on this
+        connection (see keyword_index); worth it only in a long-lived process, since the first use
+        of a phrase reads all its matches.
 
         It neither sets the journal mode nor migrates: an index that needs a migration is refused,
         for its writer (the daemon, `clawmem index`) to upgrade.
@@ -110,7 +115,7 @@ class Store:
             raise IndexUnavailable(f"cannot open index {path}: {exc}") from exc
         self._depth = 0
         self.meta = Meta(self.conn)
-        self.keywords = KeywordIndex(self.conn)
+        self.keywords = KeywordIndex(self.conn, keep_scores=keep_keyword_scores)
         self.vectors = VectorIndex(self.conn, self.meta, loaded=self.vec_loaded)
 
     def close(self) -> None:

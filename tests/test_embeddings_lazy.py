@@ -32,8 +32,9 @@ main()
 """
 
 
-def run(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    probe = _PROBE.format(modules=SDK_MODULES)
+def run(*args: str, env: dict[str, str],
+        modules: tuple[str, ...] = SDK_MODULES) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    probe = _PROBE.format(modules=modules)
     out = subprocess.run([sys.executable, "-c", probe, *args], env={**os.environ, **env}, capture_output=True,
                          text=True, timeout=120, stdin=subprocess.DEVNULL)
     marker = [line for line in out.stderr.splitlines() if line.startswith("IMPORTED ")]
@@ -90,6 +91,17 @@ def test_local_model_is_loaded_only_by_commands_that_embed(notes: Path, tmp_path
         assert imported == [], command
     status = json.loads(run("status", "--json", env=env)[0].stdout)
     assert status["fresh"] is True and status["dims"] == 384
+
+
+def test_keyword_commands_load_no_numpy(notes: Path, tmp_path: Path) -> None:
+    """numpy costs a CLI ~60 ms and a chunking worker ~12 MB: only summing scores or vectors loads it."""
+    env = {"CLAWMEM_WORKSPACE": str(notes), "CLAWMEM_INDEX": str(tmp_path / "index.sqlite"),
+           "CLAWMEM_PROVIDER": "none", "CLAWMEM_SOCKET": str(tmp_path / "none.sock")}
+    assert run("index", env=env)[0].returncode == 0
+    for command in (["status"], ["search", "--mode", "bm25", "staging"], ["search", "staging"]):
+        out, imported = run(*command, env=env, modules=("numpy",))
+        assert out.returncode == 0, (command, out.stderr)
+        assert imported == [], command
 
 
 @pytest.mark.parametrize(("factory", "key", "sdk"), [

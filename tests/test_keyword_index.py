@@ -182,3 +182,22 @@ def test_a_sum_fts5_does_not_confirm_hands_ranking_back_to_fts5(store: Store) ->
     with summing(), mock.patch.object(keyword_index.KeywordIndex, "_ranking", off_by_an_ulp):
         assert ranked(store, match, 5) == reference(store, match, 5)
         assert store.keywords._phrases(match) is None  # FTS5 ranks every later query
+
+
+def test_a_one_shot_index_lets_fts5_rank_and_the_daemons_keeps_scores(workspace: Path, tmp_path: Path) -> None:
+    """A CLI command would read every match of each phrase and never reuse them: it asks FTS5 instead."""
+    from clawmem_index.config import load_settings
+    from clawmem_index.engine import MemoryIndex
+
+    (workspace / "memory" / "a.md").write_text("# A\nstaging deploy rollback\n")
+    chosen = load_settings(workspace=workspace, overrides={"index": str(tmp_path / "i.sqlite"),
+                                                           "embedding.provider": "none"}, environ={})
+    MemoryIndex(chosen).sync()
+    one_shot, daemon = MemoryIndex(chosen), MemoryIndex(chosen, long_lived=True)
+    match = build_match("staging deploy") or ""
+    with summing():
+        for index, kept in ((one_shot, False), (daemon, True)):
+            store = index.reader()
+            assert store.text_ranking(match, 5) == reference(store, match, 5)
+            assert bool(store.keywords._postings) is kept
+            index.close()
