@@ -228,7 +228,9 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
             mode = "bm25"
     match = build_match(query) if mode != "vector" else None
     vector_blob = blob
-    keywords = None if match is None else _KeywordSide(store, match, where, settings.candidate_cap)
+    # With a vector side, the keyword list is read deep at once: its scores fill in vector candidates.
+    keywords = None if match is None else _KeywordSide(store, match, where, settings.candidate_cap,
+                                                       ahead=settings.candidate_cap if vector_blob else 0)
     sides = Sides(
         text=None if keywords is None else keywords.hits,
         vector=None if vector_blob is None else _VectorSide(store, vector_blob, where).hits,
@@ -282,33 +284,38 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
 
 
 class _KeywordSide:
-    """The keyword list, read once `cap` deep: FTS5 scores every match to sort them whatever the
-    depth, so reading deeper, and a vector candidate's keyword score, are then lookups (a chunk
-    past `cap` is asked for by rowid). Rows are fetched only for the depth a search reads."""
+    """The keyword list, read `ahead` deep at once when a vector side needs its scores (FTS5 scores
+    every match to sort them whatever the depth, so reading deeper, and a vector candidate's keyword
+    score, are then lookups; a chunk past the read is asked for by rowid), else as deep as asked.
+    Rows are fetched only for the depth a search reads."""
 
-    def __init__(self, store: Store, match: str, where: ChunkFilter, cap: int) -> None:
-        self._store, self._match, self._where, self._cap = store, match, where, cap
-        self._ranking: list[tuple[int, float]] | None = None
+    def __init__(self, store: Store, match: str, where: ChunkFilter, cap: int, *, ahead: int = 0) -> None:
+        self._store, self._match, self._where, self._cap, self._ahead = store, match, where, cap, ahead
+        self._ranking: list[tuple[int, float]] = []
+        self._read = 0  # how deep the ranking was asked for
         self._known: dict[int, float] | None = None
         self._hits: list[TextHit] = []
 
-    @property
-    def ranking(self) -> list[tuple[int, float]]:
-        if self._ranking is None:
-            self._ranking = self._store.text_ranking(self._match, self._cap, self._where)
+    def ranking(self, depth: int) -> list[tuple[int, float]]:
+        if depth > self._read and len(self._ranking) >= self._read:
+            self._read = min(self._cap, max(depth, self._ahead))
+            self._ranking = self._store.text_ranking(self._match, self._read, self._where)
+            self._known = None
         return self._ranking
 
     def hits(self, depth: int) -> list[TextHit]:
-        if len(self._hits) < min(depth, len(self.ranking)):
-            self._hits = self._store.text_hits(self.ranking[:depth])
+        ranking = self.ranking(depth)
+        if len(self._hits) < min(depth, len(ranking)):
+            self._hits = self._store.text_hits(ranking[:depth])
         return self._hits[:depth]
 
     def scores_of(self, seqs: list[int]) -> dict[int, float]:
+        ranking = self.ranking(self._ahead or 1)
         if self._known is None:
-            self._known = dict(self.ranking)
+            self._known = dict(ranking)
         known = self._known
         found = {seq: known[seq] for seq in seqs if seq in known}
-        if len(self.ranking) >= self._cap:  # not every match was read: ask for the rest
+        if len(ranking) >= self._read:  # not every match was read: ask for the rest
             found.update(self._store.text_scores_of(self._match, [seq for seq in seqs if seq not in known]))
         return found
 
