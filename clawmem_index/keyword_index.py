@@ -19,7 +19,7 @@ import contextlib
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -158,18 +158,7 @@ class KeywordIndex:
     # -- FTS5 ranks the query itself ------------------------------------------------------------
 
     def _fts_search(self, match: str, limit: int, where: ChunkFilter | None) -> list[TextHit]:
-        join, condition, args = "", "1", {"match": match, "k": limit}
-        if where:
-            join = " JOIN chunks AS w ON w.seq = chunks_fts.rowid"
-            condition, extra = where.sql("w")
-            args.update(extra)
-        sql = (
-            "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, f.score, c.date FROM"
-            f" (SELECT chunks_fts.rowid AS rowid, bm25(chunks_fts) AS score FROM chunks_fts{join}"
-            f" WHERE chunks_fts MATCH :match AND {condition} ORDER BY score, chunks_fts.rowid LIMIT :k) AS f"
-            " JOIN chunks AS c ON c.seq = f.rowid ORDER BY f.score, f.rowid"
-        )
-        return [TextHit(*row) for row in self._conn.execute(sql, args)]
+        return self.hits(self._fts_ranking(match, limit, where))
 
     def _fts_ranking(self, match: str, limit: int, where: ChunkFilter | None) -> list[tuple[int, float]]:
         join, condition, args = "", "1", {"match": match, "k": limit}
@@ -319,16 +308,14 @@ class KeywordIndex:
         return np.fromiter((r[0] for r in rows), dtype=np.int64)
 
     def _hits(self, seqs: Ints, gains: Floats) -> list[TextHit]:
-        """The chunks' rows in the given order (a seq without a chunk row is left out, as FTS5's join leaves it)."""
-        rows = {r[0]: r for r in self._conn.execute(
+        return self.hits(list(zip(seqs.tolist(), (-gains).tolist(), strict=True)))
+
+    def hits(self, ranked: Sequence[tuple[int, float]]) -> list[TextHit]:
+        """The `TextHit`s of (seq, bm25) pairs, in their order (a seq without a chunk row is left out)."""
+        rows = {int(r[0]): r for r in self._conn.execute(
             "SELECT seq, path, source, start_line, end_line, text, date FROM chunks"
-            " WHERE seq IN (SELECT value FROM json_each(?))", (json.dumps(seqs.tolist()),))}
-        hits = []
-        for seq, gain in zip(seqs.tolist(), gains.tolist(), strict=True):
-            row = rows.get(seq)
-            if row is not None:
-                hits.append(TextHit(*row[:6], -gain, row[6]))
-        return hits
+            " WHERE seq IN (SELECT value FROM json_each(?))", (json.dumps([seq for seq, _ in ranked]),))}
+        return [TextHit(*rows[seq][:6], bm25, rows[seq][6]) for seq, bm25 in ranked if seq in rows]
 
 
 def _top(gains: Floats, depth: int) -> Ints:

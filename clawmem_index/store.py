@@ -252,10 +252,7 @@ class Store:
 
     def text_hits(self, ranked: Sequence[tuple[int, float]]) -> list[TextHit]:
         """The `TextHit`s of (seq, bm25) pairs, in their order (a chunk deleted meanwhile is left out)."""
-        rows = {int(row[0]): row for row in self.conn.execute(
-            "SELECT seq, path, source, start_line, end_line, text, date FROM chunks"
-            " WHERE seq IN (SELECT value FROM json_each(?))", (json.dumps([seq for seq, _ in ranked]),))}
-        return [TextHit(*rows[seq][:6], bm25, rows[seq][6]) for seq, bm25 in ranked if seq in rows]
+        return self.keywords.hits(ranked)
 
     def text_scores_of(self, match: str, seqs: Iterable[int]) -> dict[int, float]:
         """The BM25 score each of `seqs` gets for `match` in any search (absent: it does not match)."""
