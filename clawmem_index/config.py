@@ -26,12 +26,14 @@ __all__ = [
     "Settings",
     "check_workspace",
     "load_settings",
+    "workspace_id",
 ]
 
 PROVIDERS = ("auto", "openai", "gemini", "voyage", "local", "none")
 SEARCH_MODES = ("hybrid", "bm25", "vector")
 FUSIONS = ("weighted", "rrf")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+INDEX_BACKENDS = ("sqlite", "postgres")
 MAX_CONTEXT_BUDGET = 100_000  # tokens of a `context` block: 250 chunks of 400
 
 
@@ -173,6 +175,9 @@ class Settings:
     workspace: Path = Path(".")
     index: Path | None = None
     socket: Path | None = None
+    index_backend: str = "sqlite"  # or "postgres": the index in a shared PostgreSQL (pgvector) at index_url
+    index_url: str = ""  # postgresql://user@host/db; the password from PGPASSWORD or ~/.pgpass, not the TOML
+    workspace_name: str = ""  # this workspace's name in a shared index (default: the folder's name)
     extra_paths: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ("memory/templates/**",)  # globs over index keys: never indexed, never read
     sources: tuple[str, ...] = ("memory",)  # add "sessions" to index agent transcripts too
@@ -196,6 +201,11 @@ class Settings:
         return self.index if self.index is not None else _cache_dir() / _workspace_key(self.workspace) / "index.sqlite"
 
     @property
+    def workspace_id(self) -> str:
+        """The workspace's key in a shared index: from its configured name, never from a host path."""
+        return workspace_id(self.workspace_name or self.workspace.name)
+
+    @property
     def socket_path(self) -> Path:
         if self.socket is not None:
             return self.socket
@@ -213,6 +223,11 @@ class Settings:
         _require(bool(self.sources) and set(self.sources) <= {"memory", "sessions"}, "sources",
                  "must list memory and/or sessions")
         _require(bool(self.sessions_dir.strip()), "sessions_dir", "must not be empty")
+        _require(self.index_backend in INDEX_BACKENDS, "index_backend", f"must be one of {', '.join(INDEX_BACKENDS)}")
+        _require(self.index_backend != "postgres" or self.index_url.startswith(("postgresql://", "postgres://")),
+                 "index_url", "must be a postgresql:// URL when index_backend is postgres")
+        _require(bool(workspace_id(self.workspace_name or self.workspace.name)), "workspace_name",
+                 "must hold a letter or digit")
         for section in (self.chunking, self.embedding, self.search, self.batch, self.daemon):
             section.validate()
 
@@ -235,6 +250,9 @@ ENV_KEYS: dict[str, str] = {
     "CLAWMEM_FALLBACK": "embedding.fallback",
     "CLAWMEM_LOG_LEVEL": "log_level",
     "CLAWMEM_SOURCES": "sources",  # "memory,sessions"
+    "CLAWMEM_INDEX_BACKEND": "index_backend",
+    "CLAWMEM_INDEX_URL": "index_url",
+    "CLAWMEM_WORKSPACE_NAME": "workspace_name",
 }
 
 
@@ -270,6 +288,9 @@ def load_settings(
             (sections[target] if target else top)[name] = value
 
     top.pop("workspace", None)
+    if toml_path is not None and _has_password(_flatten(_read_toml(toml_path)).get("index_url")):
+        raise ConfigError(f"{toml_path}: index_url holds a password; give it in PGPASSWORD (or ~/.pgpass), or the"
+                          " whole URL in CLAWMEM_INDEX_URL (a systemd EnvironmentFile), not in the settings file")
     for key in ("index", "socket"):
         if key in top:
             top[key] = _resolve_path(top[key], ws)
@@ -292,6 +313,21 @@ def check_workspace(workspace: Path) -> None:
         raise ConfigError(f"workspace {workspace} does not exist (create one with `clawmem init {workspace}`)")
     if not workspace.is_dir():
         raise ConfigError(f"workspace {workspace} is not a directory")
+
+
+def workspace_id(name: str) -> str:
+    """A name as a shared index keys it: lower case letters, digits, `-`, `_` and `.`, at most 63."""
+    cleaned = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_.") else "-" for ch in name.strip().lower())
+    return cleaned.strip("-.")[:63]
+
+
+def _has_password(url: object) -> bool:
+    if not isinstance(url, str):
+        return False
+    from urllib.parse import parse_qs, urlsplit
+
+    parts = urlsplit(url)
+    return bool(parts.password) or "password" in parse_qs(parts.query)
 
 
 def with_overrides(settings: Settings, **section_values: Mapping[str, Any]) -> Settings:

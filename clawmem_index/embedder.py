@@ -140,14 +140,15 @@ class Embedder:
 
     def _embed(self, index: MemoryIndex, run: Run) -> None:
         from clawmem_index.backfill import advance, covered
-        from clawmem_index.store import Store
         from clawmem_index.sync import embed_pending
 
         provider = index.provider
-        if provider is None or not index.path.exists():
+        if provider is None or not index.backend.exists():
             return
         fingerprint = index.fingerprint_json()
-        store = Store(index.path, create=False)
+        store = index.open_writer()
+        if store is None:
+            return
         try:
             if store.get_meta("fingerprint") != fingerprint:
                 return  # built for another model: the writer rebuilds it first, then wakes this thread

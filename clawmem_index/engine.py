@@ -2,11 +2,11 @@
 
 This is the API the CLI and the daemon call; it knows nothing of sockets or terminals.
 
-Writers (sync, rebuild) serialise on an flock beside the index file. A rebuild (fingerprint
-changed, or `reindex`) is written into a private file next to the index and copied into the live
-file with SQLite's backup API in a single write transaction: readers see the old index until the
-new one is complete, and a rebuild killed at any point leaves the old index untouched. Its private
-file is removed by the next writer. Before its swap a rebuild takes the vectors the embedding cache
+Writers (sync, rebuild) serialise on the backend's writer lock. A rebuild (fingerprint changed, or
+`reindex`) is written somewhere private and swapped in whole (clawmem_index.backends: a file copied
+in with SQLite's backup API, or a new generation of rows in PostgreSQL): readers see the old index
+until the new one is complete, and a rebuild killed at any point leaves the old index untouched;
+what it left is removed by the next writer. Before its swap a rebuild takes the vectors the embedding cache
 knows and makes no provider call, so the keyword index never waits for a provider (a `reindex` or a
 return to an earlier model keeps every vector); the other vectors follow, as for a new note.
 
@@ -17,27 +17,22 @@ after which the answer is keyword-only and says so.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
-import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import apsw
 
 from clawmem_index import __version__
+from clawmem_index.backends import backend_for
 from clawmem_index.backfill import advance, covered
 from clawmem_index.config import MAX_CONTEXT_BUDGET, Settings, check_workspace
 from clawmem_index.embeddings.base import EmbeddingProvider
 from clawmem_index.errors import (
     ClawmemError,
-    IndexBusy,
-    IndexCorrupt,
     IndexUnavailable,
     PathError,
     ProviderError,
@@ -46,7 +41,7 @@ from clawmem_index.errors import (
 from clawmem_index.files import GET_MAX_BYTES, Window, read_window
 from clawmem_index.query_cache import QueryCache
 from clawmem_index.search import SearchOutcome, SearchRequest, run_search
-from clawmem_index.store import SCHEMA_VERSION, Store, make_private_dirs, make_private_file
+from clawmem_index.store import SCHEMA_VERSION, Store
 from clawmem_index.sync import Progress, SyncReport, embed_pending, source_scope, sync_workspace
 from clawmem_index.timefmt import iso_time, seconds
 from clawmem_index.workspace import open_memory_file, scan
@@ -82,6 +77,7 @@ class MemoryIndex:
         self._files_on_disk = files_on_disk
         self.isolate_local_model = isolate_local_model
         self.long_lived = long_lived
+        self.backend = backend_for(settings)
         self.path = settings.index_path
         self.lock_timeout = lock_timeout
         self._provider = provider
@@ -147,9 +143,9 @@ class MemoryIndex:
         """This thread's connection to the live index (opened on first use; never creates the file)."""
         store: Store | None = getattr(self._local, "store", None)
         if store is None:
-            if not self.path.exists():
-                raise IndexUnavailable(f"no index at {self.path} yet: run `clawmem index` first")
-            store = Store(self.path, create=False, read_only=self.read_only, keep_keyword_scores=self.long_lived)
+            if not self.backend.exists():
+                raise IndexUnavailable(f"no index at {self.backend.describe()} yet: run `clawmem index` first")
+            store = self.backend.open_reader(read_only=self.read_only, long_lived=self.long_lived)
             self._local.store = store
             with self._stores_lock:
                 self._stores.append(store)
@@ -157,7 +153,7 @@ class MemoryIndex:
 
     def has_been_built(self) -> bool:
         """Whether a sync ever completed into this index: until one has, a new daemon's queries wait."""
-        return self.path.exists() and self.reader().get_meta("last_sync") is not None
+        return self.backend.exists() and self.reader().get_meta("last_sync") is not None
 
     def close(self) -> None:
         with self._stores_lock:
@@ -180,38 +176,9 @@ class MemoryIndex:
         if self.isolate_local_model and hasattr(provider, "close"):
             provider.close()  # type: ignore[union-attr]
 
-    @contextlib.contextmanager
-    def write_lock(self) -> Iterator[None]:
-        """The workspace's writer lock (flock: released by the kernel if the holder dies).
-
-        Every writer also keeps the index private: the file and its journals 0600, and the default
-        location's folders (clawmem's own) 0700, whatever the umask or an older version left.
-        """
-        ours = self.settings.index is None
-        if ours:
-            make_private_dirs(self.settings.cache_dir, tighten=True)
-        make_private_dirs(self.path.parent, tighten=ours)
-        make_private_file(self.path, create=False)
-        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            deadline = time.monotonic() + self.lock_timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError as exc:
-                    if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() >= deadline:
-                        raise IndexBusy(f"another clawmem process is writing {self.path}") from None
-                    time.sleep(0.05)
-            self._remove_strays()
-            yield
-        finally:
-            os.close(fd)
-
-    def _remove_strays(self) -> None:
-        for stray in self.path.parent.glob(f"{self.path.name}.rebuild-*"):
-            with contextlib.suppress(FileNotFoundError):
-                stray.unlink()
+    def write_lock(self) -> contextlib.AbstractContextManager[None]:
+        """The workspace's writer lock, released if the holder dies (see clawmem_index.backends)."""
+        return self.backend.write_lock(self.lock_timeout)
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -237,7 +204,7 @@ class MemoryIndex:
                embed_progress: Progress | None, notify: Callable[[str], None] | None = None) -> SyncReport:
         """Run `work` under the writer lock, embed what is pending, and record how it went in `meta`."""
         if self.read_only:
-            raise IndexUnavailable(f"the index {self.path} is open read-only here: `clawmem index` (or the daemon)"
+            raise IndexUnavailable(f"the index {self.backend.describe()} is open read-only here: `clawmem index` (or the daemon)"
                                    " updates it")
         check_workspace(self.settings.workspace)
         started = time.perf_counter()
@@ -310,7 +277,7 @@ class MemoryIndex:
         store.set_meta("last_sync", json.dumps({
             "at": time.time(), "duration": report.duration, "problems": problems[:_REPORTED_PROBLEMS],
             "problem_count": len(problems), "embed_error": report.embed_error}))
-        store.conn.execute("DELETE FROM meta WHERE key = 'last_error'")
+        store.delete_meta("last_error")
 
     def _record_failure(self, exc: ClawmemError) -> None:
         """Remember a failed sync in the index, so `status` cannot call the index fresh (best effort)."""
@@ -323,12 +290,11 @@ class MemoryIndex:
 
     def _open_live(self) -> Store | None:
         """The live index, or None when there is none worth keeping (missing or damaged)."""
-        if not self.path.exists():
-            return None
-        try:
-            return Store(self.path, create=False)
-        except IndexCorrupt:
-            return None
+        return self.backend.open_live()  # type: ignore[no-any-return]
+
+    def open_writer(self) -> Store | None:
+        """A connection that may write the live index (the embedder's), None when there is none."""
+        return self._open_live()
 
     def _switch_vectors(self, fingerprint: str, store: Store, progress: Progress | None) -> SyncReport:
         """A new provider or model over the same chunks: new vectors (from the cache) in place, in one transaction.
@@ -355,40 +321,14 @@ class MemoryIndex:
         if replacing is not None:
             replacing.close()
         started = time.perf_counter()
-        tmp = self.path.with_name(f"{self.path.name}.rebuild-{os.getpid()}")
-        tmp.unlink(missing_ok=True)
-        try:
-            fresh = Store(tmp, fast_unsafe=True)
-            try:
-                if self.path.exists():
-                    with contextlib.suppress(Exception):
-                        fresh.copy_cache_from(self.path)
-                fresh.set_meta("fingerprint", fingerprint)
-                report = sync_workspace(fresh, self.settings, progress=progress, bulk=True)
-                if self.provider is not None:
-                    report.from_cache, _ = embed_pending(fresh, self.provider, cache_only=True,
-                                                         cache_max_entries=0)
-                self._swap_in(fresh)
-            finally:
-                fresh.close()
-        finally:
-            tmp.unlink(missing_ok=True)
+        with self.backend.fresh() as fresh:
+            fresh.set_meta("fingerprint", fingerprint)
+            report = sync_workspace(fresh, self.settings, progress=progress, bulk=True)
+            if self.provider is not None:
+                report.from_cache, _ = embed_pending(fresh, self.provider, cache_only=True, cache_max_entries=0)
+            self.backend.swap_in(fresh)
         report.duration = time.perf_counter() - started
         return report
-
-    def _swap_in(self, fresh: Store) -> None:
-        live = self._open_live()
-        if live is None:
-            # No usable index (missing or not a database): nothing to keep serving, start a new file.
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
-            live = Store(self.path)
-        try:
-            with live.conn.backup("main", fresh.conn, "main") as backup:
-                while not backup.done:
-                    backup.step(-1)
-        finally:
-            live.close()
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -563,12 +503,13 @@ class MemoryIndex:
         data: dict[str, object] = {
             "version": __version__,
             "workspace": str(self.settings.workspace),
-            "index_path": str(self.path),
+            **self.backend.status(),
             "socket": str(self.settings.socket_path),
-            "index_exists": self.path.exists(),
         }
+        exists = self.backend.exists()
+        data["index_exists"] = exists
         reasons: list[str] = []
-        if not self.path.exists():
+        if not exists:
             on_disk = self._files_on_disk() if self._files_on_disk else self.disk_state(None)[0]
             data.update(files_on_disk=on_disk, files_indexed=0, chunks_indexed=0, fresh=False,
                         configured_provider=self._provider_state({})[0],
@@ -608,7 +549,8 @@ class MemoryIndex:
             dims=int(meta.get("vector_dims") or fingerprint.get("dims", 0) or 0),
             configured_provider=provider,
             sqlite_vec_loaded=store.vec_loaded,
-            vector_search="sqlite-vec" if store.vec_loaded else "in-process cosine (sqlite-vec not loaded)",
+            vector_search=store.vector_method() if self.backend.name != "sqlite" else
+            "sqlite-vec" if store.vec_loaded else "in-process cosine (sqlite-vec not loaded)",
             pending_files=pending_files,
             pending_embeddings=pending_embeddings,
             batch_jobs=store.job_count(),

@@ -158,6 +158,9 @@ class Store:
     def set_meta(self, key: str, value: str) -> None:
         self.meta.set(key, value)
 
+    def delete_meta(self, key: str) -> None:
+        self.meta.delete(key)
+
     def all_meta(self) -> dict[str, str]:
         return self.meta.all()
 

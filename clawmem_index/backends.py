@@ -1,0 +1,244 @@
+"""Where the index lives: one SQLite file (the default), or a workspace's rows in a shared PostgreSQL.
+
+The engine asks a backend for connections, the writer's lock, and a private place to rebuild into
+that it then swaps in whole; everything else goes through the store interface both share. A
+backend opens no connection until asked, so choosing one costs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+from clawmem_index.config import Settings
+from clawmem_index.errors import IndexBusy, IndexCorrupt
+from clawmem_index.store import Store, make_private_dirs, make_private_file
+
+if TYPE_CHECKING:
+    from clawmem_index.pg.store import PgStore
+
+__all__ = ["Backend", "PostgresBackend", "SqliteBackend", "backend_for", "redacted"]
+
+AnyStore = Any  # Store or PgStore: the same interface (see clawmem_index.store)
+
+
+class Backend(Protocol):
+    name: str
+
+    def describe(self) -> str: ...
+    def exists(self) -> bool: ...
+    def open_reader(self, *, read_only: bool, long_lived: bool) -> AnyStore: ...
+    def open_live(self) -> AnyStore | None: ...
+    def write_lock(self, timeout: float) -> contextlib.AbstractContextManager[None]: ...
+    def fresh(self) -> contextlib.AbstractContextManager[AnyStore]: ...
+    def swap_in(self, fresh: AnyStore) -> None: ...
+    def status(self) -> dict[str, object]: ...
+
+
+def backend_for(settings: Settings) -> Backend:
+    if settings.index_backend == "postgres":
+        return PostgresBackend(settings)
+    return SqliteBackend(settings)
+
+
+class SqliteBackend:
+    """The index file: readers share it in WAL mode; a rebuild fills a private file and copies it in."""
+
+    name = "sqlite"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.path = settings.index_path
+
+    def describe(self) -> str:
+        return str(self.path)
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def open_reader(self, *, read_only: bool, long_lived: bool) -> Store:
+        return Store(self.path, create=False, read_only=read_only, keep_keyword_scores=long_lived)
+
+    def open_live(self) -> Store | None:
+        """The live index, or None when there is none worth keeping (missing or damaged)."""
+        if not self.path.exists():
+            return None
+        try:
+            return Store(self.path, create=False)
+        except IndexCorrupt:
+            return None
+
+    @contextlib.contextmanager
+    def write_lock(self, timeout: float) -> Iterator[None]:
+        """The workspace's writer lock (flock: released by the kernel if the holder dies).
+
+        Every writer also keeps the index private: the file and its journals 0600, and the default
+        location's folders (clawmem's own) 0700, whatever the umask or an older version left.
+        """
+        ours = self.settings.index is None
+        if ours:
+            make_private_dirs(self.settings.cache_dir, tighten=True)
+        make_private_dirs(self.path.parent, tighten=ours)
+        make_private_file(self.path, create=False)
+        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() >= deadline:
+                        raise IndexBusy(f"another clawmem process is writing {self.path}") from None
+                    time.sleep(0.05)
+            for stray in self.path.parent.glob(f"{self.path.name}.rebuild-*"):
+                with contextlib.suppress(FileNotFoundError):
+                    stray.unlink()
+            yield
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def fresh(self) -> Iterator[Store]:
+        """A private file to rebuild into, carrying the live index's vectors and jobs (removed after)."""
+        tmp = self.path.with_name(f"{self.path.name}.rebuild-{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        try:
+            store = Store(tmp, fast_unsafe=True)
+            try:
+                if self.path.exists():
+                    with contextlib.suppress(Exception):
+                        store.copy_cache_from(self.path)
+                yield store
+            finally:
+                store.close()
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def swap_in(self, fresh: Store) -> None:
+        """Copy the rebuilt file over the live one in a single write transaction (SQLite's backup API)."""
+        live = self.open_live()
+        if live is None:
+            # No usable index (missing or not a database): nothing to keep serving, start a new file.
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            live = Store(self.path)
+        try:
+            with live.conn.backup("main", fresh.conn, "main") as backup:
+                while not backup.done:
+                    backup.step(-1)
+        finally:
+            live.close()
+
+    def status(self) -> dict[str, object]:
+        return {"index_backend": "sqlite", "index_path": str(self.path)}
+
+
+class PostgresBackend:
+    """This workspace's rows in a shared PostgreSQL; a rebuild writes a new generation and switches to it."""
+
+    name = "postgres"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.url = settings.index_url
+        self.workspace = settings.workspace_id
+        self.scope: tuple[str, ...] = (self.workspace,)
+
+    def describe(self) -> str:
+        return f"workspace {self.workspace!r} in the shared index at {redacted(self.url)}"
+
+    def exists(self) -> bool:
+        from clawmem_index.pg.store import connect
+
+        conn = connect(self.url)
+        try:
+            row = conn.execute("SELECT to_regclass('cm_workspaces') IS NOT NULL").fetchone()
+            if not (row and row[0]):
+                return False
+            found = conn.execute("SELECT 1 FROM cm_workspaces WHERE workspace = %s", (self.workspace,)).fetchone()
+            return found is not None
+        finally:
+            conn.close()
+
+    def open_reader(self, *, read_only: bool, long_lived: bool) -> PgStore:
+        from clawmem_index.pg.store import PgStore
+
+        return PgStore(self.url, self.workspace, read_only=True, scope=self.scope)
+
+    def open_live(self) -> PgStore | None:
+        from clawmem_index.pg.store import PgStore
+
+        return PgStore(self.url, self.workspace)
+
+    @contextlib.contextmanager
+    def write_lock(self, timeout: float) -> Iterator[None]:
+        """A session advisory lock per workspace: the server drops it if the writer's connection dies."""
+        from clawmem_index.pg.store import PgStore, connect
+
+        conn = connect(self.url)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+                                   (f"clawmem-writer:{self.workspace}",)).fetchone()
+                if row and row[0]:
+                    break
+                if time.monotonic() >= deadline:
+                    raise IndexBusy(f"another clawmem process is writing {self.describe()}")
+                time.sleep(0.05)
+            live = PgStore(self.url, self.workspace)
+            try:
+                live.drop_strays()
+            finally:
+                live.close()
+            yield
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def fresh(self) -> Iterator[PgStore]:
+        """A new generation of this workspace's rows, invisible to readers until `swap_in`."""
+        from clawmem_index.pg.store import PgStore
+
+        store = PgStore(self.url, self.workspace, new_generation=True)
+        switched = False
+        try:
+            yield store
+            switched = store.switched
+        finally:
+            if not switched:
+                with contextlib.suppress(Exception):
+                    store.drop_own_generation()
+            store.close()
+
+    def swap_in(self, fresh: PgStore) -> None:
+        from clawmem_index.pg.store import PgStore
+
+        live = PgStore(self.url, self.workspace)
+        try:
+            live.switch_to(fresh)
+            fresh.switched = True
+        finally:
+            live.close()
+
+    def status(self) -> dict[str, object]:
+        return {"index_backend": "postgres", "index_url": redacted(self.url), "workspace_name": self.workspace}
+
+
+def redacted(url: str) -> str:
+    """A connection URL without its password (for status, logs and errors)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+

@@ -1,0 +1,165 @@
+"""The shared index's schema in PostgreSQL, its migrations, and who may read and write which workspace.
+
+Every row but the embedding cache belongs to a workspace and a generation. A workspace's live
+generation is named in `cm_workspaces`; a rebuild writes the next one beside it and switches in
+one transaction, so readers see the old rows or the new, never a mix. The cache is keyed by the
+text's hash and the model alone: one text is embedded once for the whole fleet.
+
+Isolation is the database's: row-level security on every workspace table. The tables' owner (who
+ran the migrations: a single-user setup, or an administrator) sees every workspace; any other role
+sees the workspaces `cm_access` grants to a role it is a member of, and writes only those granted
+`writable`. `grant_workspace` is how an owner hands a role a workspace.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+from psycopg import sql
+
+from clawmem_index.errors import IndexUnavailable
+
+__all__ = ["MIGRATIONS", "WORKSPACE_TABLES", "grant_workspace", "migrate"]
+
+WORKSPACE_TABLES = ("cm_workspaces", "cm_meta", "cm_files", "cm_chunks", "cm_terms", "cm_stats", "cm_jobs")
+_LOCK = 0x636C61776D656D  # advisory lock key for migrations ("clawmem")
+
+MIGRATIONS: list[tuple[str, str]] = [
+    ("0001_initial", """
+        CREATE EXTENSION IF NOT EXISTS vector;
+        CREATE TABLE cm_workspaces(
+            workspace text PRIMARY KEY,
+            live_gen bigint NOT NULL DEFAULT 0,
+            next_gen bigint NOT NULL DEFAULT 1,
+            version bigint NOT NULL DEFAULT 0,
+            created_at double precision NOT NULL
+        );
+        CREATE TABLE cm_meta(
+            workspace text NOT NULL, gen bigint NOT NULL, key text NOT NULL, value text NOT NULL,
+            PRIMARY KEY(workspace, gen, key)
+        );
+        CREATE TABLE cm_files(
+            workspace text NOT NULL, gen bigint NOT NULL, path text NOT NULL,
+            source text NOT NULL DEFAULT 'memory', hash text NOT NULL, mtime bigint NOT NULL, size bigint NOT NULL,
+            state text NOT NULL DEFAULT '', indexed_at double precision NOT NULL,
+            PRIMARY KEY(workspace, gen, path)
+        );
+        CREATE TABLE cm_chunks(
+            seq bigserial PRIMARY KEY,
+            workspace text NOT NULL, gen bigint NOT NULL,
+            id text NOT NULL, path text NOT NULL, source text NOT NULL DEFAULT 'memory',
+            start_line integer NOT NULL, end_line integer NOT NULL,
+            hash text NOT NULL, model text NOT NULL DEFAULT '', text text NOT NULL, date text,
+            embedded boolean NOT NULL DEFAULT false, updated_at double precision NOT NULL,
+            terms text[] NOT NULL, counts integer[] NOT NULL, length integer NOT NULL,
+            dims integer, embedding vector,
+            UNIQUE(workspace, gen, id)
+        );
+        CREATE INDEX cm_chunks_path ON cm_chunks(workspace, gen, path, start_line);
+        CREATE INDEX cm_chunks_pending ON cm_chunks(workspace, gen, seq) WHERE NOT embedded;
+        CREATE INDEX cm_chunks_hash ON cm_chunks(hash);
+        CREATE INDEX cm_chunks_terms ON cm_chunks USING gin(terms);
+        CREATE TABLE cm_terms(
+            workspace text NOT NULL, gen bigint NOT NULL, term text NOT NULL, df integer NOT NULL,
+            PRIMARY KEY(workspace, gen, term)
+        );
+        CREATE INDEX cm_terms_prefix ON cm_terms(workspace, gen, term text_pattern_ops);
+        CREATE TABLE cm_stats(
+            workspace text NOT NULL, gen bigint NOT NULL, chunks bigint NOT NULL DEFAULT 0,
+            tokens bigint NOT NULL DEFAULT 0,
+            PRIMARY KEY(workspace, gen)
+        );
+        CREATE TABLE cm_jobs(
+            workspace text NOT NULL, id text NOT NULL, provider text NOT NULL, model text NOT NULL,
+            provider_key text NOT NULL, hashes text NOT NULL, submitted_at double precision NOT NULL,
+            polled_at double precision NOT NULL, state text NOT NULL DEFAULT 'running', detail text NOT NULL DEFAULT '',
+            PRIMARY KEY(workspace, id)
+        );
+        CREATE TABLE cm_embedding_cache(
+            provider text NOT NULL, model text NOT NULL, provider_key text NOT NULL, hash text NOT NULL,
+            embedding bytea NOT NULL, dims integer NOT NULL, updated_at double precision NOT NULL,
+            PRIMARY KEY(provider, model, provider_key, hash)
+        );
+        CREATE INDEX cm_embedding_cache_age ON cm_embedding_cache(updated_at);
+        CREATE TABLE cm_access(
+            role_name name NOT NULL, workspace text NOT NULL, writable boolean NOT NULL DEFAULT false,
+            PRIMARY KEY(role_name, workspace)
+        );
+        CREATE FUNCTION cm_readable() RETURNS text[] LANGUAGE sql STABLE AS $$
+            SELECT coalesce(array_agg(a.workspace), '{}') FROM cm_access AS a
+            WHERE EXISTS (SELECT 1 FROM pg_roles AS r WHERE r.rolname = a.role_name
+                          AND pg_has_role(current_user, r.oid, 'MEMBER'))
+        $$;
+        CREATE FUNCTION cm_writable() RETURNS text[] LANGUAGE sql STABLE AS $$
+            SELECT coalesce(array_agg(a.workspace), '{}') FROM cm_access AS a
+            WHERE a.writable AND EXISTS (SELECT 1 FROM pg_roles AS r WHERE r.rolname = a.role_name
+                                         AND pg_has_role(current_user, r.oid, 'MEMBER'))
+        $$;
+        GRANT SELECT ON cm_access TO PUBLIC;
+    """),
+]
+
+
+def _policies() -> str:
+    statements = []
+    for table in WORKSPACE_TABLES:
+        statements.append(f"""
+            ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;
+            CREATE POLICY {table}_read ON {table} FOR SELECT USING (workspace IN (SELECT unnest(cm_readable())));
+            CREATE POLICY {table}_add ON {table} FOR INSERT WITH CHECK (workspace IN (SELECT unnest(cm_writable())));
+            CREATE POLICY {table}_change ON {table} FOR UPDATE USING (workspace IN (SELECT unnest(cm_writable())))
+                WITH CHECK (workspace IN (SELECT unnest(cm_writable())));
+            CREATE POLICY {table}_drop ON {table} FOR DELETE USING (workspace IN (SELECT unnest(cm_writable())));
+        """)
+    return "".join(statements)
+
+
+MIGRATIONS.append(("0002_row_level_security", _policies()))
+
+
+def migrate(conn: psycopg.Connection) -> None:
+    """Apply what this database has not had, under an advisory lock (daemons may start together).
+
+    A role that may not create tables gets IndexUnavailable naming what to run, rather than an
+    index missing half its schema.
+    """
+    conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK,))
+    try:
+        exists = conn.execute("SELECT to_regclass('cm_migrations') IS NOT NULL").fetchone()
+        done: set[str] = set()
+        if exists and exists[0]:
+            done = {row[0] for row in conn.execute("SELECT name FROM cm_migrations")}
+        missing = [(name, body) for name, body in MIGRATIONS if name not in done]
+        if not missing:
+            return
+        try:
+            with conn.transaction():
+                conn.execute("CREATE TABLE IF NOT EXISTS cm_migrations(name text PRIMARY KEY,"
+                             " applied_at double precision NOT NULL)")
+                conn.execute("GRANT SELECT ON cm_migrations TO PUBLIC")
+                for name, body in missing:
+                    conn.execute(body)  # type: ignore[arg-type]
+                    conn.execute("INSERT INTO cm_migrations VALUES(%s, %s)", (name, time.time()))
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise IndexUnavailable(
+                f"the shared index's schema is missing {', '.join(n for n, _ in missing)} and this role may not"
+                f" create it ({exc.diag.message_primary}): run `clawmem index` once as the database's owner") from exc
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK,))
+
+
+def grant_workspace(conn: psycopg.Connection, role: str, workspace: str, *, writable: bool = False) -> None:
+    """Let `role` (and its members) read `workspace` in the shared index, and write it if `writable`.
+
+    Run as the tables' owner. Reading also needs the tables; writing, the chunks' sequence.
+    """
+    with conn.transaction():
+        conn.execute("INSERT INTO cm_access VALUES(%s, %s, %s) ON CONFLICT(role_name, workspace)"
+                     " DO UPDATE SET writable = excluded.writable", (role, workspace, writable))
+        who = sql.Identifier(role)
+        rights = sql.SQL("SELECT, INSERT, UPDATE, DELETE" if writable else "SELECT")
+        for table in (*WORKSPACE_TABLES, "cm_embedding_cache"):
+            conn.execute(sql.SQL("GRANT {} ON {} TO {}").format(rights, sql.Identifier(table), who))
+        if writable:
+            conn.execute(sql.SQL("GRANT USAGE ON SEQUENCE cm_chunks_seq_seq TO {}").format(who))
