@@ -29,6 +29,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self
 
@@ -100,8 +101,12 @@ class Client:
 
     def search(self, query: str, *, max_results: int | None = None, min_score: float | None = None,
                mode: str | None = None, path_prefix: str | None = None, source: str | None = None,
-               since: str | None = None, before: str | None = None, explain: bool = False) -> dict[str, Any]:
+               since: str | None = None, before: str | None = None, explain: bool = False,
+               workspaces: Sequence[str] | None = None) -> dict[str, Any]:
         """The best chunks for `query`, as the socket's `search` answers them (`explain`: how each got its place).
+
+        `workspaces`: in a shared index (index_backend postgres), search these workspaces (each result
+        then names its `workspace`; those this role cannot read are listed in `unreadable_workspaces`).
 
         `{results: [{path, start_line, end_line, score, snippet, source, ...}], provider, model, mode,
         index: {pending_files, pending_embeddings}, fallback?, warning?}`. `mode` is hybrid, bm25 or
@@ -110,7 +115,8 @@ class Client:
         """
         return self._ask("search", {"query": query, "max_results": max_results, "min_score": min_score,
                                     "mode": mode, "path_prefix": path_prefix, "source": source, "since": since,
-                                    "before": before, "explain": explain or None})
+                                    "before": before, "explain": explain or None,
+                                    "workspaces": list(workspaces) if workspaces else None})
 
     def get(self, path: StrPath, *, start: int | None = None, lines: int | None = None,
             max_bytes: int | None = None) -> dict[str, Any]:

@@ -36,6 +36,7 @@ class Backend(Protocol):
     def exists(self) -> bool: ...
     def open_reader(self, *, read_only: bool, long_lived: bool) -> AnyStore: ...
     def open_live(self) -> AnyStore | None: ...
+    def refresh(self, store: AnyStore) -> None: ...
     def write_lock(self, timeout: float) -> contextlib.AbstractContextManager[None]: ...
     def fresh(self) -> contextlib.AbstractContextManager[AnyStore]: ...
     def swap_in(self, fresh: AnyStore) -> None: ...
@@ -65,6 +66,9 @@ class SqliteBackend:
 
     def open_reader(self, *, read_only: bool, long_lived: bool) -> Store:
         return Store(self.path, create=False, read_only=read_only, keep_keyword_scores=long_lived)
+
+    def refresh(self, store: Store) -> None:
+        """Nothing to do: a reader of the file sees each commit (and a swapped-in rebuild) by itself."""
 
     def open_live(self) -> Store | None:
         """The live index, or None when there is none worth keeping (missing or damaged)."""
@@ -172,6 +176,11 @@ class PostgresBackend:
         from clawmem_index.pg.store import PgStore
 
         return PgStore(self.url, self.workspace, read_only=True, scope=self.scope)
+
+    def refresh(self, store: PgStore) -> None:
+        """A reader works on the generation live when it asks: a rebuild switched since is seen now."""
+        store.scope = (self.workspace,)
+        store.data_version()
 
     def open_live(self) -> PgStore | None:
         from clawmem_index.pg.store import PgStore

@@ -25,7 +25,7 @@ from clawmem_index.vector_index import VectorHit
 
 __all__ = ["Candidate", "Pools", "Sides", "gather", "read_fixed"]
 
-Citation = tuple[str, int, int]
+Citation = tuple[str | None, str, int, int]  # workspace (None: the only one), path, lines
 
 
 @dataclass
@@ -44,10 +44,11 @@ class Candidate:
     vector_rank: int | None = None
     fused: float = 0.0  # the score before decay
     before_mmr: int = 0  # place before MMR re-ordered the answer
+    workspace: str | None = None
 
     @property
     def citation(self) -> Citation:
-        return self.path, self.start_line, self.end_line
+        return self.workspace, self.path, self.start_line, self.end_line
 
 
 @dataclass(frozen=True)
@@ -136,12 +137,13 @@ def _merge(text_hits: Sequence[TextHit], vector_hits: Sequence[VectorHit]) -> li
     by_seq: dict[int, Candidate] = {}
     for rank, hit in enumerate(text_hits, start=1):
         by_seq[hit.seq] = Candidate(hit.seq, hit.path, hit.source, hit.start_line, hit.end_line, hit.text,
-                                    text_score=text_relevance(hit.bm25), date=hit.date, text_rank=rank)
+                                    text_score=text_relevance(hit.bm25), date=hit.date, text_rank=rank,
+                                    workspace=hit.workspace)
     for rank, vhit in enumerate(vector_hits, start=1):
         cand = by_seq.get(vhit.seq)
         if cand is None:
             cand = by_seq[vhit.seq] = Candidate(vhit.seq, vhit.path, vhit.source, vhit.start_line, vhit.end_line,
-                                                vhit.text, date=vhit.date)
+                                                vhit.text, date=vhit.date, workspace=vhit.workspace)
         cand.vector_score = vector_similarity(vhit.distance)
         cand.vector_rank = rank
     return list(by_seq.values())

@@ -252,9 +252,11 @@ class _ProgressBar:
 @click.option("--before", metavar="DATE", help="Only chunks dated before DATE (YYYY-MM-DD).")
 @click.option("--explain", is_flag=True, help="Say how each result got its place (keyword and vector rank and score,"
                                                " fused score, decay, MMR).")
+@click.option("--workspace-set", metavar="NAMES", help="A shared index (index_backend postgres): search these"
+                                                        " workspaces, comma-separated (e.g. alpha,beta).")
 def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode: str | None,
            min_score: float | None, path_prefix: str | None, source: str | None, since: str | None,
-           before: str | None, explain: bool, **kwargs: Any) -> None:
+           before: str | None, explain: bool, workspace_set: str | None, **kwargs: Any) -> None:
     """Search the memory for QUERY.
 
     Dated chunks are those of daily files (the YYYY-MM-DD in their name) and of transcripts; a date
@@ -265,7 +267,9 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
     def action() -> None:
         answer = ctx.client().search(" ".join(map(_argument, query)), max_results=max_results, min_score=min_score,
                                      mode=mode, path_prefix=_argument(path_prefix) if path_prefix is not None else None,
-                                     source=source, since=since, before=before, explain=explain)
+                                     source=source, since=since, before=before, explain=explain,
+                                     workspaces=[n.strip() for n in _argument(workspace_set).split(",") if n.strip()]
+                                     if workspace_set else None)
         if as_json:
             click.echo(json.dumps(answer, ensure_ascii=False))
             return
@@ -274,8 +278,12 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
         results = answer["results"]
         if not results:
             click.echo("no results", err=True)
+        if answer.get("unreadable_workspaces"):
+            click.echo("clawmem: note: not in the shared index or not readable here: "
+                       + ", ".join(answer["unreadable_workspaces"]), err=True)
         for r in results:
-            click.echo(click.style(f"{r['path']}:{r['start_line']}-{r['end_line']}", bold=True)
+            where = f"{r['workspace']}:" if "workspace" in r and workspace_set else ""
+            click.echo(click.style(f"{where}{r['path']}:{r['start_line']}-{r['end_line']}", bold=True)
                        + f"  score {r['score']:.3f}")
             if r.get("explain"):
                 click.echo(f"    ({_explained(r['explain'])})")

@@ -390,7 +390,7 @@ class Daemon:
         epoch = self.writer.counts["sync"] + self.writer.counts["reindex"]
         if self._scanned is None or self._scanned[0] != epoch:
             index = self.index
-            store = index.reader() if index.path.exists() else None
+            store = index.reader() if index.backend.exists() else None
             self._scanned = (epoch, index.disk_state(store))
         return self._scanned[1]
 

@@ -29,7 +29,7 @@ import apsw
 from clawmem_index import __version__
 from clawmem_index.backends import backend_for
 from clawmem_index.backfill import advance, covered
-from clawmem_index.config import MAX_CONTEXT_BUDGET, Settings, check_workspace
+from clawmem_index.config import MAX_CONTEXT_BUDGET, Settings, check_workspace, workspace_id
 from clawmem_index.embeddings.base import EmbeddingProvider
 from clawmem_index.errors import (
     ClawmemError,
@@ -149,6 +149,8 @@ class MemoryIndex:
             self._local.store = store
             with self._stores_lock:
                 self._stores.append(store)
+        else:
+            self.backend.refresh(store)
         return store
 
     def has_been_built(self) -> bool:
@@ -281,7 +283,10 @@ class MemoryIndex:
 
     def _record_failure(self, exc: ClawmemError) -> None:
         """Remember a failed sync in the index, so `status` cannot call the index fresh (best effort)."""
-        store = self._open_live()
+        try:
+            store = self._open_live()
+        except ClawmemError:
+            return  # the index itself is out of reach (a shared index's server): nothing to write it in
         if store is None:
             return
         with contextlib.suppress(Exception):
@@ -334,6 +339,7 @@ class MemoryIndex:
 
     def search(self, request: SearchRequest) -> dict[str, object]:
         store = self.reader()
+        unseen = self._scope(store, request)
         mode = request.mode or self.settings.search.mode
         provider, note = self._query_provider(store) if mode != "bm25" else (None, None)
         key = (store, store.data_version(), request, self.settings.search, provider is None)
@@ -359,7 +365,23 @@ class MemoryIndex:
             answer["fallback_reason"] = self.provider_note
         if note or outcome.degraded:
             answer["warning"] = note or outcome.degraded
+        if unseen:
+            answer["unreadable_workspaces"] = unseen
         return answer
+
+    def _scope(self, store: Store, request: SearchRequest) -> list[str]:
+        """Point a shared index's reader at the workspaces asked for; those it cannot see (absent or not granted)."""
+        own = self.settings.workspace_id
+        asked = tuple(dict.fromkeys(workspace_id(name) for name in request.workspaces or ()))
+        if self.backend.name != "postgres":
+            if asked and asked != (own,):
+                raise QueryError("only a shared index (index_backend = \"postgres\") searches other workspaces")
+            return []
+        if any(not name for name in asked):
+            raise QueryError("'workspaces' holds a name without a letter or digit")
+        store.scope = asked or (own,)
+        store.data_version()
+        return [name for name in store.scope if name not in store.visible()]
 
     def _query_provider(self, store: Store) -> tuple[EmbeddingProvider | None, str | None]:
         """The provider for query vectors, with a deadline, only if it made the index's vectors.
@@ -421,6 +443,9 @@ class MemoryIndex:
             raise QueryError(f"'budget' must be between 0 and {MAX_CONTEXT_BUDGET} tokens")
         if request.source not in (None, "memory"):
             raise QueryError("the context block is made of memory files: leave 'source' out")
+        if any(workspace_id(name) != self.settings.workspace_id for name in request.workspaces or ()):
+            raise QueryError("the context block is read from this workspace's files: search other workspaces"
+                             " with `search`")
         answer = self.search(replace(request, source="memory"))
         results: list[dict[str, Any]] = answer.pop("results")  # type: ignore[assignment]
         hits = [Hit(r["path"], r["start_line"], r["end_line"], r["score"]) for r in results]
@@ -506,7 +531,11 @@ class MemoryIndex:
             **self.backend.status(),
             "socket": str(self.settings.socket_path),
         }
-        exists = self.backend.exists()
+        try:
+            exists = self.backend.exists()
+        except IndexUnavailable as exc:  # a shared index's server is down or refuses us: say so, never "fresh"
+            data.update(index_exists=None, fresh=False, stale_reasons=[str(exc)])
+            return data
         data["index_exists"] = exists
         reasons: list[str] = []
         if not exists:

@@ -55,6 +55,7 @@ class TextHit:
     text: str
     bm25: float
     date: str | None = None
+    workspace: str | None = None  # set by a shared index (the workspace the chunk is from)
 
 
 @dataclass(frozen=True, slots=True)

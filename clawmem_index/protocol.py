@@ -182,23 +182,27 @@ def _quote(name: str) -> str:
 
 # -- parameters ------------------------------------------------------------------------------
 
-# name -> (kind, required); kinds: "str", "int", "number", "bool"
+# name -> (kind, required); kinds: "str", "int", "number", "bool", "names" (a list of 1-64 short strings)
 PARAMS: dict[str, dict[str, tuple[str, bool]]] = {
     "search": {"query": ("str", True), "max_results": ("int", False), "min_score": ("number", False),
                "mode": ("str", False), "path_prefix": ("str", False), "source": ("str", False),
-               "since": ("str", False), "before": ("str", False), "explain": ("bool", False)},
+               "since": ("str", False), "before": ("str", False), "explain": ("bool", False),
+               "workspaces": ("names", False)},
     "get": {"path": ("str", True), "from": ("int", False), "lines": ("int", False), "max_bytes": ("int", False)},
     "status": {},
     "context": {"query": ("str", True), "budget": ("int", False), "max_results": ("int", False),
                 "min_score": ("number", False), "mode": ("str", False), "path_prefix": ("str", False),
-                "source": ("str", False), "since": ("str", False), "before": ("str", False)},
+                "source": ("str", False), "since": ("str", False), "before": ("str", False),
+                "workspaces": ("names", False)},
     "sync": {"wait": ("bool", False)},
     "reindex": {"wait": ("bool", False)},
 }
 # Methods answered on the query pool (bounded read connections); sync/reindex only wait on the writer.
 POOLED = frozenset({"search", "get", "status", "context"})
 
-_KIND_NAMES = {"str": "a string", "int": "an integer", "number": "a number", "bool": "true or false"}
+_KIND_NAMES = {"str": "a string", "int": "an integer", "number": "a number", "bool": "true or false",
+               "names": "a list of 1 to 64 workspace names"}
+MAX_WORKSPACES = 64
 
 
 def validate_params(method: str, params: object) -> dict[str, Any]:
@@ -238,6 +242,9 @@ def _is_kind(value: object, kind: str) -> bool:
         return isinstance(value, str)
     if kind == "bool":
         return isinstance(value, bool)
+    if kind == "names":
+        return (isinstance(value, list) and 1 <= len(value) <= MAX_WORKSPACES
+                and all(isinstance(v, str) and 0 < len(v) <= 200 for v in value))
     if isinstance(value, bool):
         return False
     if kind == "int":
@@ -544,7 +551,8 @@ def search_request(params: dict[str, Any]) -> SearchRequest:
 
     return SearchRequest(params["query"], params.get("max_results"), params.get("min_score"), params.get("mode"),
                          params.get("path_prefix"), params.get("source"), params.get("since"), params.get("before"),
-                         bool(params.get("explain", False)))
+                         bool(params.get("explain", False)),
+                         tuple(params["workspaces"]) if params.get("workspaces") else None)
 
 
 @dataclass(frozen=True)

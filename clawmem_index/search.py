@@ -38,6 +38,7 @@ class SearchRequest:
     since: str | None = None
     before: str | None = None
     explain: bool = False  # each result says how it got its place (keyword and vector side, fusion, decay, MMR)
+    workspaces: tuple[str, ...] | None = None  # a shared index: search these workspaces (the role must may read them)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class SearchResult:
     vector_score: float | None = None
     text_score: float | None = None
     explain: dict[str, object] | None = None
+    workspace: str | None = None  # a shared index's answer names each result's workspace
 
     def as_dict(self) -> dict[str, object]:
         data: dict[str, object] = {
@@ -63,6 +65,8 @@ class SearchResult:
             data["text_score"] = round(self.text_score, 6)
         if self.explain is not None:
             data["explain"] = self.explain
+        if self.workspace is not None:
+            data["workspace"] = self.workspace
         return data
 
 
@@ -158,10 +162,10 @@ def _passing(cands: Iterable[Candidate], min_score: float) -> list[Candidate]:
 def _one_per_citation(ranked: Iterable[Candidate]) -> list[Candidate]:
     """The best candidate of each (path, start_line, end_line): the pieces of one long line share a
     citation, and an answer that cites the same lines twice wastes a place on a repeat."""
-    seen: set[tuple[str, int, int]] = set()
+    seen: set[tuple[str | None, str, int, int]] = set()
     kept: list[Candidate] = []
     for c in ranked:
-        key = (c.path, c.start_line, c.end_line)
+        key = c.citation
         if key not in seen:
             seen.add(key)
             kept.append(c)
@@ -277,7 +281,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
     results = [
         SearchResult(c.path, c.start_line, c.end_line, c.score, snippet(c.text, settings.snippet_chars), c.source,
                      c.vector_score, c.text_score,
-                     _explain(c, place, how, settings) if request.explain else None)
+                     _explain(c, place, how, settings) if request.explain else None, c.workspace)
         for place, c in enumerate(ranked, start=1)
     ]
     return SearchOutcome(results, effective, degraded)

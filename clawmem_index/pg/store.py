@@ -31,9 +31,14 @@ from clawmem_index.storable import storable
 from clawmem_index.store import ChunkRow, FileRow, JobRow
 from clawmem_index.vector_index import VectorHit
 
-__all__ = ["PgStore", "connect"]
+__all__ = ["PgStore", "connect", "pg_text"]
 
 K1, B = 1.2, 0.75  # FTS5's bm25() defaults
+
+
+def pg_text(value: str) -> str:
+    """Text PostgreSQL can hold: lone surrogates repaired (as SQLite's store does) and NUL, which it refuses, as U+FFFD."""
+    return storable(value).replace("\x00", "\ufffd")
 
 
 def connect(url: str) -> psycopg.Connection:
@@ -48,6 +53,44 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+class _Connection:
+    """A connection that survives the server's restart: a lost one raises IndexUnavailable once, and the
+    next call connects again (a transaction cut by the loss was rolled back by the server)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.raw = connect(url)
+
+    def _live(self) -> psycopg.Connection:
+        if self.raw.broken or self.raw.closed:
+            self.raw = connect(self.url)
+        return self.raw
+
+    def execute(self, query: Any, args: Any = None) -> psycopg.Cursor[Any]:
+        try:
+            return self._live().execute(query, args)
+        except psycopg.OperationalError as exc:
+            raise IndexUnavailable(f"lost the shared index: {_one_line(exc)}") from exc
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        try:
+            with self._live().transaction():
+                yield
+        except psycopg.OperationalError as exc:
+            raise IndexUnavailable(f"lost the shared index: {_one_line(exc)}") from exc
+
+    def cursor(self) -> psycopg.Cursor[Any]:
+        return self._live().cursor()
+
+    @property
+    def info(self) -> Any:
+        return self.raw.info
+
+    def close(self) -> None:
+        self.raw.close()
+
+
 class PgStore:
     """One connection to the shared index, for one workspace (see the module's docstring)."""
 
@@ -59,7 +102,7 @@ class PgStore:
         self.url = url
         self.workspace = workspace
         self.read_only = read_only
-        self.conn = connect(url)
+        self.conn = _Connection(url)
         try:
             if not read_only:
                 migrate(self.conn)
@@ -73,6 +116,7 @@ class PgStore:
         self.scope = tuple(dict.fromkeys(scope or (workspace,)))
         self.switched = False  # a new generation made live (see PostgresBackend.fresh)
         self._live: list[tuple[str, int]] = [(workspace, self.gen)]
+        self._live_read = False
 
     def _generation(self, *, new: bool, create: bool) -> int:
         if create:
@@ -125,7 +169,7 @@ class PgStore:
 
     def set_meta(self, key: str, value: str) -> None:
         self._write("INSERT INTO cm_meta VALUES(%s, %s, %s, %s) ON CONFLICT(workspace, gen, key)"
-                    " DO UPDATE SET value = excluded.value", (self.workspace, self.gen, key, value))
+                    " DO UPDATE SET value = excluded.value", (self.workspace, self.gen, key, pg_text(value)))
 
     def delete_meta(self, key: str) -> None:
         self._write("DELETE FROM cm_meta WHERE workspace = %s AND gen = %s AND key = %s", (self.workspace, self.gen, key))
@@ -148,7 +192,7 @@ class PgStore:
     def file_row(self, path: str) -> FileRow | None:
         row = self.conn.execute(
             "SELECT path, source, hash, mtime, size, state FROM cm_files WHERE workspace = %s AND gen = %s"
-            " AND path = %s", (self.workspace, self.gen, storable(path))).fetchone()
+            " AND path = %s", (self.workspace, self.gen, pg_text(path))).fetchone()
         return None if row is None else FileRow(*row)
 
     def upsert_file(self, row: FileRow) -> None:
@@ -156,19 +200,19 @@ class PgStore:
             "INSERT INTO cm_files VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT(workspace, gen, path)"
             " DO UPDATE SET source = excluded.source, hash = excluded.hash, mtime = excluded.mtime,"
             " size = excluded.size, state = excluded.state, indexed_at = excluded.indexed_at",
-            (self.workspace, self.gen, storable(row.path), row.source, row.hash, row.mtime, row.size,
-             storable(row.state), time.time()))
+            (self.workspace, self.gen, pg_text(row.path), row.source, row.hash, row.mtime, row.size,
+             pg_text(row.state), time.time()))
 
     def chunks_of(self, path: str) -> list[ChunkRow]:
         return [ChunkRow(*row) for row in self.conn.execute(
             "SELECT seq, id, path, start_line, end_line, hash, text FROM cm_chunks WHERE workspace = %s AND gen = %s"
-            " AND path = %s ORDER BY start_line, seq", (self.workspace, self.gen, storable(path)))]
+            " AND path = %s ORDER BY start_line, seq", (self.workspace, self.gen, pg_text(path)))]
 
     def insert_chunk(self, *, id: str, path: str, source: str, start_line: int, end_line: int, hash: str,
                      text: str, fts_text: str, model: str = "", date: str | None = None) -> int:
         """Add a chunk with its terms, and count them into the workspace's term statistics."""
-        id, path, text = storable(id), storable(path), storable(text)
-        terms = chunk_terms(storable(fts_text))
+        id, path, text = pg_text(id), pg_text(path), pg_text(text)
+        terms = chunk_terms(pg_text(fts_text))
         with self.transaction():
             row = self.conn.execute(
                 "INSERT INTO cm_chunks(workspace, gen, id, path, source, start_line, end_line, hash, model, text,"
@@ -217,13 +261,13 @@ class PgStore:
         with self.transaction():
             removed = self.delete_chunks_from(path, 0)
             self.conn.execute("DELETE FROM cm_files WHERE workspace = %s AND gen = %s AND path = %s",
-                              (self.workspace, self.gen, storable(path)))
+                              (self.workspace, self.gen, pg_text(path)))
         return removed
 
     def delete_chunks_from(self, path: str, start_line: int) -> int:
         seqs = [int(row[0]) for row in self.conn.execute(
             "SELECT seq FROM cm_chunks WHERE workspace = %s AND gen = %s AND path = %s AND start_line >= %s",
-            (self.workspace, self.gen, storable(path), start_line))]
+            (self.workspace, self.gen, pg_text(path), start_line))]
         self.delete_chunks(seqs)
         return len(seqs)
 
@@ -247,10 +291,15 @@ class PgStore:
         rows = self.conn.execute("SELECT workspace, live_gen, version FROM cm_workspaces WHERE workspace = ANY(%s)"
                                  " ORDER BY workspace", (list(self.scope),)).fetchall()
         if self.read_only or self.scope != (self.workspace,):
-            self._live = [(str(w), int(g)) for w, g, _ in rows] or [(self.workspace, self.gen)]
-            if len(self.scope) == 1 and rows:
+            self._live = [(str(w), int(g)) for w, g, _ in rows]
+            self._live_read = True
+            if self.scope == (self.workspace,) and rows:
                 self.gen = int(rows[0][1])
         return hash(tuple((str(w), int(g), int(v)) for w, g, v in rows))
+
+    def visible(self) -> list[str]:
+        """The workspaces in scope this connection found (at the last `data_version`)."""
+        return [w for w, _ in self._live if w in self.scope] if self._live_read else [self.workspace]
 
     def _scope_sql(self, alias: str) -> tuple[str, dict[str, Any]]:
         return (f"({alias}.workspace, {alias}.gen) IN (SELECT * FROM unnest(%(scope_ws)s::text[], %(scope_gen)s::bigint[]))",
@@ -349,7 +398,7 @@ class PgStore:
 
     def text_hits(self, ranked: Sequence[tuple[int, float]]) -> list[TextHit]:
         rows = self._rows([seq for seq, _ in ranked])
-        return [TextHit(*rows[seq][:6], bm25, rows[seq][6]) for seq, bm25 in ranked if seq in rows]
+        return [TextHit(*rows[seq][:6], bm25, rows[seq][6], rows[seq][7]) for seq, bm25 in ranked if seq in rows]
 
     def _rows(self, seqs: list[int]) -> dict[int, tuple[Any, ...]]:
         scope, args = self._scope_sql("c")
@@ -369,11 +418,12 @@ class PgStore:
         scope, args = self._scope_sql("c")
         condition, filter_args = _filter_sql(where, "c")
         rows = self.conn.execute(
-            "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, c.embedding <=> %(q)s::vector AS d, c.date"
+            "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, c.embedding <=> %(q)s::vector AS d, c.date,"
+            " c.workspace"
             f" FROM cm_chunks AS c WHERE {scope} AND c.embedding IS NOT NULL AND c.dims = %(dims)s AND {condition}"
             " ORDER BY d, c.seq LIMIT %(limit)s",
             {**args, **filter_args, "q": _literal(query_blob), "dims": len(query_blob) // 4, "limit": limit}).fetchall()
-        return [VectorHit(int(r[0]), r[1], r[2], r[3], r[4], r[5], float(r[6]), r[7]) for r in rows]
+        return [VectorHit(int(r[0]), r[1], r[2], r[3], r[4], r[5], float(r[6]), r[7], r[8]) for r in rows]
 
     def vector_distances_of(self, query_blob: bytes, seqs: Sequence[int]) -> dict[int, float]:
         if not seqs:

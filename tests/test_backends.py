@@ -1,0 +1,359 @@
+"""The same product on both index backends: SQLite, and a real PostgreSQL with pgvector.
+
+Tests taking the `backend` fixture run once per backend; the others compare the two, or check
+what only the shared index has (generations, row-level security, several workspaces).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+from daemon_helpers import RawClient, daemon_settings, running_daemon, short_dir, wait_until
+from hostile import FIXED_TEXTS
+
+from clawmem_index.config import Settings, load_settings
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.errors import IndexUnavailable, QueryError
+from clawmem_index.pg.schema import grant_workspace
+from clawmem_index.search import SearchRequest
+
+WORDS = ("coffee deploy staging server backup tuesday meeting alice bob kubernetes invoice rollback tokyo berlin"
+         " garden running runner runs postgres index memory notes weekly review budget travel flight 東京 会議").split()
+
+
+def settings_for(workspace: Path, backend: dict[str, str], **more: Any) -> Settings:
+    return load_settings(workspace=workspace, overrides={"embedding.provider": "none", **backend, **more})
+
+
+def random_note(rng: random.Random, lines: int) -> str:
+    body = [f"# Note {rng.randint(0, 999)}"]
+    for _ in range(lines):
+        body.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 14))))
+    return "\n".join(body) + "\n"
+
+
+def answers(index: MemoryIndex, queries: list[str], **request: Any) -> list[list[tuple[str, int, int, float]]]:
+    out = []
+    for query in queries:
+        found = index.search(SearchRequest(query, min_score=0.0, max_results=8, **request))["results"]
+        out.append([(r["path"], r["start_line"], r["end_line"], round(r["score"], 5)) for r in found])
+    return out
+
+
+def test_keyword_answers_are_the_same_on_both_backends(workspace: Path, write, tmp_path: Path, pg_url: str) -> None:
+    """BM25 from FTS5 and BM25 computed in PostgreSQL give the same results and scores, edits and deletes included."""
+    rng = random.Random(7)
+    sqlite = MemoryIndex(settings_for(workspace, {"index": str(tmp_path / "i.sqlite")}))
+    pg = MemoryIndex(settings_for(workspace, {"index_backend": "postgres", "index_url": pg_url}))
+    queries = ["coffee", "staging server", "running", "runs", "東京", "会議 東京", "kubernetes rollback budget",
+               "tuesday alice", "nothingmatches", "stagng", "kuber", "the", "flight to berlin"]
+    try:
+        for round_ in range(3):
+            for i in range(12):
+                if round_ == 0 or rng.random() < 0.4:
+                    write(f"memory/n{i}.md", random_note(rng, rng.randint(1, 40)))
+            if round_ == 2:
+                for i in range(0, 12, 3):
+                    (workspace / "memory" / f"n{i}.md").unlink()
+            sqlite.sync()
+            pg.sync()
+            for mode in ("bm25",):
+                assert answers(pg, queries, mode=mode) == answers(sqlite, queries, mode=mode), round_
+            assert pg.status()["chunks_indexed"] == sqlite.status()["chunks_indexed"]
+    finally:
+        sqlite.close()
+        pg.close()
+
+
+def test_hybrid_answers_are_the_same_on_both_backends(workspace: Path, write, tmp_path: Path, pg_url: str,
+                                                      local_provider) -> None:  # type: ignore[no-untyped-def]
+    rng = random.Random(11)
+    for i in range(10):
+        write(f"memory/n{i}.md", random_note(rng, 12))
+    sqlite = MemoryIndex(settings_for(workspace, {"index": str(tmp_path / "i.sqlite")}), provider=local_provider)
+    pg = MemoryIndex(settings_for(workspace, {"index_backend": "postgres", "index_url": pg_url}), provider=local_provider)
+    try:
+        sqlite.sync()
+        pg.sync()
+        assert pg.status()["pending_embeddings"] == 0 and pg.status()["fresh"], pg.status()
+        queries = ["coffee with alice", "deploying to the staging server", "trip to Tokyo", "weekly budget review"]
+        for mode in ("hybrid", "vector"):
+            got, want = answers(pg, queries, mode=mode), answers(sqlite, queries, mode=mode)
+            assert [[r[:3] for r in a] for a in got] == [[r[:3] for r in a] for a in want], mode
+            for a, b in zip(got, want, strict=True):
+                assert [r[3] for r in a] == pytest.approx([r[3] for r in b], abs=1e-4)
+    finally:
+        sqlite.close()
+        pg.close()
+
+
+def test_index_search_get_and_status(backend: dict[str, str], workspace: Path, write) -> None:
+    write("MEMORY.md", "# Memory\n\nThe user drinks oat milk flat whites.\n")
+    write("memory/2026-11-20.md", "# Log\n\nRolled back the invoice service deploy.\n")
+    index = MemoryIndex(settings_for(workspace, backend))
+    try:
+        report = index.sync()
+        assert report.added == 2
+        found = index.search(SearchRequest("invoice rollback", mode="bm25"))
+        assert [r["path"] for r in found["results"]] == ["memory/2026-11-20.md"]
+        assert index.get("MEMORY.md", 3, 1)["text"] == "The user drinks oat milk flat whites."
+        status = index.status()
+        assert status["index_backend"] == backend["index_backend"]
+        assert status["fresh"] is True and status["files_indexed"] == 2
+        write("memory/2026-11-20.md", "# Log\n\nNothing about money.\n")
+        assert index.status()["fresh"] is False  # a change on disk is never hidden
+        index.sync()
+        assert index.search(SearchRequest("invoice", mode="bm25"))["results"] == []
+        assert index.status()["fresh"] is True
+    finally:
+        index.close()
+
+
+def test_a_reader_sees_a_sync_at_its_next_search(backend: dict[str, str], workspace: Path, write) -> None:
+    """The query cache is keyed by the index's version: another process's commit is seen at once."""
+    write("memory/a.md", "alpha note\n")
+    writer = MemoryIndex(settings_for(workspace, backend))
+    reader = MemoryIndex(settings_for(workspace, backend), read_only=True)
+    try:
+        writer.sync()
+        assert [r["path"] for r in reader.search(SearchRequest("alpha", mode="bm25"))["results"]] == ["memory/a.md"]
+        write("memory/b.md", "alpha again\n")
+        writer.sync()
+        paths = {r["path"] for r in reader.search(SearchRequest("alpha", mode="bm25"))["results"]}
+        assert paths == {"memory/a.md", "memory/b.md"}
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_rebuild_switches_whole_and_a_failed_one_leaves_the_live_index(backend: dict[str, str], workspace: Path,
+                                                                         write, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    for i in range(6):
+        write(f"memory/n{i}.md", f"note {i} about gardening\n")
+    index = MemoryIndex(settings_for(workspace, backend))
+    try:
+        index.sync()
+        before = index.search(SearchRequest("gardening", mode="bm25", max_results=20))["results"]
+        assert len(before) == 6
+
+        import clawmem_index.engine as engine
+
+        real = engine.sync_workspace
+
+        def failing(store, settings, **kwargs):  # type: ignore[no-untyped-def]
+            real(store, settings, **kwargs)
+            raise IndexUnavailable("disk gone mid-rebuild")
+
+        monkeypatch.setattr(engine, "sync_workspace", failing)
+        with pytest.raises(IndexUnavailable):
+            index.reindex()
+        monkeypatch.setattr(engine, "sync_workspace", real)
+        assert index.search(SearchRequest("gardening", mode="bm25", max_results=20))["results"] == before
+        assert index.status()["chunks_indexed"] == 6
+
+        changed = MemoryIndex(settings_for(workspace, backend, **{"chunking.tokens": 64, "chunking.overlap": 8}))
+        try:
+            changed.sync()  # another chunking: a rebuild
+            assert json.loads(json.dumps(changed.status()["fingerprint"]))["chunk_tokens"] == 64
+            assert len(changed.search(SearchRequest("gardening", mode="bm25", max_results=20))["results"]) == 6
+            assert changed.status()["chunks_indexed"] == 6
+        finally:
+            changed.close()
+        if backend["index_backend"] == "postgres":
+            with psycopg.connect(backend["index_url"]) as conn:
+                gens = conn.execute("SELECT DISTINCT gen FROM cm_chunks").fetchall()
+                live = conn.execute("SELECT live_gen FROM cm_workspaces").fetchall()
+            assert gens == live  # nothing of the old generation or the failed rebuild is left
+    finally:
+        index.close()
+
+
+def test_the_hostile_corpus_is_indexed_and_searched(backend: dict[str, str], workspace: Path, write) -> None:
+    for n, (name, text) in enumerate(FIXED_TEXTS.items()):
+        write(f"memory/h{n}.md", f"# {name}\n{text}\nmarker{n}\n".encode("utf-8", "surrogatepass"))
+    index = MemoryIndex(settings_for(workspace, backend))
+    try:
+        report = index.sync()
+        assert report.added == len(FIXED_TEXTS), report.errors
+        for n, text in enumerate(FIXED_TEXTS.values()):
+            try:
+                assert isinstance(index.search(SearchRequest(text[:2000], mode="bm25"))["results"], list)
+            except QueryError:
+                pass  # a query with no searchable word: a defined error
+            assert f"memory/h{n}.md" in [r["path"] for r in index.search(SearchRequest(f"marker{n}", mode="bm25"))
+                                         ["results"]]
+        assert index.status()["fresh"] is True
+    finally:
+        index.close()
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    yield from short_dir()
+
+
+def test_a_daemon_serves_the_shared_index(workspace: Path, write, tmp_path: Path, pg_url: str,
+                                          sock_dir: Path) -> None:
+    write("memory/a.md", "the ferry leaves at nine\n")
+    if True:
+        settings = daemon_settings(workspace, tmp_path, sock_dir, index_backend="postgres", index_url=pg_url)
+        with running_daemon(settings), RawClient(settings.socket_path) as client:
+            def found() -> list[str]:
+                reply = client.call("search", {"query": "ferry", "mode": "bm25"})
+                return [r["path"] for r in reply["result"]["results"]]
+
+            wait_until(lambda: found() == ["memory/a.md"], message="the first build")
+            write("memory/b.md", "a ferry again\n")
+            wait_until(lambda: sorted(found()) == ["memory/a.md", "memory/b.md"], message="the edit searchable")
+            status = client.call("status")["result"]
+            assert status["index_backend"] == "postgres" and "password" not in json.dumps(status)
+
+
+def test_the_cli_indexes_into_postgres_from_the_environment(workspace: Path, write, pg_url: str) -> None:
+    write("memory/a.md", "lighthouse keeper notes\n")
+    env = {**os.environ, "CLAWMEM_INDEX_BACKEND": "postgres", "CLAWMEM_INDEX_URL": pg_url,
+           "CLAWMEM_WORKSPACE_NAME": "Keeper Notes", "CLAWMEM_PROVIDER": "none"}
+    run = [sys.executable, "-m", "clawmem_index"]
+    subprocess.run([*run, "index", "--workspace", str(workspace)], env=env, check=True, capture_output=True)
+    out = subprocess.run([*run, "search", "lighthouse", "--workspace", str(workspace), "--json"], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    assert [r["path"] for r in json.loads(out)["results"]] == ["memory/a.md"]
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT workspace FROM cm_workspaces").fetchall() == [("keeper-notes",)]
+
+
+def test_a_password_in_the_settings_file_is_refused(workspace: Path) -> None:
+    (workspace / "clawmem.toml").write_text('index_backend = "postgres"\nindex_url = "postgresql://a:secret@db/x"\n')
+    from clawmem_index.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="PGPASSWORD"):
+        load_settings(workspace=workspace)
+
+
+def _role(pg_url: str, name: str) -> str:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {name} LOGIN")
+        conn.execute(f"GRANT CONNECT ON DATABASE {urlsplit(pg_url).path.lstrip('/')} TO {name}")
+    return pg_url.replace("postgresql://postgres@", f"postgresql://{name}@")
+
+
+def test_row_level_security_keeps_a_role_to_its_workspaces(tmp_path: Path, pg_url: str) -> None:
+    """A role granted workspace alpha cannot read beta's rows, even with its own SQL, nor write alpha's if read-only."""
+    for name in ("alpha", "beta"):
+        ws = tmp_path / name
+        (ws / "memory").mkdir(parents=True)
+        (ws / "memory" / "secret.md").write_text(f"the {name} launch code\n")
+        MemoryIndex(settings_for(ws, {"index_backend": "postgres", "index_url": pg_url})).sync()
+    suffix = os.urandom(4).hex()
+    reader_url, writer_url = _role(pg_url, f"reader_{suffix}"), _role(pg_url, f"writer_{suffix}")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        grant_workspace(conn, f"reader_{suffix}", "alpha")
+        grant_workspace(conn, f"writer_{suffix}", "beta", writable=True)
+    with psycopg.connect(reader_url, autocommit=True) as conn:
+        assert {r[0] for r in conn.execute("SELECT workspace FROM cm_chunks")} == {"alpha"}
+        assert conn.execute("SELECT count(*) FROM cm_chunks WHERE text LIKE '%beta%'").fetchone() == (0,)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DELETE FROM cm_chunks")
+    with psycopg.connect(writer_url, autocommit=True) as conn:
+        assert conn.execute("DELETE FROM cm_chunks WHERE workspace = 'alpha'").rowcount == 0
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("INSERT INTO cm_meta VALUES('alpha', 0, 'k', 'v')")
+    # Through clawmem: the reader searching as alpha finds alpha's note; beta's index is not there for it.
+    alpha = MemoryIndex(settings_for(tmp_path / "alpha", {"index_backend": "postgres", "index_url": reader_url}),
+                        read_only=True)
+    beta = MemoryIndex(settings_for(tmp_path / "beta", {"index_backend": "postgres", "index_url": reader_url}),
+                       read_only=True)
+    try:
+        assert [r["path"] for r in alpha.search(SearchRequest("launch code", mode="bm25"))["results"]] == \
+            ["memory/secret.md"]
+        with pytest.raises(IndexUnavailable):
+            beta.search(SearchRequest("launch code", mode="bm25"))
+    finally:
+        alpha.close()
+        beta.close()
+
+
+def test_a_search_across_workspaces_names_each_results_workspace(tmp_path: Path, pg_url: str) -> None:
+    for name in ("alpha", "beta"):
+        ws = tmp_path / name
+        (ws / "memory").mkdir(parents=True)
+        (ws / "MEMORY.md").write_text(f"# {name}\n\nThe {name} agent learned the database failover runbook.\n")
+        MemoryIndex(settings_for(ws, {"index_backend": "postgres", "index_url": pg_url})).sync()
+    index = MemoryIndex(settings_for(tmp_path / "alpha", {"index_backend": "postgres", "index_url": pg_url}))
+    try:
+        own = index.search(SearchRequest("failover runbook", mode="bm25"))
+        assert [(r["workspace"], r["path"]) for r in own["results"]] == [("alpha", "MEMORY.md")]
+        both = index.search(SearchRequest("failover runbook", mode="bm25", workspaces=("alpha", "Beta", "gamma")))
+        assert sorted((r["workspace"], r["path"]) for r in both["results"]) == [("alpha", "MEMORY.md"),
+                                                                                ("beta", "MEMORY.md")]
+        assert both["unreadable_workspaces"] == ["gamma"]
+    finally:
+        index.close()
+    sqlite = MemoryIndex(settings_for(tmp_path / "alpha", {"index": str(tmp_path / "i.sqlite")}))
+    try:
+        sqlite.sync()
+        with pytest.raises(QueryError, match="shared index"):
+            sqlite.search(SearchRequest("failover", workspaces=("beta",)))
+    finally:
+        sqlite.close()
+
+
+def test_a_server_killed_mid_sync_is_reported_and_the_index_catches_up(workspace: Path, write, tmp_path: Path,
+                                                                        sock_dir: Path) -> None:
+    """SIGKILL PostgreSQL while the daemon indexes: status says so, and after the restart the index equals a fresh build."""
+    import pg_server
+
+    server = pg_server.start()
+    try:
+        files = 1500
+        for i in range(files):
+            write(f"memory/n{i:04}.md", f"# Note {i}\n\n" + f"line about topic{i % 17} and more words\n" * 40)
+        settings = daemon_settings(workspace, tmp_path, sock_dir, index_backend="postgres", index_url=server.url())
+
+        def rows_written() -> int:
+            with psycopg.connect(server.url()) as conn:
+                exists = conn.execute("SELECT to_regclass('cm_chunks') IS NOT NULL").fetchone()
+                return int(conn.execute("SELECT count(*) FROM cm_chunks").fetchone()[0]) if exists[0] else 0
+
+        with running_daemon(settings) as daemon, RawClient(settings.socket_path) as client:
+            written = wait_until(rows_written, interval=0.005, message="the first rows of the first build")
+            server.kill()
+            assert 0 < written < files  # killed mid-sync: part of the build was committed
+            reply = client.call("status")
+            assert "result" in reply, reply  # the daemon keeps answering
+            assert reply["result"]["fresh"] is False
+            assert "shared index" in " ".join(reply["result"]["stale_reasons"])
+            searched = client.call("search", {"query": "topic3", "mode": "bm25"})
+            assert "error" in searched and "shared index" in searched["error"]["message"]
+            server.start()
+            wait_until(lambda: client.call("status")["result"].get("fresh") is True, timeout=60,
+                       message="the daemon catching up after the restart")
+            assert daemon is not None
+        with psycopg.connect(server.url()) as conn:
+            got = sorted(conn.execute("SELECT path, start_line, end_line, hash FROM cm_chunks AS c JOIN cm_workspaces"
+                                      " AS w ON w.workspace = c.workspace AND w.live_gen = c.gen").fetchall())
+            stats = conn.execute("SELECT s.chunks, (SELECT sum(df) FROM cm_terms AS t WHERE t.gen = s.gen)"
+                                 " FROM cm_stats AS s JOIN cm_workspaces AS w ON w.live_gen = s.gen").fetchone()
+        fresh_url = server.url()
+        with psycopg.connect(fresh_url, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE fresh")
+        fresh = MemoryIndex(settings_for(workspace, {"index_backend": "postgres", "index_url": server.url("fresh")}))
+        fresh.sync()
+        fresh.close()
+        with psycopg.connect(server.url("fresh")) as conn:
+            want = sorted(conn.execute("SELECT path, start_line, end_line, hash FROM cm_chunks").fetchall())
+            want_stats = conn.execute("SELECT chunks, (SELECT sum(df) FROM cm_terms) FROM cm_stats").fetchone()
+        assert len(got) == len(want) and got == want  # nothing lost, nothing twice
+        assert stats == want_stats  # the term statistics BM25 reads are those of a fresh build
+    finally:
+        server.close()
