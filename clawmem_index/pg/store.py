@@ -143,23 +143,27 @@ class PgStore:
     def transaction(self) -> Iterator[None]:
         """A transaction at the outer level, a savepoint inside; the workspace's version moves on commit.
 
-        Term statistics are written at the end of each (one statement per file's savepoint, not per
-        chunk); a block that fails takes its own, unwritten, with it.
+        Term statistics are counted in memory and written once, before the outer commit: a row
+        updated once per file in one transaction would grow a chain of row versions that every
+        later update walks. A savepoint's counts are kept apart and dropped if it fails.
         """
         outer = self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        if not outer:
-            self._flush_terms()  # the enclosing block's, so what a failure here drops is this block's alone
+        saved_terms, saved_sizes = self._term_deltas, self._size_deltas
+        self._term_deltas, self._size_deltas = Counter(), [0, 0]
         try:
             with self.conn.transaction():
                 yield
-                if not self.read_only:
+                if outer and not self.read_only:
                     self._flush_terms()
-                    if outer:
-                        self._bump()
+                    self._bump()
         except BaseException:
-            self._term_deltas.clear()
-            self._size_deltas = [0, 0]
+            self._term_deltas, self._size_deltas = saved_terms, saved_sizes
             raise
+        if not outer:  # a savepoint that held: its counts join the enclosing block's
+            saved_terms.update(self._term_deltas)
+            saved_sizes[0] += self._size_deltas[0]
+            saved_sizes[1] += self._size_deltas[1]
+        self._term_deltas, self._size_deltas = saved_terms, saved_sizes
 
     def _atomic(self) -> contextlib.AbstractContextManager[None]:
         """A transaction for one change, unless one is open (no savepoint per chunk: a round trip each)."""
