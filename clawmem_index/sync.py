@@ -259,7 +259,7 @@ def _apply_file(store: Store, item: ParsedFile, previous: FileRow | None, report
         report.touched += 1
         return
     date = file_date(f.path)
-    old = store.chunks_of(f.path)
+    old = store.chunks_of(f.path) if previous is not None else []  # a file's chunks go with its row
     reusable: dict[str, deque[int]] = {}
     by_seq = {c.seq: c for c in old}
     for c in old:

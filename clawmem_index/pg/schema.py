@@ -116,6 +116,11 @@ def _policies() -> str:
 
 
 MIGRATIONS.append(("0002_row_level_security", _policies()))
+MIGRATIONS.append(("0003_leaner_writes", """
+    DROP INDEX cm_chunks_hash;
+    DROP INDEX cm_terms_prefix;
+    ALTER TABLE cm_terms ALTER COLUMN term TYPE text COLLATE "C";
+"""))  # nothing looked chunks up by hash; terms in byte order: the key's index serves a prefix's range too
 
 
 def migrate(conn: psycopg.Connection) -> None:

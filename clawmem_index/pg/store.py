@@ -19,6 +19,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -54,42 +55,177 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+@dataclass
+class _Level:
+    """One open transaction level: what it holds unsent, and its savepoint once one was needed."""
+
+    chunks: list[str] = field(default_factory=list)  # COPY rows
+    files: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # cm_files rows by path, the last one kept
+    savepoint: str | None = None
+
+
 class _Connection:
     """A connection that survives the server's restart: a lost one raises IndexUnavailable once, and the
-    next call connects again (a transaction cut by the loss was rolled back by the server)."""
+    next call connects again (a transaction cut by the loss was rolled back by the server).
+
+    Writes of a whole batch travel together. New chunks are held as COPY rows and files as rows of
+    one upsert, and sent just before the next statement or commit; a nested transaction opens its
+    savepoint only when a statement runs inside it. A cold index of a batch of files is then one
+    COPY and one upsert instead of five round trips per file. What a level holds when it fails was
+    never sent, and is dropped with it; each level's rows are sent inside its own savepoint.
+    """
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.raw = connect(url)
+        self.levels: list[_Level] = []
+        self._copy: contextlib.ExitStack | None = None  # a COPY of chunks left open while Python goes on
+        self._copy_writer: Any = None
 
     def _live(self) -> psycopg.Connection:
         if self.raw.broken or self.raw.closed:
+            self.levels.clear()
+            self._copy = None
             self.raw = connect(self.url)
         return self.raw
 
+    def _stream(self, rows: str) -> None:
+        """Send chunk rows of the outermost level into a COPY kept open: the server stores them while the
+        next files are parsed, until the next statement ends it (`_end_copy`)."""
+        if self._copy is None:
+            from psycopg.copy import QueuedLibpqWriter
+
+            stack = contextlib.ExitStack()
+            cur = stack.enter_context(self.raw.cursor())
+            self._copy_writer = stack.enter_context(cur.copy(_COPY_CHUNKS, writer=QueuedLibpqWriter(cur)))
+            self._copy = stack
+        self._copy_writer.write(rows)
+
+    def _end_copy(self, error: BaseException | None = None) -> None:
+        stack, self._copy, self._copy_writer = self._copy, None, None
+        if stack is None:
+            return
+        if error is None:
+            stack.close()
+        elif not self.raw.broken:
+            with contextlib.suppress(psycopg.Error):
+                stack.__exit__(type(error), error, error.__traceback__)
+
+    def hold_chunk(self, row: str) -> None:
+        self.levels[-1].chunks.append(row)
+
+    def hold_file(self, path: str, row: tuple[Any, ...]) -> None:
+        self.levels[-1].files[path] = row
+
+    def _prepare(self) -> None:
+        """Before a statement: each level's savepoint opened and its held rows sent inside it, outermost first."""
+        self._end_copy()
+        for depth, level in enumerate(self.levels):
+            if depth and level.savepoint is None:
+                self.raw.execute(f"SAVEPOINT cm_level_{depth}")
+                level.savepoint = f"cm_level_{depth}"
+            if level.chunks:
+                rows, level.chunks = "".join(level.chunks), []
+                with self.raw.cursor() as cur, cur.copy(_COPY_CHUNKS) as copy:
+                    copy.write(rows)
+            if level.files:
+                rows_ = list(level.files.values())
+                level.files = {}
+                self.raw.execute(_UPSERT_FILES, [list(column) for column in zip(*rows_, strict=True)])
+
     def execute(self, query: Any, args: Any = None) -> psycopg.Cursor[Any]:
         try:
-            return self._live().execute(query, args)
+            raw = self._live()
+            self._prepare()
+            return raw.execute(query, args)
         except psycopg.OperationalError as exc:
             raise IndexUnavailable(f"lost the shared index: {_one_line(exc)}") from exc
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         try:
-            with self._live().transaction():
-                yield
+            if not self.levels:
+                with self._live().transaction():
+                    self.levels.append(_Level())
+                    try:
+                        yield
+                        self._prepare()
+                    except BaseException as exc:
+                        self._end_copy(exc)
+                        raise
+                    finally:
+                        self.levels.clear()
+            else:
+                yield from self._nested()
         except psycopg.OperationalError as exc:
             raise IndexUnavailable(f"lost the shared index: {_one_line(exc)}") from exc
 
+    def _nested(self) -> Iterator[None]:
+        level = _Level()
+        self.levels.append(level)
+        try:
+            yield
+        except BaseException as exc:
+            self.levels.pop()
+            if level.savepoint is not None and not self.raw.broken:
+                self._end_copy(exc)
+                self.raw.execute(f"ROLLBACK TO SAVEPOINT {level.savepoint}")
+                self.raw.execute(f"RELEASE SAVEPOINT {level.savepoint}")
+            raise
+        self.levels.pop()
+        if level.savepoint is not None:
+            self.raw.execute(f"RELEASE SAVEPOINT {level.savepoint}")
+        parent = self.levels[-1]
+        if len(self.levels) == 1 and level.chunks:
+            self._stream("".join(level.chunks))
+        else:
+            parent.chunks.extend(level.chunks)
+        parent.files.update(level.files)
+
     def cursor(self) -> psycopg.Cursor[Any]:
-        return self._live().cursor()
+        raw = self._live()
+        self._prepare()
+        return raw.cursor()
+
+    @property
+    def in_transaction(self) -> bool:
+        return bool(self.levels)
 
     @property
     def info(self) -> Any:
         return self.raw.info
 
     def close(self) -> None:
+        self.levels.clear()
+        self._copy = None
         self.raw.close()
+
+
+_COPY_CHUNKS = ("COPY cm_chunks(seq, workspace, gen, id, path, source, start_line, end_line, hash, model, text, date,"
+                " updated_at, terms, counts, length) FROM STDIN")
+_UPSERT_FILES = (
+    "INSERT INTO cm_files SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[],"
+    " %s::bigint[], %s::bigint[], %s::text[], %s::float8[]) ON CONFLICT(workspace, gen, path) DO UPDATE"
+    " SET source = excluded.source, hash = excluded.hash, mtime = excluded.mtime, size = excluded.size,"
+    " state = excluded.state, indexed_at = excluded.indexed_at")
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_SEQ_BLOCK = 256  # chunk numbers taken from the sequence in one round trip
+
+
+def _copy_field(value: object) -> str:
+    """One field of COPY's text format."""
+    if value is None:
+        return "\\N"
+    return str(value).translate(_COPY_ESCAPES)
+
+
+def _copy_array(values: Sequence[object]) -> str:
+    """A text[] or int[] as one field of COPY's text format (terms never hold a tab or a line break)."""
+    strings = list(map(str, values))
+    whole = "".join(strings)
+    if "\\" in whole or '"' in whole:
+        strings = [v.replace("\\", "\\\\").replace('"', '\\"') for v in strings]
+    return ('{"' + '","'.join(strings) + '"}' if strings else "{}").replace("\\", "\\\\")
 
 
 class PgStore:
@@ -120,6 +256,7 @@ class PgStore:
         self._size_deltas = [0, 0]  # chunks, tokens
         self._live: list[tuple[str, int]] = [(workspace, self.gen)]
         self._live_read = False
+        self._seqs: list[int] = []  # chunk numbers taken from the sequence and not used yet
 
     def _generation(self, *, new: bool, create: bool) -> int:
         if create:
@@ -147,7 +284,7 @@ class PgStore:
         updated once per file in one transaction would grow a chain of row versions that every
         later update walks. A savepoint's counts are kept apart and dropped if it fails.
         """
-        outer = self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        outer = not self.conn.in_transaction
         saved_terms, saved_sizes = self._term_deltas, self._size_deltas
         self._term_deltas, self._size_deltas = Counter(), [0, 0]
         try:
@@ -167,7 +304,7 @@ class PgStore:
 
     def _atomic(self) -> contextlib.AbstractContextManager[None]:
         """A transaction for one change, unless one is open (no savepoint per chunk: a round trip each)."""
-        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        if not self.conn.in_transaction:
             return self.transaction()
         return contextlib.nullcontext()
 
@@ -176,7 +313,7 @@ class PgStore:
 
     def _write(self, query: str, args: Any = None) -> psycopg.Cursor[Any]:
         """A write outside `transaction()` is its own commit: the version moves with it."""
-        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        if not self.conn.in_transaction:
             with self.conn.transaction():
                 cur = self.conn.execute(query, args)  # type: ignore[arg-type]
                 self._bump()
@@ -222,12 +359,10 @@ class PgStore:
         return None if row is None else FileRow(*row)
 
     def upsert_file(self, row: FileRow) -> None:
-        self._write(
-            "INSERT INTO cm_files VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT(workspace, gen, path)"
-            " DO UPDATE SET source = excluded.source, hash = excluded.hash, mtime = excluded.mtime,"
-            " size = excluded.size, state = excluded.state, indexed_at = excluded.indexed_at",
-            (self.workspace, self.gen, pg_text(row.path), row.source, row.hash, row.mtime, row.size,
-             pg_text(row.state), time.time()))
+        path = pg_text(row.path)
+        with self._atomic():
+            self.conn.hold_file(path, (self.workspace, self.gen, path, row.source, row.hash, row.mtime, row.size,
+                                       pg_text(row.state), time.time()))
 
     def chunks_of(self, path: str) -> list[ChunkRow]:
         return [ChunkRow(*row) for row in self.conn.execute(
@@ -237,20 +372,24 @@ class PgStore:
     def insert_chunk(self, *, id: str, path: str, source: str, start_line: int, end_line: int, hash: str,
                      text: str, fts_text: str, model: str = "", date: str | None = None) -> int:
         """Add a chunk with its terms, and count them into the workspace's term statistics."""
-        id, path, text = pg_text(id), pg_text(path), pg_text(text)
         terms = chunk_terms(pg_text(fts_text))
+        seq = self._next_seq()
         with self._atomic():
-            row = self.conn.execute(
-                "INSERT INTO cm_chunks(workspace, gen, id, path, source, start_line, end_line, hash, model, text,"
-                " date, updated_at, terms, counts, length) VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-                " %s, %s, %s) RETURNING seq",
-                (self.workspace, self.gen, id, path, source, start_line, end_line, hash, model, text, date,
-                 time.time(), terms.terms, terms.counts, terms.length)).fetchone()
+            self.conn.hold_chunk("\t".join((
+                *(_copy_field(v) for v in (seq, self.workspace, self.gen, pg_text(id), pg_text(path), source,
+                                           start_line, end_line, hash, model, pg_text(text), date, repr(time.time()))),
+                _copy_array(terms.terms), _copy_array(terms.counts), str(terms.length))) + "\n")
             self._term_deltas.update(terms.terms)
             self._size_deltas[0] += 1
             self._size_deltas[1] += terms.length
-        assert row is not None
-        return int(row[0])
+        return seq
+
+    def _next_seq(self) -> int:
+        if not self._seqs:
+            self._seqs = [int(r[0]) for r in self.conn.execute(
+                "SELECT nextval('cm_chunks_seq_seq') FROM generate_series(1, %s)", (_SEQ_BLOCK,))]
+            self._seqs.reverse()
+        return self._seqs.pop()
 
     def _flush_terms(self) -> None:
         """Write the term statistics' changes of this transaction: one statement for all its chunks."""

@@ -1,0 +1,91 @@
+"""PgStore's own mechanics against a real PostgreSQL: batched writes, lazy savepoints, COPY's text format.
+
+What both backends must answer alike is in test_backends.py; here is what only the shared index
+does to get there (rows held and sent together, savepoints opened only when needed).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from clawmem_index.pg.store import PgStore
+from clawmem_index.store import FileRow
+
+
+@pytest.fixture
+def store(pg_url: str):  # type: ignore[no-untyped-def]
+    store = PgStore(pg_url, "alpha")
+    yield store
+    store.close()
+
+
+def _add(store: PgStore, path: str, text: str, n: int = 0) -> int:
+    return store.insert_chunk(id=f"{path}:{n}", path=path, source="memory", start_line=n + 1, end_line=n + 1,
+                              hash=f"h-{path}-{n}", text=text, fts_text=text)
+
+
+def _paths(store: PgStore) -> list[str]:
+    return sorted({row[0] for row in store.execute("SELECT path FROM cm_chunks WHERE workspace = 'alpha'")})
+
+
+def test_a_failed_file_in_a_batch_leaves_nothing_and_the_others_land(store: PgStore) -> None:
+    with store.transaction():
+        with store.transaction():
+            _add(store, "memory/a.md", "apples grow here")
+            store.upsert_file(FileRow("memory/a.md", "memory", "ha", 1, 1))
+        with pytest.raises(RuntimeError), store.transaction():
+            _add(store, "memory/b.md", "bananas grow there")
+            store.upsert_file(FileRow("memory/b.md", "memory", "hb", 1, 1))
+            raise RuntimeError("the file could not be parsed")
+        with pytest.raises(RuntimeError), store.transaction():
+            _add(store, "memory/c.md", "cherries")
+            store.chunks_of("memory/c.md")  # a statement: this level's savepoint is opened and its rows sent
+            raise RuntimeError("failed after its rows reached the server")
+        with store.transaction():
+            _add(store, "memory/d.md", "dates")
+            store.upsert_file(FileRow("memory/d.md", "memory", "hd", 1, 1))
+    assert _paths(store) == ["memory/a.md", "memory/d.md"]
+    assert sorted(store.files()) == ["memory/a.md", "memory/d.md"]
+    assert store.counts() == (2, 2)
+    # The failed files' terms are not counted either.
+    assert store.execute("SELECT df FROM cm_terms WHERE workspace = 'alpha' AND term IN ('banana', 'cherri')") == []
+    assert store.execute("SELECT chunks FROM cm_stats WHERE workspace = 'alpha'") == [(2,)]
+
+
+def test_held_rows_are_seen_by_the_next_read_in_the_same_transaction(store: PgStore) -> None:
+    with store.transaction():
+        seq = _add(store, "memory/a.md", "first line")
+        store.upsert_file(FileRow("memory/a.md", "memory", "h1", 1, 1))
+        assert [c.seq for c in store.chunks_of("memory/a.md")] == [seq]
+        store.upsert_file(FileRow("memory/a.md", "memory", "h2", 2, 2))  # the last of two held rows is kept
+        assert store.file_row("memory/a.md") == FileRow("memory/a.md", "memory", "h2", 2, 2)
+
+
+def test_a_failed_outer_transaction_sends_nothing(store: PgStore) -> None:
+    before = store.data_version()
+    with pytest.raises(RuntimeError), store.transaction():
+        for n in range(300):  # more than one block of sequence numbers
+            with store.transaction():
+                _add(store, "memory/a.md", f"line {n}", n)
+        raise RuntimeError("interrupted")
+    assert _paths(store) == []
+    assert store.data_version() == before
+
+
+def test_text_with_copys_special_characters_is_stored_as_given(store: PgStore) -> None:
+    text = 'tab\there\nnew line\r\\backslash\\N "quoted" {braces} \\\\ end'
+    with store.transaction():
+        _add(store, "memory/odd\\path\t.md", text)
+    [row] = store.execute("SELECT path, text, terms FROM cm_chunks WHERE workspace = 'alpha'")
+    assert row[0] == "memory/odd\\path\t.md"
+    assert row[1] == text
+    assert {"tab", "backslash", "quot", "brace"} <= set(row[2])
+
+
+def test_a_chunk_added_outside_a_transaction_is_committed_at_once(store: PgStore, pg_url: str) -> None:
+    _add(store, "memory/a.md", "alone")
+    other = PgStore(pg_url, "alpha", read_only=True)
+    try:
+        assert other.execute("SELECT count(*) FROM cm_chunks WHERE workspace = 'alpha'") == [(1,)]
+    finally:
+        other.close()
