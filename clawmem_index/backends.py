@@ -175,7 +175,7 @@ class PostgresBackend:
     def open_reader(self, *, read_only: bool, long_lived: bool) -> PgStore:
         from clawmem_index.pg.store import PgStore
 
-        return PgStore(self.url, self.workspace, read_only=True, scope=self.scope)
+        return PgStore(self.url, self.workspace, read_only=True, scope=self.scope, keep_postings=long_lived)
 
     def refresh(self, store: PgStore) -> None:
         """A reader works on the generation live when it asks: a rebuild switched since is seen now."""

@@ -17,7 +17,7 @@ import contextlib
 import json
 import math
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,11 +133,11 @@ class _Connection:
                 level.files = {}
                 self.raw.execute(_UPSERT_FILES, [list(column) for column in zip(*rows_, strict=True)])
 
-    def execute(self, query: Any, args: Any = None) -> psycopg.Cursor[Any]:
+    def execute(self, query: Any, args: Any = None, *, binary: bool = False) -> psycopg.Cursor[Any]:
         try:
             raw = self._live()
             self._prepare()
-            return raw.execute(query, args)
+            return raw.execute(query, args, binary=binary)
         except psycopg.OperationalError as exc:
             raise IndexUnavailable(f"lost the shared index: {_one_line(exc)}") from exc
 
@@ -228,6 +228,103 @@ def _copy_array(values: Sequence[object]) -> str:
     return ('{"' + '","'.join(strings) + '"}' if strings else "{}").replace("\\", "\\\\")
 
 
+class _PostingsCache:
+    """Each phrase's matches in one workspace's generation at one version: chunk numbers, term
+    frequencies and lengths, read once (one query) and kept while the version stands.
+
+    BM25 of an OR of phrases is then summed in numpy: a phrase's document frequency is its number
+    of matches, N and the average length come from `cm_stats` (kept per version too). The same
+    sums `_bm25`'s query makes, without sending every matching chunk's terms through it again.
+    Bounded by the matches held (least recently used dropped).
+    """
+
+    LIMIT = 1 << 21
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn = conn
+        self._held = 0
+        self._entries: OrderedDict[tuple[str, int, int, Phrase], tuple[Any, Any, Any]] = OrderedDict()
+        self._stats: dict[tuple[str, int, int], tuple[int, int]] = {}
+
+    def bm25(self, phrases: list[Phrase], live: list[tuple[str, int]], versions: dict[str, int], *,
+             limit: int | None, seqs: list[int] | None) -> list[tuple[int, float]]:
+        import numpy as np
+
+        keys = [(w, g, versions.get(w, -1)) for w, g in live]
+        chunks = tokens = 0
+        for key in keys:
+            n, t = self._stats_of(*key)
+            chunks, tokens = chunks + n, tokens + t
+        avgdl = (tokens / chunks if chunks else 1.0) or 1.0
+        all_seqs, all_gains = [], []
+        for phrase in phrases:
+            found = [self._phrase(key, phrase) for key in keys]
+            df = sum(len(f[0]) for f in found)
+            if not df:
+                continue
+            idf = math.log((chunks - df + 0.5) / (df + 0.5)) if chunks else 0.0
+            idf = idf if idf > 0 else 1e-6
+            for seq, tf, length in found:
+                all_seqs.append(seq)
+                all_gains.append(idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / avgdl)))
+        if not all_seqs:
+            return []
+        matched, where = np.unique(np.concatenate(all_seqs), return_inverse=True)
+        gains = np.bincount(where, weights=np.concatenate(all_gains), minlength=len(matched))
+        if seqs is not None:
+            picked = np.isin(matched, np.asarray(seqs, dtype=np.int64))
+            return [(int(q), -float(g)) for q, g in zip(matched[picked], gains[picked], strict=True)]
+        if limit is not None and limit < len(matched):
+            floor = np.partition(gains, len(gains) - limit)[len(gains) - limit]
+            keep = gains >= floor
+            matched, gains = matched[keep], gains[keep]
+        order = np.lexsort((matched, -gains))[:limit]
+        return [(int(matched[i]), -float(gains[i])) for i in order]
+
+    def _stats_of(self, workspace: str, gen: int, version: int) -> tuple[int, int]:
+        key = (workspace, gen, version)
+        if key not in self._stats:
+            row = self._conn.execute("SELECT chunks, tokens FROM cm_stats WHERE workspace = %s AND gen = %s",
+                                     (workspace, gen)).fetchone()
+            if len(self._stats) > 256:
+                self._stats.clear()
+            self._stats[key] = (int(row[0]), int(row[1])) if row else (0, 0)
+        return self._stats[key]
+
+    def _phrase(self, key: tuple[str, int, int], phrase: Phrase) -> tuple[Any, Any, Any]:
+        import numpy as np
+
+        entry = self._entries.get((*key, phrase))
+        if entry is not None:
+            self._entries.move_to_end((*key, phrase))
+            return entry
+        workspace, gen, _ = key
+        if phrase.prefix:
+            pattern = phrase.term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            row = self._conn.execute(
+                "WITH t AS (SELECT coalesce(array_agg(term), '{}') AS terms FROM (SELECT term FROM cm_terms"
+                "   WHERE workspace = %(w)s AND gen = %(g)s AND term LIKE %(p)s ORDER BY term LIMIT 4096) AS m)"
+                " SELECT array_agg(c.seq ORDER BY c.seq), array_agg((SELECT sum(u.tf) FROM unnest(c.terms, c.counts)"
+                "   AS u(term, tf) WHERE u.term = ANY(t.terms)) ORDER BY c.seq), array_agg(c.length ORDER BY c.seq)"
+                " FROM cm_chunks AS c, t WHERE c.workspace = %(w)s AND c.gen = %(g)s AND c.terms && t.terms",
+                {"w": workspace, "g": gen, "p": pattern}, binary=True).fetchone()
+        else:
+            row = self._conn.execute(
+                "SELECT array_agg(c.seq ORDER BY c.seq), array_agg(c.counts[array_position(c.terms, %(t)s)]"
+                " ORDER BY c.seq), array_agg(c.length ORDER BY c.seq) FROM cm_chunks AS c"
+                " WHERE c.workspace = %(w)s AND c.gen = %(g)s AND c.terms @> ARRAY[%(t)s]::text[]",
+                {"w": workspace, "g": gen, "t": phrase.term}, binary=True).fetchone()
+        seqs, tfs, lengths = row if row and row[0] is not None else ([], [], [])
+        entry = (np.asarray(seqs, dtype=np.int64), np.asarray(tfs, dtype=np.float64),
+                 np.asarray(lengths, dtype=np.float64))
+        self._entries[(*key, phrase)] = entry
+        self._held += len(entry[0])
+        while self._held > self.LIMIT and len(self._entries) > 1:
+            _, dropped = self._entries.popitem(last=False)
+            self._held -= len(dropped[0])
+        return entry
+
+
 class PgStore:
     """One connection to the shared index, for one workspace (see the module's docstring)."""
 
@@ -235,7 +332,9 @@ class PgStore:
     vec_error = ""
 
     def __init__(self, url: str, workspace: str, *, read_only: bool = False, new_generation: bool = False,
-                 scope: Sequence[str] | None = None, create: bool = True) -> None:
+                 scope: Sequence[str] | None = None, create: bool = True, keep_postings: bool = False) -> None:
+        """`keep_postings`: keep each phrase's matches per workspace version and rank common words in
+        numpy (a long-lived reader, the daemon's); otherwise every ranking is one query."""
         self.url = url
         self.workspace = workspace
         self.read_only = read_only
@@ -257,6 +356,8 @@ class PgStore:
         self._live: list[tuple[str, int]] = [(workspace, self.gen)]
         self._live_read = False
         self._seqs: list[int] = []  # chunk numbers taken from the sequence and not used yet
+        self._versions: dict[str, int] = {}
+        self._postings = _PostingsCache(self.conn) if keep_postings else None
 
     def _generation(self, *, new: bool, create: bool) -> int:
         if create:
@@ -462,6 +563,7 @@ class PgStore:
         """Moves with every commit to any workspace in scope; also takes their live generations for the search."""
         rows = self.conn.execute("SELECT workspace, live_gen, version FROM cm_workspaces WHERE workspace = ANY(%s)"
                                  " ORDER BY workspace", (list(self.scope),)).fetchall()
+        self._versions = {str(w): int(v) for w, _, v in rows}
         if self.read_only or self.scope != (self.workspace,):
             self._live = [(str(w), int(g)) for w, g, _ in rows]
             self._live_read = True
@@ -501,6 +603,8 @@ class PgStore:
         phrases = phrases_of(match)
         if not phrases or limit == 0:
             return []
+        if self._postings is not None and not where and not self.conn.in_transaction and self._live_read:
+            return self._postings.bm25(phrases, self._live, self._versions, limit=limit, seqs=seqs)
         scope, args = self._scope_sql("c")
         n, avgdl = self._collection_stats()
         terms: list[str] = []
