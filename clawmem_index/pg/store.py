@@ -357,6 +357,9 @@ class PgStore:
         self._live_read = False
         self._seqs: list[int] = []  # chunk numbers taken from the sequence and not used yet
         self._versions: dict[str, int] = {}
+        self._ef_search: int | None = None
+        self._diluted: tuple[object, float] = (None, 1.0)
+        self._indexed_dims: set[int] = set()
         self._postings = _PostingsCache(self.conn) if keep_postings else None
 
     def _generation(self, *, new: bool, create: bool) -> int:
@@ -688,18 +691,57 @@ class PgStore:
 
     def vector_search(self, query_blob: bytes, limit: int, where: ChunkFilter | None = None, *,
                       candidates_for: int | None = None) -> list[VectorHit]:
-        """The `limit` nearest chunks by exact cosine distance, nearest first (ties by seq)."""
+        """The `limit` nearest chunks by cosine distance, nearest first (ties by seq).
+
+        Through the HNSW index of the vectors' dimensions when there is one (`ensure_vector_table`),
+        scanning on past chunks of other workspaces and filtered ones until `limit` pass (pgvector's
+        iterative scan); the distances are exact, the order is re-sorted on them.
+        """
         if limit < 1:
             return []
-        scope, args = self._scope_sql("c")
+        dims = len(query_blob) // 4
+        self._tune_hnsw(limit)
+        scope, args = self._scope_pairs("c")
         condition, filter_args = _filter_sql(where, "c")
         rows = self.conn.execute(
-            "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, c.embedding <=> %(q)s::vector AS d, c.date,"
-            " c.workspace"
-            f" FROM cm_chunks AS c WHERE {scope} AND c.embedding IS NOT NULL AND c.dims = %(dims)s AND {condition}"
-            " ORDER BY d, c.seq LIMIT %(limit)s",
-            {**args, **filter_args, "q": _literal(query_blob), "dims": len(query_blob) // 4, "limit": limit}).fetchall()
+            "SELECT * FROM (SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text,"
+            f" c.embedding::vector({dims}) <=> %(q)s::vector({dims}) AS d, c.date, c.workspace"
+            f" FROM cm_chunks AS c WHERE c.dims = {dims} AND {scope} AND {condition}"
+            " ORDER BY d LIMIT %(limit)s) AS near ORDER BY d, seq",
+            {**args, **filter_args, "q": _literal(query_blob), "limit": limit}).fetchall()
         return [VectorHit(int(r[0]), r[1], r[2], r[3], r[4], r[5], float(r[6]), r[7], r[8]) for r in rows]
+
+    def _tune_hnsw(self, limit: int) -> None:
+        """How many candidates an HNSW search keeps: twice the rows asked for, at least 100, times the
+        share of the table's rows that are not in scope (the index walks every workspace's vectors,
+        the scope's are found among them), at most 1000 (pgvector's bound)."""
+        ef = min(1000, math.ceil(max(100, 2 * limit) * self._dilution()))
+        if ef != self._ef_search:
+            self.conn.execute(f"SET hnsw.ef_search = {ef}")
+            if self._ef_search is None:
+                self.conn.execute("SET hnsw.iterative_scan = relaxed_order")
+            self._ef_search = ef
+
+    def _dilution(self) -> float:
+        """All chunks / the scope's chunks (the table's size from the planner's statistics, which row-level
+        security does not narrow: the index holds rows this role cannot see)."""
+        key = (tuple(self._live), tuple(sorted(self._versions.items())))
+        if self._diluted[0] != key:
+            scope, args = self._scope_sql("s")
+            row = self.conn.execute(
+                f"SELECT (SELECT coalesce(sum(s.chunks), 0) FROM cm_stats AS s WHERE {scope}),"
+                " (SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'cm_chunks'::regclass)", args).fetchone()
+            mine, total = (float(row[0]), float(row[1])) if row else (0.0, 0.0)
+            self._diluted = (key, max(1.0, total / mine) if mine else 1.0)
+        return self._diluted[1]
+
+    def _scope_pairs(self, alias: str) -> tuple[str, dict[str, Any]]:
+        """The scope as plain conditions on the row (an index scan can filter with them, not join)."""
+        clauses, args = [], {}
+        for n, (workspace, gen) in enumerate(self._live):
+            clauses.append(f"({alias}.workspace = %(w{n})s AND {alias}.gen = %(g{n})s)")
+            args[f"w{n}"], args[f"g{n}"] = workspace, gen
+        return "(" + (" OR ".join(clauses) or "false") + ")", args
 
     def vector_distances_of(self, query_blob: bytes, seqs: Sequence[int]) -> dict[int, float]:
         if not seqs:
@@ -714,10 +756,29 @@ class PgStore:
         return True
 
     def vector_method(self) -> str:
-        return "pgvector exact cosine"
+        return "pgvector HNSW (cosine), exact distances"
 
     def ensure_vector_table(self, dims: int) -> None:
-        """Nothing to make: each chunk's vector column takes any dimensions (a search compares like with like)."""
+        """An HNSW index for vectors of `dims` dimensions, made when the first such vectors are stored.
+
+        The column takes any dimensions, so the index is on the vectors of one size (an expression
+        and a partial index); made while none are stored, it costs nothing to build. A role that
+        may not create it leaves searches to scan exactly (slower, never wrong).
+        """
+        if dims in self._indexed_dims:
+            return
+        self._indexed_dims.add(dims)
+        name = f"cm_chunks_hnsw_{int(dims)}"
+        found = self.conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()
+        if found and found[0]:
+            return
+        try:
+            with self.transaction():
+                self.conn.execute(
+                    f"CREATE INDEX IF NOT EXISTS {name} ON cm_chunks USING hnsw"
+                    f" ((embedding::vector({int(dims)})) vector_cosine_ops) WHERE dims = {int(dims)}")
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UniqueViolation):
+            pass  # not this role's to make, or another daemon made it just now
 
     # -- vectors of chunks ----------------------------------------------------------------------
 
