@@ -113,6 +113,7 @@ def new_database(server: pg_server.PgServer, name: str) -> str:
 
 def clone_workspace(conn: psycopg.Connection, source: str, target: str) -> None:
     """Copy a workspace's live rows under another name (new chunk numbers, same everything else)."""
+    conn.execute("SELECT cm_add_partition(%s)", (target,))
     with conn.transaction():
         conn.execute("INSERT INTO cm_workspaces(workspace, live_gen, next_gen, version, created_at)"
                      " SELECT %s, live_gen, next_gen, 0, created_at FROM cm_workspaces WHERE workspace = %s",

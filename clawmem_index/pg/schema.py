@@ -9,6 +9,10 @@ Isolation is the database's: row-level security on every workspace table. The ta
 ran the migrations: a single-user setup, or an administrator) sees every workspace; any other role
 sees the workspaces `cm_access` grants to a role it is a member of, and writes only those granted
 `writable`. `grant_workspace` is how an owner hands a role a workspace.
+
+The chunks are partitioned by workspace: each workspace's rows, keyword index (GIN) and vector
+indexes (HNSW) are its own, so a query or a write costs the same whether the database holds ten
+workspaces or ten thousand.
 """
 
 from __future__ import annotations
@@ -101,26 +105,81 @@ MIGRATIONS: list[tuple[str, str]] = [
 ]
 
 
-def _policies() -> str:
-    statements = []
-    for table in WORKSPACE_TABLES:
-        statements.append(f"""
-            ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;
-            CREATE POLICY {table}_read ON {table} FOR SELECT USING (workspace IN (SELECT unnest(cm_readable())));
-            CREATE POLICY {table}_add ON {table} FOR INSERT WITH CHECK (workspace IN (SELECT unnest(cm_writable())));
-            CREATE POLICY {table}_change ON {table} FOR UPDATE USING (workspace IN (SELECT unnest(cm_writable())))
-                WITH CHECK (workspace IN (SELECT unnest(cm_writable())));
-            CREATE POLICY {table}_drop ON {table} FOR DELETE USING (workspace IN (SELECT unnest(cm_writable())));
-        """)
-    return "".join(statements)
+def _policies_of(table: str) -> str:
+    return f"""
+        ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;
+        CREATE POLICY {table}_read ON {table} FOR SELECT USING (workspace IN (SELECT unnest(cm_readable())));
+        CREATE POLICY {table}_add ON {table} FOR INSERT WITH CHECK (workspace IN (SELECT unnest(cm_writable())));
+        CREATE POLICY {table}_change ON {table} FOR UPDATE USING (workspace IN (SELECT unnest(cm_writable())))
+            WITH CHECK (workspace IN (SELECT unnest(cm_writable())));
+        CREATE POLICY {table}_drop ON {table} FOR DELETE USING (workspace IN (SELECT unnest(cm_writable())));
+    """
 
 
-MIGRATIONS.append(("0002_row_level_security", _policies()))
+MIGRATIONS.append(("0002_row_level_security", "".join(_policies_of(table) for table in WORKSPACE_TABLES)))
 MIGRATIONS.append(("0003_leaner_writes", """
     DROP INDEX cm_chunks_hash;
     DROP INDEX cm_terms_prefix;
     ALTER TABLE cm_terms ALTER COLUMN term TYPE text COLLATE "C";
 """))  # nothing looked chunks up by hash; terms in byte order: the key's index serves a prefix's range too
+
+
+MIGRATIONS.append(("0004_chunks_partitioned_by_workspace", """
+    CREATE FUNCTION cm_partition_name(ws text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+        SELECT 'cm_chunks_' || md5(ws)
+    $$;
+    CREATE FUNCTION cm_add_partition(ws text) RETURNS void LANGUAGE plpgsql AS $$
+    BEGIN
+        EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF cm_chunks FOR VALUES IN (%L)',
+                       cm_partition_name(ws), ws);
+    END $$;
+    ALTER TABLE cm_chunks RENAME TO cm_chunks_unpartitioned;
+    ALTER TABLE cm_chunks_unpartitioned ALTER COLUMN seq DROP DEFAULT;
+    ALTER SEQUENCE cm_chunks_seq_seq OWNED BY NONE;
+    ALTER INDEX cm_chunks_pkey RENAME TO cm_chunks_unpartitioned_pkey;
+    ALTER INDEX cm_chunks_workspace_gen_id_key RENAME TO cm_chunks_unpartitioned_id;
+    ALTER INDEX cm_chunks_path RENAME TO cm_chunks_unpartitioned_path;
+    ALTER INDEX cm_chunks_pending RENAME TO cm_chunks_unpartitioned_pending;
+    ALTER INDEX cm_chunks_terms RENAME TO cm_chunks_unpartitioned_terms;
+    DO $$
+    DECLARE name text;
+    BEGIN
+        FOR name IN SELECT indexname FROM pg_indexes WHERE tablename = 'cm_chunks_unpartitioned'
+                    AND indexname LIKE 'cm\\_chunks\\_hnsw\\_%' LOOP
+            EXECUTE format('DROP INDEX %I', name);
+        END LOOP;
+    END $$;
+    CREATE TABLE cm_chunks(
+        seq bigint NOT NULL DEFAULT nextval('cm_chunks_seq_seq'),
+        workspace text NOT NULL, gen bigint NOT NULL,
+        id text NOT NULL, path text NOT NULL, source text NOT NULL DEFAULT 'memory',
+        start_line integer NOT NULL, end_line integer NOT NULL,
+        hash text NOT NULL, model text NOT NULL DEFAULT '', text text NOT NULL, date text,
+        embedded boolean NOT NULL DEFAULT false, updated_at double precision NOT NULL,
+        terms text[] NOT NULL, counts integer[] NOT NULL, length integer NOT NULL,
+        dims integer, embedding vector,
+        PRIMARY KEY(workspace, seq),
+        UNIQUE(workspace, gen, id)
+    ) PARTITION BY LIST (workspace);
+    ALTER SEQUENCE cm_chunks_seq_seq OWNED BY cm_chunks.seq;
+    CREATE INDEX cm_chunks_path ON cm_chunks(workspace, gen, path, start_line);
+    CREATE INDEX cm_chunks_pending ON cm_chunks(workspace, gen, seq) WHERE NOT embedded;
+    CREATE INDEX cm_chunks_terms ON cm_chunks USING gin(terms);
+    SELECT cm_add_partition(workspace) FROM (SELECT workspace FROM cm_workspaces
+                                             UNION SELECT workspace FROM cm_access) AS known;
+    INSERT INTO cm_chunks SELECT seq, workspace, gen, id, path, source, start_line, end_line, hash, model, text,
+        date, embedded, updated_at, terms, counts, length, dims, embedding FROM cm_chunks_unpartitioned;
+    DO $$
+    DECLARE size integer;
+    DECLARE sizes integer[] := ARRAY(SELECT DISTINCT dims FROM cm_chunks WHERE dims IS NOT NULL);
+    BEGIN
+        FOREACH size IN ARRAY sizes LOOP
+            EXECUTE format('CREATE INDEX cm_chunks_hnsw_%s ON cm_chunks USING hnsw ((embedding::vector(%s))'
+                           ' vector_cosine_ops) WHERE dims = %s', size, size, size);
+        END LOOP;
+    END $$;
+    DROP TABLE cm_chunks_unpartitioned;
+""" + _policies_of("cm_chunks")))  # each workspace's chunks, keyword and vector indexes apart: costs flat in their number
 
 
 def migrate(conn: psycopg.Connection) -> None:
@@ -157,11 +216,13 @@ def migrate(conn: psycopg.Connection) -> None:
 def grant_workspace(conn: psycopg.Connection, role: str, workspace: str, *, writable: bool = False) -> None:
     """Let `role` (and its members) read `workspace` in the shared index, and write it if `writable`.
 
-    Run as the tables' owner. Reading also needs the tables; writing, the chunks' sequence.
+    Run as the tables' owner. Reading also needs the tables; writing, the chunks' sequence and the
+    workspace's partition of the chunks, made here (only the owner may add one).
     """
     with conn.transaction():
         conn.execute("INSERT INTO cm_access VALUES(%s, %s, %s) ON CONFLICT(role_name, workspace)"
                      " DO UPDATE SET writable = excluded.writable", (role, workspace, writable))
+        conn.execute("SELECT cm_add_partition(%s)", (workspace,))
         who = sql.Identifier(role)
         rights = sql.SQL("SELECT, INSERT, UPDATE, DELETE" if writable else "SELECT")
         for table in (*WORKSPACE_TABLES, "cm_embedding_cache"):

@@ -358,7 +358,6 @@ class PgStore:
         self._seqs: list[int] = []  # chunk numbers taken from the sequence and not used yet
         self._versions: dict[str, int] = {}
         self._ef_search: int | None = None
-        self._diluted: tuple[object, float] = (None, 1.0)
         self._indexed_dims: set[int] = set()
         self._postings = _PostingsCache(self.conn) if keep_postings else None
 
@@ -366,6 +365,7 @@ class PgStore:
         if create:
             self.conn.execute("INSERT INTO cm_workspaces(workspace, created_at) VALUES(%s, %s)"
                               " ON CONFLICT DO NOTHING", (self.workspace, time.time()))
+            self._add_partition()
         if new:
             row = self.conn.execute("UPDATE cm_workspaces SET next_gen = next_gen + 1 WHERE workspace = %s"
                                     " RETURNING next_gen - 1", (self.workspace,)).fetchone()
@@ -376,6 +376,18 @@ class PgStore:
             raise IndexUnavailable(f"no index of workspace {self.workspace!r} in the shared index yet:"
                                    " run `clawmem index` first")
         return int(row[0])
+
+    def _add_partition(self) -> None:
+        """This workspace's partition of the chunks (see clawmem_index.pg.schema), made if missing."""
+        found = self.conn.execute("SELECT to_regclass(cm_partition_name(%s)) IS NOT NULL", (self.workspace,)).fetchone()
+        if found and found[0]:
+            return
+        try:
+            self.conn.execute("SELECT cm_add_partition(%s)", (self.workspace,))
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise IndexUnavailable(
+                f"workspace {self.workspace!r} has no place in the shared index yet, and this role may not make"
+                " it: the database's owner grants it with clawmem_index.pg.schema.grant_workspace") from exc
 
     def close(self) -> None:
         self.conn.close()
@@ -579,7 +591,9 @@ class PgStore:
         return [w for w, _ in self._live if w in self.scope] if self._live_read else [self.workspace]
 
     def _scope_sql(self, alias: str) -> tuple[str, dict[str, Any]]:
-        return (f"({alias}.workspace, {alias}.gen) IN (SELECT * FROM unnest(%(scope_ws)s::text[], %(scope_gen)s::bigint[]))",
+        """The workspaces in scope at their live generations (the first condition picks their partitions)."""
+        return (f"{alias}.workspace = ANY(%(scope_ws)s::text[]) AND ({alias}.workspace, {alias}.gen) IN"
+                " (SELECT * FROM unnest(%(scope_ws)s::text[], %(scope_gen)s::bigint[]))",
                 {"scope_ws": [w for w, _ in self._live], "scope_gen": [g for _, g in self._live]})
 
     def newest_date(self) -> str | None:
@@ -693,8 +707,8 @@ class PgStore:
                       candidates_for: int | None = None) -> list[VectorHit]:
         """The `limit` nearest chunks by cosine distance, nearest first (ties by seq).
 
-        Through the HNSW index of the vectors' dimensions when there is one (`ensure_vector_table`),
-        scanning on past chunks of other workspaces and filtered ones until `limit` pass (pgvector's
+        Through each workspace's HNSW index of the vectors' dimensions when there is one
+        (`ensure_vector_table`), scanning on past chunks a filter drops until `limit` pass (pgvector's
         iterative scan); the distances are exact, the order is re-sorted on them.
         """
         if limit < 1:
@@ -712,28 +726,14 @@ class PgStore:
         return [VectorHit(int(r[0]), r[1], r[2], r[3], r[4], r[5], float(r[6]), r[7], r[8]) for r in rows]
 
     def _tune_hnsw(self, limit: int) -> None:
-        """How many candidates an HNSW search keeps: twice the rows asked for, at least 100, times the
-        share of the table's rows that are not in scope (the index walks every workspace's vectors,
-        the scope's are found among them), at most 1000 (pgvector's bound)."""
-        ef = min(1000, math.ceil(max(100, 2 * limit) * self._dilution()))
+        """How many candidates an HNSW search keeps: twice the rows asked for, at least 100, at most 1000
+        (pgvector's bound); each workspace's index holds only its own vectors (its partition's)."""
+        ef = min(1000, max(100, 2 * limit))
         if ef != self._ef_search:
             self.conn.execute(f"SET hnsw.ef_search = {ef}")
             if self._ef_search is None:
                 self.conn.execute("SET hnsw.iterative_scan = relaxed_order")
             self._ef_search = ef
-
-    def _dilution(self) -> float:
-        """All chunks / the scope's chunks (the table's size from the planner's statistics, which row-level
-        security does not narrow: the index holds rows this role cannot see)."""
-        key = (tuple(self._live), tuple(sorted(self._versions.items())))
-        if self._diluted[0] != key:
-            scope, args = self._scope_sql("s")
-            row = self.conn.execute(
-                f"SELECT (SELECT coalesce(sum(s.chunks), 0) FROM cm_stats AS s WHERE {scope}),"
-                " (SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'cm_chunks'::regclass)", args).fetchone()
-            mine, total = (float(row[0]), float(row[1])) if row else (0.0, 0.0)
-            self._diluted = (key, max(1.0, total / mine) if mine else 1.0)
-        return self._diluted[1]
 
     def _scope_pairs(self, alias: str) -> tuple[str, dict[str, Any]]:
         """The scope as plain conditions on the row (an index scan can filter with them, not join)."""

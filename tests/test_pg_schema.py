@@ -1,0 +1,92 @@
+"""The shared index's migrations against a real PostgreSQL: an older database is carried forward whole."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from clawmem_index.pg.schema import MIGRATIONS, migrate
+from clawmem_index.pg.store import PgStore
+
+
+@pytest.fixture
+def empty_url(pg_cluster):  # type: ignore[no-untyped-def]
+    import uuid
+
+    name = f"m_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(pg_cluster.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield pg_cluster.url(name)
+    with psycopg.connect(pg_cluster.url(), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def _as_of(conn: psycopg.Connection, last: str) -> None:
+    """The schema an older clawmem left: the migrations up to `last`, applied as `migrate` did."""
+    conn.execute("CREATE TABLE cm_migrations(name text PRIMARY KEY, applied_at double precision NOT NULL)")
+    for name, body in MIGRATIONS:
+        conn.execute(body)  # type: ignore[arg-type]
+        conn.execute("INSERT INTO cm_migrations VALUES(%s, 0)", (name,))
+        if name == last:
+            return
+    raise AssertionError(f"no migration {last}")
+
+
+def test_chunks_of_an_unpartitioned_index_move_into_their_workspaces_partitions(empty_url: str) -> None:
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+        _as_of(conn, "0003_leaner_writes")
+        for n, workspace in enumerate(("alpha", "beta")):
+            conn.execute("INSERT INTO cm_workspaces(workspace, created_at) VALUES(%s, 0)", (workspace,))
+            conn.execute("INSERT INTO cm_stats VALUES(%s, 0, 1, 2)", (workspace,))
+            conn.execute(
+                "INSERT INTO cm_chunks(workspace, gen, id, path, start_line, end_line, hash, text, updated_at, terms,"
+                " counts, length, embedded, dims, embedding) VALUES(%s, 0, 'c', 'MEMORY.md', 1, 1, 'h', %s, 0,"
+                " %s, '{1,1}', 2, true, 3, %s)",
+                (workspace, f"{workspace} notes", [workspace, "note"], f"[1,{n},0]"))
+        migrate(conn)
+        assert {r[0] for r in conn.execute("SELECT name FROM cm_migrations")} == {name for name, _ in MIGRATIONS}
+        partitions = {r[0]: r[1] for r in conn.execute(
+            "SELECT workspace, tableoid::regclass::text FROM cm_chunks")}
+        assert partitions == {w: conn.execute("SELECT cm_partition_name(%s)", (w,)).fetchone()[0]  # type: ignore[index]
+                              for w in ("alpha", "beta")}
+        assert conn.execute("SELECT to_regclass('cm_chunks_hnsw_3') IS NOT NULL").fetchone() == (True,)
+        assert conn.execute("SELECT relrowsecurity FROM pg_class WHERE relname = 'cm_chunks'").fetchone() == (True,)
+    store = PgStore(empty_url, "alpha", read_only=True, scope=("alpha", "beta"))
+    try:
+        store.data_version()
+        assert [(h.workspace, h.text) for h in store.text_search('"note"', 5)] == \
+            [("alpha", "alpha notes"), ("beta", "beta notes")]
+        assert [h.workspace for h in store.vector_search(b"\x00\x00\x80?\x00\x00\x80?\x00\x00\x00\x00", 2)] == \
+            ["beta", "alpha"]
+    finally:
+        store.close()
+    # New chunks after the move take numbers the moved ones never had.
+    writer = PgStore(empty_url, "gamma")
+    try:
+        with writer.transaction():
+            seq = writer.insert_chunk(id="c", path="MEMORY.md", source="memory", start_line=1, end_line=1, hash="h",
+                                      text="gamma", fts_text="gamma")
+        assert seq > max(r[0] for r in writer.execute("SELECT seq FROM cm_chunks WHERE workspace <> 'gamma'"))
+    finally:
+        writer.close()
+
+
+def test_a_role_without_a_partition_for_its_workspace_is_told_who_can_make_it(pg_url: str) -> None:
+    import os
+    from urllib.parse import urlsplit
+
+    from clawmem_index.errors import IndexUnavailable
+    from clawmem_index.pg.schema import grant_workspace
+
+    role = f"agent_{os.urandom(4).hex()}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT CONNECT ON DATABASE {urlsplit(pg_url).path.lstrip('/')} TO {role}")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE ON cm_workspaces TO {role}")
+        conn.execute("INSERT INTO cm_access VALUES(%s, 'delta', true)", (role,))
+    url = pg_url.replace("postgresql://postgres@", f"postgresql://{role}@")
+    with pytest.raises(IndexUnavailable, match="grant_workspace"):
+        PgStore(url, "delta")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        grant_workspace(conn, role, "delta", writable=True)
+    PgStore(url, "delta").close()
