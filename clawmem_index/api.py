@@ -141,9 +141,11 @@ class Client:
                 workspaces: Sequence[str] | None = None) -> dict[str, Any]:
         """The prompt block for `query`: whole lines of the best hits, grouped by file, in `budget` tokens.
 
-        `workspaces`: in a shared index, gather from these workspaces (as `search` does).
+        `workspaces`: in a shared index, gather from these workspaces (as `search` does); another
+        workspace's lines are the index's text of its files, its sections carry `workspace` and are
+        labelled `workspace:path#Lstart-Lend`.
 
-        `{text, tokens, budget, tokenizer, sections: [{path, start_line, end_line, score, citation}],
+        `{text, tokens, budget, tokenizer, sections: [{path, start_line, end_line, score, citation, workspace?}],
         hits, truncated, omitted_lines, provider, model, mode, index}`; `text` is empty when nothing
         matched or nothing fits. `budget` defaults to the `search.context_budget` setting.
         """

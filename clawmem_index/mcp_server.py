@@ -204,7 +204,8 @@ def _status(client: Client, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
 def _context(client: Client, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
     answer = client.context(args["query"], budget=args.get("budget"), workspaces=args.get("workspaces"))
     sections = [{"path": s["path"], "startLine": s["start_line"], "endLine": s["end_line"], "score": s["score"],
-                 "citation": s["citation"]} for s in answer["sections"]]
+                 "citation": s["citation"], **({"workspace": s["workspace"]} if "workspace" in s else {})}
+                for s in answer["sections"]]
     data = {**answer, "sections": sections}
     if answer["text"]:
         return data, str(answer["text"])

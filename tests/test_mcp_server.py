@@ -293,8 +293,7 @@ def test_naming_another_workspace_on_sqlite_is_a_tool_error(indexed: Settings, s
         for name in ("memory_search", "memory_context"):
             answer = call_tool(client, name, {"query": "sqlite", "workspaces": ["ws", "beta"]})
             assert answer.error and answer.data is None
-            assert answer.text == 'only a shared index (index_backend = "postgres") searches other workspaces' \
-                if name == "memory_search" else "other workspaces" in answer.text
+            assert answer.text == 'only a shared index (index_backend = "postgres") searches other workspaces'
 
 
 def test_the_tools_search_several_workspaces_of_a_shared_index(tmp_path: Path, pg_url: str, sock_dir: Path,
@@ -309,7 +308,8 @@ def test_the_tools_search_several_workspaces_of_a_shared_index(tmp_path: Path, p
         index.sync()
         index.close()
     with Client(tmp_path / "alpha", socket=sock_dir / "none.sock", provider="none") as client:
-        answer = call_tool(client, "memory_search", {"query": "failover runbook", "workspaces": ["alpha", "beta", "gamma"]})
+        names = ["alpha", "beta", "gamma"]
+        answer = call_tool(client, "memory_search", {"query": "failover runbook", "workspaces": names})
         assert not answer.error, answer.text
         assert sorted((r["workspace"], r["path"]) for r in answer.data["results"]) == [("alpha", "MEMORY.md"),
                                                                                        ("beta", "MEMORY.md")]
@@ -317,6 +317,13 @@ def test_the_tools_search_several_workspaces_of_a_shared_index(tmp_path: Path, p
         assert '"workspace":"beta"' in answer.text, "the model reads the same JSON"
         own = call_tool(client, "memory_search", {"query": "failover runbook"})
         assert [r["workspace"] for r in own.data["results"]] == ["alpha"] and "unreadable_workspaces" not in own.data
+        context = call_tool(client, "memory_context", {"query": "failover runbook", "workspaces": names})
+        assert not context.error, context.text
+        assert sorted((s.get("workspace", ""), s["citation"]) for s in context.data["sections"]) == [
+            ("", "MEMORY.md#L1-L3"), ("beta", "beta:MEMORY.md#L1-L3")]
+        assert "### beta:MEMORY.md#L1-L3\n# beta\n\nThe beta agent learned the database failover runbook." \
+            in context.text
+        assert context.data["unreadable_workspaces"] == ["gamma"]
 
 
 def test_a_failing_tool_is_a_tool_error_not_a_crash(indexed: Settings, sock_dir: Path,
