@@ -137,16 +137,22 @@ class Client:
 
     def context(self, query: str, *, budget: int | None = None, max_results: int | None = None,
                 min_score: float | None = None, mode: str | None = None, path_prefix: str | None = None,
-                since: str | None = None, before: str | None = None) -> dict[str, Any]:
+                since: str | None = None, before: str | None = None,
+                workspaces: Sequence[str] | None = None) -> dict[str, Any]:
         """The prompt block for `query`: whole lines of the best hits, grouped by file, in `budget` tokens.
 
-        `{text, tokens, budget, tokenizer, sections: [{path, start_line, end_line, score, citation}],
+        `workspaces`: in a shared index, gather from these workspaces (as `search` does); another
+        workspace's lines are the index's text of its files, its sections carry `workspace` and are
+        labelled `workspace:path#Lstart-Lend`.
+
+        `{text, tokens, budget, tokenizer, sections: [{path, start_line, end_line, score, citation, workspace?}],
         hits, truncated, omitted_lines, provider, model, mode, index}`; `text` is empty when nothing
         matched or nothing fits. `budget` defaults to the `search.context_budget` setting.
         """
         return self._ask("context", {"query": query, "budget": budget, "max_results": max_results,
                                      "min_score": min_score, "mode": mode, "path_prefix": path_prefix,
-                                     "since": since, "before": before})
+                                     "since": since, "before": before,
+                                     "workspaces": list(workspaces) if workspaces else None})
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -433,7 +433,9 @@ class MemoryIndex:
 
         Lines are read from the memory files as they are now, through the same checks as `get`; a
         hit whose file is gone or refused since the last sync is left out. Transcript hits are left
-        out too (their lines are JSON): the block is made of memory files.
+        out too (their lines are JSON): the block is made of memory files. On a shared index,
+        `workspaces` may name others: their files are on other hosts, so their lines are the chunk
+        text the index holds (as their last sync saw them), and their sections name their workspace.
         """
         from clawmem_index.context import Hit, build_context
         from clawmem_index.tokens import MAX_TOKEN_BYTES, count_tokens
@@ -443,18 +445,23 @@ class MemoryIndex:
             raise QueryError(f"'budget' must be between 0 and {MAX_CONTEXT_BUDGET} tokens")
         if request.source not in (None, "memory"):
             raise QueryError("the context block is made of memory files: leave 'source' out")
-        if any(workspace_id(name) != self.settings.workspace_id for name in request.workspaces or ()):
-            raise QueryError("the context block is read from this workspace's files: search other workspaces"
-                             " with `search`")
-        answer = self.search(replace(request, source="memory"))
+        answer = self.search(replace(request, source="memory"))  # another workspace on SQLite: a QueryError
         results: list[dict[str, Any]] = answer.pop("results")  # type: ignore[assignment]
-        hits = [Hit(r["path"], r["start_line"], r["end_line"], r["score"]) for r in results]
+        own = self.settings.workspace_id
+        hits = [Hit(r["path"], r["start_line"], r["end_line"], r["score"],
+                    None if r.get("workspace", own) == own else r["workspace"]) for r in results]
         tokenizer = self.settings.chunking.tokenizer
         # Hits are a few KiB of lines each; only a line longer than any that fits (text of n bytes is at
         # least n / MAX_TOKEN_BYTES tokens) may be cut short by the read, and is then left out.
         room = max((budget + 1) * MAX_TOKEN_BYTES, CONTEXT_READ_BYTES)
-        block = build_context(hits, lambda path, first, last: self._context_lines(path, first, last, room),
-                              lambda text: count_tokens(text, tokenizer), budget)
+        store = self.reader() if any(hit.workspace is not None for hit in hits) else None  # the search's connection
+
+        def read(workspace: str | None, path: str, first: int, last: int) -> list[str | None]:
+            if workspace is None or store is None:
+                return self._context_lines(path, first, last, room)
+            return _within(store.chunk_lines(workspace, path, first, last), room)
+
+        block = build_context(hits, read, lambda text: count_tokens(text, tokenizer), budget)
         return {**block.as_dict(), "tokenizer": tokenizer, **answer}
 
     def _context_lines(self, path: str, first: int, last: int, max_bytes: int) -> list[str | None]:
@@ -615,6 +622,22 @@ class MemoryIndex:
             return name, (f"the index was built with {built.get('provider')}/{built.get('model')} but the"
                           f" configured provider is {name}: the next sync rebuilds it")
         return name, None
+
+
+def _within(lines: list[str | None], max_bytes: int) -> list[str | None]:
+    """Another workspace's lines for `context` as `_context_lines` reads a file's: a line's final CR dropped,
+    and the line that goes past `max_bytes` None (too long to show whole), nothing after it."""
+    out: list[str | None] = []
+    used = 0
+    for line in lines:
+        if line is not None:
+            used += len(line.encode()) + 1
+            if used > max_bytes:
+                out.append(None)
+                break
+            line = line.removesuffix("\r")
+        out.append(line)
+    return out
 
 
 def _has_vectors(store: Store) -> bool:

@@ -3,8 +3,9 @@
 The tools are OpenClaw's, with its names, parameters and result fields, so prompts written for
 OpenClaw's memory work unchanged: `memory_search {query, maxResults, minScore}` and `memory_get
 {path, from, lines}`; clawmem adds `memory_status` and `memory_context {query, budget}` (the
-passive-injection block of clawmem_index.context). Each answers through a clawmem_index.api.Client: the
-workspace's daemon when one answers, else the index file read-only.
+passive-injection block of clawmem_index.context). On a shared index, memory_search and memory_context
+also take `workspaces`, the names of the workspaces to gather from. Each answers through a
+clawmem_index.api.Client: the workspace's daemon when one answers, else the index file read-only.
 
 Two parts: the tools as plain data and functions (`TOOLS`, `call_tool`), which need no SDK, and
 the glue to the official `mcp` SDK (`build_server`, `serve`), imported only when a server runs. A
@@ -37,6 +38,7 @@ from clawmem_index import DISTRIBUTION, __version__
 from clawmem_index.config import MAX_CONTEXT_BUDGET
 from clawmem_index.context import citation
 from clawmem_index.errors import ClawmemError, ConfigError, ExtraNotInstalled, QueryError
+from clawmem_index.protocol import MAX_WORKSPACES
 from clawmem_index.storable import storable
 
 if TYPE_CHECKING:
@@ -73,6 +75,11 @@ class ToolAnswer:
     error: bool = False
 
 
+WORKSPACES = {"type": "array", "items": {"type": "string"}, "maxItems": MAX_WORKSPACES,
+              "description": "Shared index only: the workspaces to search (names); each result then names its"
+                             " workspace."}
+
+
 def _schema(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
 
@@ -93,6 +100,7 @@ TOOLS: tuple[ToolSpec, ...] = (
                          "description": "Leave out snippets scoring below this, 0..1 (default 0.2)."},
             "explain": {"type": "boolean",
                         "description": "Also say how each snippet got its place (keyword/vector rank and score)."},
+            "workspaces": WORKSPACES,
         }, ("query",)),
     ),
     ToolSpec(
@@ -121,6 +129,7 @@ TOOLS: tuple[ToolSpec, ...] = (
             "query": {"type": "string", "description": "The topic or task to gather memory for."},
             "budget": {"type": "integer", "minimum": 0, "maximum": MAX_CONTEXT_BUDGET,
                        "description": "Most tokens the block may take (default 1500)."},
+            "workspaces": WORKSPACES,
         }, ("query",)),
     ),
 )
@@ -164,18 +173,19 @@ def _repaired(value: Any) -> Any:
 
 def _search(client: Client, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
     answer = client.search(args["query"], max_results=args.get("maxResults"), min_score=args.get("minScore"),
-                           explain=bool(args.get("explain")))
+                           explain=bool(args.get("explain")), workspaces=args.get("workspaces"))
     results = [{"path": r["path"], "startLine": r["start_line"], "endLine": r["end_line"], "score": r["score"],
                 "snippet": r["snippet"], "source": r["source"],
                 "citation": citation(r["path"], r["start_line"], r["end_line"]),
-                **({"explain": r["explain"]} if "explain" in r else {})} for r in answer["results"]]
+                **{key: r[key] for key in ("workspace", "explain") if key in r}} for r in answer["results"]]
     data: dict[str, Any] = {"results": results, "provider": answer["provider"], "model": answer["model"],
                             "mode": answer["mode"]}
     if answer.get("fallback"):
         data["fallback"] = True
     data["index"] = answer["index"]
-    if answer.get("warning"):
-        data["warning"] = answer["warning"]
+    for key in ("warning", "unreadable_workspaces"):
+        if answer.get(key):
+            data[key] = answer[key]
     return data, _json(data)
 
 
@@ -192,9 +202,10 @@ def _status(client: Client, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 
 def _context(client: Client, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    answer = client.context(args["query"], budget=args.get("budget"))
+    answer = client.context(args["query"], budget=args.get("budget"), workspaces=args.get("workspaces"))
     sections = [{"path": s["path"], "startLine": s["start_line"], "endLine": s["end_line"], "score": s["score"],
-                 "citation": s["citation"]} for s in answer["sections"]]
+                 "citation": s["citation"], **({"workspace": s["workspace"]} if "workspace" in s else {})}
+                for s in answer["sections"]]
     data = {**answer, "sections": sections}
     if answer["text"]:
         return data, str(answer["text"])
@@ -231,6 +242,8 @@ def _arguments(spec: ToolSpec, given: Mapping[str, Any]) -> dict[str, Any]:
 
 def _value(name: str, value: Any, schema: Mapping[str, Any]) -> Any:
     kind = schema["type"]
+    if kind == "array":
+        return _array(name, value, schema)
     if kind == "boolean":
         if not isinstance(value, bool):
             raise QueryError(f"{name!r} must be true or false")
@@ -248,6 +261,20 @@ def _value(name: str, value: Any, schema: Mapping[str, Any]) -> Any:
         bounds = f"between {low} and {high}" if high is not None else f">= {low}"
         raise QueryError(f"{name!r} must be {bounds}")
     return number
+
+
+def _array(name: str, value: Any, schema: Mapping[str, Any]) -> list[Any]:
+    """A list whose items each pass their own schema; strict (a lone string is not taken as one item)."""
+    what = f"an array of {schema['items']['type']}s"
+    if not isinstance(value, list):
+        raise QueryError(f"{name!r} must be {what}")
+    most = schema.get("maxItems")
+    if most is not None and len(value) > most:
+        raise QueryError(f"{name!r} must be {what} with at most {most} items")
+    try:
+        return [_value(name, item, schema["items"]) for item in value]
+    except QueryError:
+        raise QueryError(f"{name!r} must be {what}") from None
 
 
 def _number(value: Any) -> int | float | None:

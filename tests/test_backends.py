@@ -316,6 +316,53 @@ def test_a_search_across_workspaces_names_each_results_workspace(tmp_path: Path,
         sqlite.close()
 
 
+def test_context_across_workspaces_reads_the_others_lines_from_the_index(tmp_path: Path, pg_url: str) -> None:
+    """Another workspace's lines are its chunks' text (its files are on its own host), labelled with its name."""
+    shared = {"index_backend": "postgres", "index_url": pg_url}
+    notes = {"alpha": "# alpha\n\nThe alpha agent learned the database failover runbook.\n",
+             "beta": "# beta\n\n" + "\n".join(f"- step {i}: the failover runbook says check replica {i} lag."
+                                             + ("\n" if i % 4 == 0 else "") for i in range(30)) + "\n"}
+    for name, text in notes.items():
+        ws = tmp_path / name
+        (ws / "memory").mkdir(parents=True)
+        (ws / "MEMORY.md").write_text(text)
+        (ws / "memory" / "long.md").write_text("# long\n\nbefore\n" + "failover " * 300 + "\nafter\n")
+        index = MemoryIndex(settings_for(ws, shared, **{"chunking.tokens": 64, "chunking.overlap": 16}))
+        index.sync()
+        index.close()
+    beta_lines = notes["beta"].split("\n")
+    index = MemoryIndex(settings_for(tmp_path / "alpha", shared))
+    try:
+        block = index.context(SearchRequest("failover runbook", mode="bm25", max_results=20, path_prefix="MEMORY.md",
+                                            workspaces=("alpha", "beta")), 100_000)
+        sections = block["sections"]
+        assert {s.get("workspace") for s in sections} == {None, "beta"}, "this workspace's sections keep their label"
+        assert "### MEMORY.md#L1-L3\n# alpha" in block["text"]
+        beta = [s for s in sections if s.get("workspace") == "beta"]
+        assert beta and all(s["citation"].startswith("beta:MEMORY.md#L") for s in beta)
+        for s in beta:
+            label = f"### {s['citation']}\n"
+            assert label + "\n".join(beta_lines[s["start_line"] - 1:s["end_line"]]) in block["text"], s
+        assert sum(s["end_line"] - s["start_line"] + 1 for s in beta) > 20, "lines of many overlapping chunks"
+        store = index.reader()
+        assert store.chunk_lines("beta", "MEMORY.md", 1, 10_000) == beta_lines[:-1], "each line once, blanks too"
+        assert store.chunk_lines("beta", "MEMORY.md", 5, 6) == beta_lines[4:6]
+        assert store.chunk_lines("beta", "memory/long.md", 1, 5) == ["# long", "", "before", None, "after"], \
+            "a line held in pieces is not shown"
+        assert store.chunk_lines("beta", "memory/none.md", 1, 5) == []
+        assert store.chunk_lines("beta", "MEMORY.md", 10_000, 10_001) == []
+    finally:
+        index.close()
+    sqlite = MemoryIndex(settings_for(tmp_path / "alpha", {"index": str(tmp_path / "i.sqlite")}))
+    try:
+        sqlite.sync()
+        with pytest.raises(QueryError, match="shared index"):
+            sqlite.context(SearchRequest("failover", workspaces=("beta",)))
+        assert sqlite.context(SearchRequest("failover", workspaces=("alpha",)))["sections"], "its own name is itself"
+    finally:
+        sqlite.close()
+
+
 def test_a_server_killed_mid_sync_is_reported_and_the_index_catches_up(workspace: Path, write, tmp_path: Path,
                                                                         sock_dir: Path) -> None:
     """SIGKILL PostgreSQL while the daemon indexes: status says so, and after the restart the index equals a fresh build."""

@@ -59,12 +59,13 @@ FILES = {
 }
 
 
-def reader(files: dict[str, list[str]]) -> Any:
-    calls: list[tuple[str, int, int]] = []
+def reader(files: dict[str, list[str]], others: dict[tuple[str, str], list[str]] | None = None) -> Any:
+    """Lines of this workspace's `files`, and of `others` keyed by (workspace, path)."""
+    calls: list[tuple[str | None, str, int, int]] = []
 
-    def read(path: str, first: int, last: int) -> list[str]:
-        calls.append((path, first, last))
-        return files[path][first - 1:last]
+    def read(workspace: str | None, path: str, first: int, last: int) -> list[str]:
+        calls.append((workspace, path, first, last))
+        return (files[path] if workspace is None else (others or {})[workspace, path])[first - 1:last]
 
     read.calls = calls  # type: ignore[attr-defined]
     return read
@@ -81,8 +82,32 @@ def test_files_in_the_order_of_their_best_hit_ranges_in_line_order_overlaps_merg
                           "## Todo\n- write the README\n- ship it\n\n"
                           "### MEMORY.md#L1-L4\n# Memory\n\n- Dana prefers short answers.\n- SQLite was chosen: one file.")
     assert block.tokens == tokens(block.text) and not block.truncated
-    assert read.calls == [("memory/2026-11-22.md", 3, 9), ("MEMORY.md", 1, 4)], "each merged range read once"
+    assert read.calls == [(None, "memory/2026-11-22.md", 3, 9), (None, "MEMORY.md", 1, 4)], \
+        "each merged range read once"
     assert [s.score for s in block.sections] == [0.9, 0.8]
+
+
+BETA = {("beta", "MEMORY.md"): ["# Beta", "", "- Beta runs the failover.", "- Beta keeps the runbook.",
+                               "- Beta rotates keys."]}
+
+
+def test_another_workspaces_file_is_its_own_file_labelled_with_its_workspace() -> None:
+    hits = [Hit("MEMORY.md", 1, 4, 0.9), Hit("MEMORY.md", 3, 4, 0.8, "beta"), Hit("MEMORY.md", 2, 3, 0.7),
+            Hit("MEMORY.md", 4, 5, 0.6, "beta")]
+    read = reader(FILES, BETA)
+    block = build_context(hits, read, tokens, 10_000)
+    assert block.text == ("### MEMORY.md#L1-L4\n# Memory\n\n- Dana prefers short answers.\n"
+                          "- SQLite was chosen: one file.\n\n"
+                          "### beta:MEMORY.md#L3-L5\n- Beta runs the failover.\n- Beta keeps the runbook.\n"
+                          "- Beta rotates keys.")
+    assert read.calls == [(None, "MEMORY.md", 1, 4), ("beta", "MEMORY.md", 3, 5)], "merged per (workspace, path)"
+    assert [s.as_dict() for s in block.sections] == [
+        {"path": "MEMORY.md", "start_line": 1, "end_line": 4, "score": 0.9, "citation": "MEMORY.md#L1-L4"},
+        {"path": "MEMORY.md", "start_line": 3, "end_line": 5, "score": 0.8, "citation": "beta:MEMORY.md#L3-L5",
+         "workspace": "beta"}]
+    assert [(p, a, b) for p, a, b, _ in parse(block.text)] == [("MEMORY.md", 1, 4), ("beta:MEMORY.md", 3, 5)]
+    only_beta = build_context([Hit("MEMORY.md", 1, 3, 0.5, "beta")], reader(FILES, BETA), tokens, 10_000)
+    assert only_beta.text == "### beta:MEMORY.md#L1-L3\n# Beta\n\n- Beta runs the failover."
 
 
 def test_separate_ranges_of_one_file_keep_their_own_labels_and_blank_edges_are_trimmed() -> None:
@@ -128,6 +153,8 @@ def test_lines_the_reader_cannot_give_are_left_out() -> None:
 def test_citations() -> None:
     assert citation("memory/2026-11-22.md", 12, 18) == "memory/2026-11-22.md#L12-L18"
     assert citation("MEMORY.md", 3, 3) == "MEMORY.md#L3"
+    assert citation("MEMORY.md", 3, 7, "beta") == "beta:MEMORY.md#L3-L7"
+    assert citation("memory/a.md", 2, 2, None) == "memory/a.md#L2"
 
 
 lines_st = st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"),
@@ -140,30 +167,35 @@ lines_st = st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",),
        data=st.data(), budget=st.integers(0, 400))
 def test_any_block_fits_its_budget_exactly_with_whole_lines_only(files: dict[str, list[str]], data: Any,
                                                                  budget: int) -> None:
+    others = {("beta", path): lines[::-1] for path, lines in files.items()}  # another workspace, other lines
+
+    def lines_of(workspace: str | None, path: str) -> list[str]:
+        return files[path] if workspace is None else others[workspace, path]
+
     hits = []
     for _ in range(data.draw(st.integers(0, 8))):
         path = data.draw(st.sampled_from(sorted(files)))
         first = data.draw(st.integers(1, len(files[path]) + 2))
         last = data.draw(st.integers(first, first + 12))
-        hits.append(Hit(path, first, last, data.draw(st.floats(0, 1))))
-    block = build_context(hits, reader(files), tokens, budget)
+        hits.append(Hit(path, first, last, data.draw(st.floats(0, 1)), data.draw(st.sampled_from([None, "beta"]))))
+    block = build_context(hits, reader(files, others), tokens, budget)
     assert block.tokens == tokens(block.text) <= budget
-    assert block.text == "\n\n".join(f"### {citation(s.path, s.start_line, s.end_line)}\n"
-                                     + "\n".join(files[s.path][s.start_line - 1:s.end_line]) for s in block.sections), \
-        "every line whole and where its label says"
-    seen: dict[str, list[tuple[int, int]]] = {}
+    assert block.text == "\n\n".join(f"### {citation(s.path, s.start_line, s.end_line, s.workspace)}\n"
+                                     + "\n".join(lines_of(s.workspace, s.path)[s.start_line - 1:s.end_line])
+                                     for s in block.sections), "every line whole and where its label says"
+    seen: dict[tuple[str | None, str], list[tuple[int, int]]] = {}
     for s in block.sections:
-        path, first, last, lines = s.path, s.start_line, s.end_line, list(s.lines)
+        key, first, last, lines = (s.workspace, s.path), s.start_line, s.end_line, list(s.lines)
         assert lines[0].strip() and lines[-1].strip()
-        assert all(any(h.path == path and h.start_line <= n <= h.end_line for h in hits)
+        assert all(any((h.workspace, h.path) == key and h.start_line <= n <= h.end_line for h in hits)
                    for n in range(first, last + 1)), "only lines under the hits"
-        for a, b in seen.get(path, []):
+        for a, b in seen.get(key, []):
             assert last < a - 1 or first > b + 1, "ranges of one file neither overlap nor touch"
-        seen.setdefault(path, []).append((first, last))
-    best = {}
+        seen.setdefault(key, []).append((first, last))
+    best: dict[tuple[str | None, str], int] = {}
     for h in sorted(hits, key=lambda h: -h.score):
-        best.setdefault(h.path, len(best))
-    order = [best[path] for path in dict.fromkeys(s.path for s in block.sections)]
+        best.setdefault((h.workspace, h.path), len(best))
+    order = [best[key] for key in dict.fromkeys((s.workspace, s.path) for s in block.sections)]
     assert order == sorted(order), "files in the order of their best hit"
 
 

@@ -81,7 +81,12 @@ def check(seen: dict[str, Any], served_by: str) -> None:
     assert "memory_search" in (seen["init"].instructions or "")
     tools = {t.name: t for t in seen["tools"]}
     assert list(tools) == ["memory_search", "memory_get", "memory_status", "memory_context"]
-    assert set(tools["memory_search"].input_schema["properties"]) == {"query", "maxResults", "minScore", "explain"}
+    assert set(tools["memory_search"].input_schema["properties"]) == {"query", "maxResults", "minScore", "explain",
+                                                                      "workspaces"}
+    for name in ("memory_search", "memory_context"):
+        assert tools[name].input_schema["properties"]["workspaces"] == {
+            "type": "array", "items": {"type": "string"}, "maxItems": 64,
+            "description": "Shared index only: the workspaces to search (names); each result then names its workspace."}
     assert tools["memory_search"].input_schema["required"] == ["query"]  # OpenClaw's, plus an optional explain
     assert set(tools["memory_get"].input_schema["properties"]) == {"path", "from", "lines"}
     assert "before answering" in (tools["memory_search"].description or "")
@@ -262,6 +267,10 @@ def test_tool_arguments_are_checked_leniently_and_named(indexed: Settings, sock_
             ({"query": "x", "minScore": 2}, "'minScore' must be between 0 and 1"),
             ({"query": "x", "maxResults": True}, "'maxResults' must be an integer"),
             ({"query": "x", "max_results": 3}, "unknown argument 'max_results' for memory_search"),
+            ({"query": "x", "workspaces": "alpha"}, "'workspaces' must be an array of strings"),
+            ({"query": "x", "workspaces": ["alpha", 3]}, "'workspaces' must be an array of strings"),
+            ({"query": "x", "workspaces": [f"w{i}" for i in range(65)]},
+             "'workspaces' must be an array of strings with at most 64 items"),
         ]:
             answer = call_tool(client, "memory_search", arguments)
             assert answer.error and message in answer.text, (arguments, answer.text)
@@ -271,8 +280,50 @@ def test_tool_arguments_are_checked_leniently_and_named(indexed: Settings, sock_
         assert not answer.error and answer.text == "(no memory matched this query)" and answer.data["text"] == ""
         answer = call_tool(client, "memory_context", {"query": "sqlite", "budget": 0})
         assert not answer.error and answer.text == "(no memory lines fit in 0 tokens)"
+        answer = call_tool(client, "memory_context", {"query": "x", "workspaces": {"alpha": 1}})
+        assert answer.error and "'workspaces' must be an array of strings" in answer.text
         answer = call_tool(client, "memory_frobnicate", {})
         assert answer.error and "unknown tool" in answer.text
+
+
+def test_naming_another_workspace_on_sqlite_is_a_tool_error(indexed: Settings, sock_dir: Path) -> None:
+    with Client(indexed.workspace, index=indexed.index_path, socket=sock_dir / "none.sock", provider="none") as client:
+        own = call_tool(client, "memory_search", {"query": "sqlite", "workspaces": ["ws"]})
+        assert not own.error and own.data["results"], "this workspace's own name is no other workspace"
+        for name in ("memory_search", "memory_context"):
+            answer = call_tool(client, name, {"query": "sqlite", "workspaces": ["ws", "beta"]})
+            assert answer.error and answer.data is None
+            assert answer.text == 'only a shared index (index_backend = "postgres") searches other workspaces'
+
+
+def test_the_tools_search_several_workspaces_of_a_shared_index(tmp_path: Path, pg_url: str, sock_dir: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLAWMEM_INDEX_BACKEND", "postgres")
+    monkeypatch.setenv("CLAWMEM_INDEX_URL", pg_url)
+    for name in ("alpha", "beta"):
+        ws = tmp_path / name
+        (ws / "memory").mkdir(parents=True)
+        (ws / "MEMORY.md").write_text(f"# {name}\n\nThe {name} agent learned the database failover runbook.\n")
+        index = MemoryIndex(load_settings(workspace=ws, overrides={"embedding.provider": "none"}))
+        index.sync()
+        index.close()
+    with Client(tmp_path / "alpha", socket=sock_dir / "none.sock", provider="none") as client:
+        names = ["alpha", "beta", "gamma"]
+        answer = call_tool(client, "memory_search", {"query": "failover runbook", "workspaces": names})
+        assert not answer.error, answer.text
+        assert sorted((r["workspace"], r["path"]) for r in answer.data["results"]) == [("alpha", "MEMORY.md"),
+                                                                                       ("beta", "MEMORY.md")]
+        assert answer.data["unreadable_workspaces"] == ["gamma"]
+        assert '"workspace":"beta"' in answer.text, "the model reads the same JSON"
+        own = call_tool(client, "memory_search", {"query": "failover runbook"})
+        assert [r["workspace"] for r in own.data["results"]] == ["alpha"] and "unreadable_workspaces" not in own.data
+        context = call_tool(client, "memory_context", {"query": "failover runbook", "workspaces": names})
+        assert not context.error, context.text
+        assert sorted((s.get("workspace", ""), s["citation"]) for s in context.data["sections"]) == [
+            ("", "MEMORY.md#L1-L3"), ("beta", "beta:MEMORY.md#L1-L3")]
+        assert "### beta:MEMORY.md#L1-L3\n# beta\n\nThe beta agent learned the database failover runbook." \
+            in context.text
+        assert context.data["unreadable_workspaces"] == ["gamma"]
 
 
 def test_a_failing_tool_is_a_tool_error_not_a_crash(indexed: Settings, sock_dir: Path,

@@ -485,6 +485,34 @@ class PgStore:
             "SELECT seq, id, path, start_line, end_line, hash, text FROM cm_chunks WHERE workspace = %s AND gen = %s"
             " AND path = %s ORDER BY start_line, seq", (self.workspace, self.gen, pg_text(path)))]
 
+    def chunk_lines(self, workspace: str, path: str, start_line: int, end_line: int) -> list[str | None]:
+        """Lines start_line..end_line of a file of `workspace` (fewer past its end), from its live generation's chunks.
+
+        For `context` across workspaces: another workspace's files are on its own host, so its lines
+        are the chunk text this index holds. Chunks overlap, so each line is taken once. A line in no
+        chunk is blank (the chunker makes no chunk of blank lines alone); a line too long for one chunk
+        is held in pieces whose order an edit may not keep (a kept piece keeps its old seq), so it is
+        None: there, but not shown whole.
+        """
+        rows = self.conn.execute(
+            "SELECT c.start_line, c.end_line, CASE WHEN c.start_line = c.end_line"
+            " AND count(*) OVER (PARTITION BY c.start_line, c.end_line) > 1 THEN NULL ELSE c.text END"
+            " FROM cm_chunks AS c JOIN cm_workspaces AS w ON w.workspace = c.workspace AND w.live_gen = c.gen"
+            " WHERE c.workspace = %s AND c.path = %s AND c.start_line <= %s AND c.end_line >= %s"
+            " ORDER BY c.start_line, c.end_line DESC, c.seq",
+            (workspace, pg_text(path), end_line, start_line)).fetchall()
+        lines: dict[int, str | None] = {}
+        for first, last, text in rows:
+            if text is None:
+                lines.setdefault(int(first), None)
+                continue
+            for number, line in enumerate(str(text).split("\n"), start=int(first)):
+                if start_line <= number <= min(int(last), end_line):
+                    lines.setdefault(number, line)
+        if not lines:
+            return []
+        return [lines.get(number, "") for number in range(start_line, max(lines) + 1)]
+
     def insert_chunk(self, *, id: str, path: str, source: str, start_line: int, end_line: int, hash: str,
                      text: str, fts_text: str, model: str = "", date: str | None = None) -> int:
         """Add a chunk with its terms, and count them into the workspace's term statistics."""
