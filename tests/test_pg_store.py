@@ -89,3 +89,19 @@ def test_a_chunk_added_outside_a_transaction_is_committed_at_once(store: PgStore
         assert other.execute("SELECT count(*) FROM cm_chunks WHERE workspace = 'alpha'") == [(1,)]
     finally:
         other.close()
+
+
+def test_strays_are_dropped_and_nothing_to_drop_commits_nothing(store: PgStore, pg_url: str) -> None:
+    with store.transaction():
+        _add(store, "memory/a.md", "live row")
+    before = store.data_version()
+    store.drop_strays()
+    assert store.data_version() == before  # a reader's kept matches stay valid
+    stray = PgStore(pg_url, "alpha", new_generation=True)  # a rebuild that died before its switch
+    try:
+        with stray.transaction():
+            _add(stray, "memory/a.md", "half-built row")
+    finally:
+        stray.close()
+    store.drop_strays()
+    assert [r[0] for r in store.execute("SELECT text FROM cm_chunks WHERE workspace = 'alpha'")] == ["live row"]

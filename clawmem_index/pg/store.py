@@ -209,6 +209,7 @@ _UPSERT_FILES = (
     " SET source = excluded.source, hash = excluded.hash, mtime = excluded.mtime, size = excluded.size,"
     " state = excluded.state, indexed_at = excluded.indexed_at")
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_GENERATION_TABLES = ("cm_meta", "cm_files", "cm_chunks", "cm_terms", "cm_stats")  # rows of one generation
 _SEQ_BLOCK = 256  # chunk numbers taken from the sequence in one round trip
 
 
@@ -245,12 +246,34 @@ class _PostingsCache:
         self._held = 0
         self._entries: OrderedDict[tuple[str, int, int, Phrase], tuple[Any, Any, Any]] = OrderedDict()
         self._stats: dict[tuple[str, int, int], tuple[int, int]] = {}
+        self._last: tuple[object, tuple[Any, Any] | None] = (None, None)  # one query's sums: its ranking, then its scores
 
     def bm25(self, phrases: list[Phrase], live: list[tuple[str, int]], versions: dict[str, int], *,
              limit: int | None, seqs: list[int] | None) -> list[tuple[int, float]]:
         import numpy as np
 
         keys = [(w, g, versions.get(w, -1)) for w, g in live]
+        summed = self._last[1] if self._last[0] == (keys, phrases) else None
+        if summed is None:
+            summed = self._sums(phrases, keys)
+            self._last = ((keys, phrases), summed)
+        if summed is None:
+            return []
+        matched, gains = summed
+        if seqs is not None:
+            picked = np.isin(matched, np.asarray(seqs, dtype=np.int64))
+            return [(int(q), -float(g)) for q, g in zip(matched[picked], gains[picked], strict=True)]
+        if limit is not None and limit < len(matched):
+            floor = np.partition(gains, len(gains) - limit)[len(gains) - limit]
+            keep = gains >= floor
+            matched, gains = matched[keep], gains[keep]
+        order = np.lexsort((matched, -gains))[:limit]
+        return [(int(matched[i]), -float(gains[i])) for i in order]
+
+    def _sums(self, phrases: list[Phrase], keys: list[tuple[str, int, int]]) -> tuple[Any, Any] | None:
+        """Every matching chunk and its BM25 relevance, summed over the phrases in their order (as FTS5 does)."""
+        import numpy as np
+
         chunks = tokens = 0
         for key in keys:
             n, t = self._stats_of(*key)
@@ -268,18 +291,13 @@ class _PostingsCache:
                 all_seqs.append(seq)
                 all_gains.append(idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / avgdl)))
         if not all_seqs:
-            return []
-        matched, where = np.unique(np.concatenate(all_seqs), return_inverse=True)
-        gains = np.bincount(where, weights=np.concatenate(all_gains), minlength=len(matched))
-        if seqs is not None:
-            picked = np.isin(matched, np.asarray(seqs, dtype=np.int64))
-            return [(int(q), -float(g)) for q, g in zip(matched[picked], gains[picked], strict=True)]
-        if limit is not None and limit < len(matched):
-            floor = np.partition(gains, len(gains) - limit)[len(gains) - limit]
-            keep = gains >= floor
-            matched, gains = matched[keep], gains[keep]
-        order = np.lexsort((matched, -gains))[:limit]
-        return [(int(matched[i]), -float(gains[i])) for i in order]
+            return None
+        # Each phrase's matches are in chunk order: a stable sort merges the runs, keeping phrase order per chunk.
+        seqs = np.concatenate(all_seqs)
+        order = np.argsort(seqs, kind="stable")
+        seqs, gains = seqs[order], np.concatenate(all_gains)[order]
+        starts = np.flatnonzero(np.concatenate(([True], seqs[1:] != seqs[:-1])))
+        return seqs[starts], np.add.reduceat(gains, starts)
 
     def _stats_of(self, workspace: str, gen: int, version: int) -> tuple[int, int]:
         key = (workspace, gen, version)
@@ -923,25 +941,34 @@ class PgStore:
         with self.transaction():
             self.conn.execute("UPDATE cm_workspaces SET live_gen = %s WHERE workspace = %s",
                               (fresh.gen, self.workspace))
-            self._drop_generations(keep=(fresh.gen,))
+            self._drop_generations(keep=fresh.gen)
         self.gen = fresh.gen
 
     def drop_strays(self) -> None:
-        """Rows of generations that are not live (a rebuild that died before its switch)."""
-        with self.transaction():
-            self._drop_generations(keep=(self.gen,))
+        """Rows of generations that are not live (a rebuild that died before its switch).
+
+        Looked for first (through the keys, which lead with workspace and generation): every write
+        lock asks, and a commit for nothing would move the version every reader's cache follows.
+        """
+        found = self.conn.execute(
+            "SELECT " + " OR ".join(f"EXISTS (SELECT 1 FROM {table} WHERE workspace = %(w)s AND (gen < %(g)s"
+                                    " OR gen > %(g)s))" for table in _GENERATION_TABLES),
+            {"w": self.workspace, "g": self.gen}).fetchone()
+        if found and found[0]:
+            with self.transaction():
+                self._drop_generations(keep=self.gen)
 
     def drop_own_generation(self) -> None:
         """A rebuild that failed: its rows go (the live generation is untouched)."""
         with self.conn.transaction():
-            for table in ("cm_meta", "cm_files", "cm_chunks", "cm_terms", "cm_stats"):
+            for table in _GENERATION_TABLES:
                 self.conn.execute(f"DELETE FROM {table} WHERE workspace = %s AND gen = %s",  # noqa: S608
                                   (self.workspace, self.gen))
 
-    def _drop_generations(self, keep: tuple[int, ...]) -> None:
-        for table in ("cm_meta", "cm_files", "cm_chunks", "cm_terms", "cm_stats"):
-            self.conn.execute(f"DELETE FROM {table} WHERE workspace = %s AND NOT gen = ANY(%s)",  # noqa: S608
-                              (self.workspace, list(keep)))
+    def _drop_generations(self, keep: int) -> None:
+        for table in _GENERATION_TABLES:
+            self.conn.execute(f"DELETE FROM {table} WHERE workspace = %(w)s AND (gen < %(g)s OR gen > %(g)s)",  # noqa: S608
+                              {"w": self.workspace, "g": keep})
 
     def execute(self, query: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Escape hatch for diagnostics and tests."""
