@@ -760,7 +760,7 @@ class PgStore:
         if limit < 1:
             return []
         dims = len(query_blob) // 4
-        self._tune_hnsw(limit)
+        self._tune_hnsw(candidates_for or limit)
         scope, args = self._scope_pairs("c")
         condition, filter_args = _filter_sql(where, "c")
         rows = self.conn.execute(
@@ -771,10 +771,11 @@ class PgStore:
             {**args, **filter_args, "q": _literal(query_blob), "limit": limit}).fetchall()
         return [VectorHit(int(r[0]), r[1], r[2], r[3], r[4], r[5], float(r[6]), r[7], r[8]) for r in rows]
 
-    def _tune_hnsw(self, limit: int) -> None:
-        """How many candidates an HNSW search keeps: twice the rows asked for, at least 100, at most 1000
-        (pgvector's bound); each workspace's index holds only its own vectors (its partition's)."""
-        ef = min(1000, max(100, 2 * limit))
+    def _tune_hnsw(self, wanted: int) -> None:
+        """How many candidates an HNSW search keeps: twice the rows the search needs (`candidates_for`:
+        a read ahead past them continues the scan), at least 100, at most 1000 (pgvector's bound);
+        each workspace's index holds only its own vectors (its partition's)."""
+        ef = min(1000, max(100, 2 * wanted))
         if ef != self._ef_search:
             self.conn.execute(f"SET hnsw.ef_search = {ef}")
             if self._ef_search is None:
