@@ -3,7 +3,8 @@
 For each backend, in one sitting: a cold keyword index, a no-change resync, one edit made
 searchable (a targeted sync of the changed file, as the daemon's watcher asks for it), and
 keyword query latency through the engine as the daemon calls it (rare words and common-word
-phrases), p50 / p95.
+phrases), p50 / p95; and a cold hybrid index against an instant OpenAI-compatible embeddings server
+(bench_backfill's: one vector for every text, so the figure is clawmem's and the backend's cost).
 
     python bench/bench_backends.py --notes 2000 --rounds 3
 
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -37,6 +39,18 @@ COMMON = ["deploy the staging server", "database migration rollback", "customer 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def hybrid_cold(workspace: Path, overrides: dict[str, str], provider: dict[str, str]) -> float:
+    """A cold hybrid index (the instant provider: the figure is clawmem's and the backend's cost)."""
+    index = MemoryIndex(load_settings(workspace=workspace, overrides={**provider, **overrides}))
+    try:
+        started = time.perf_counter()
+        report = index.sync()
+        assert report.embedded and not report.embed_error, report
+        return time.perf_counter() - started
+    finally:
+        index.close()
 
 
 def run(workspace: Path, overrides: dict[str, str], queries: int) -> dict[str, float]:
@@ -71,12 +85,39 @@ def run(workspace: Path, overrides: dict[str, str], queries: int) -> dict[str, f
         index.close()
 
 
+def _places(server: pg_server.PgServer, root: Path, backend: str, round_: int) -> tuple[dict[str, str], dict[str, str]]:
+    """Where the keyword index and the hybrid index of this round go, in this backend."""
+    if backend == "sqlite":
+        return {"index": str(root / "index.sqlite")}, {"index": str(root / "hybrid.sqlite")}
+    import psycopg
+
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        for name in (f"bench_{round_}", f"hybrid_{round_}"):
+            conn.execute(f"CREATE DATABASE {name}")
+    return ({"index_backend": "postgres", "index_url": server.url(f"bench_{round_}")},
+            {"index_backend": "postgres", "index_url": server.url(f"hybrid_{round_}")})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--notes", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--hybrid-dims", type=int, default=384,
+                        help="also a cold hybrid index against an instant embeddings server of these dimensions (0: not)")
     args = parser.parse_args()
+    provider: dict[str, str] = {}
+    if args.hybrid_dims:
+        import multiprocessing
+        import os
+
+        from bench_backfill import serve
+
+        os.environ["NO_PROXY"] = "127.0.0.1,localhost"
+        ports: Any = multiprocessing.Queue()
+        multiprocessing.Process(target=serve, args=(ports, args.hybrid_dims, 0.0), daemon=True).start()
+        provider = {"embedding.provider": "openai", "embedding.base_url": f"http://127.0.0.1:{ports.get(timeout=30)}/v1",
+                    "embedding.api_key": "sk-bench", "embedding.model": "bench-model"}
     server = pg_server.start()
     rows: dict[str, list[dict[str, float]]] = {"sqlite": [], "postgres": []}
     try:
@@ -86,15 +127,10 @@ def main() -> None:
                 load = Path("/proc/loadavg").read_text().split()[0]
                 for backend in ("sqlite", "postgres"):
                     workspace = generate(root / f"ws-{backend}", args.notes, seed=round_)
-                    if backend == "sqlite":
-                        overrides = {"index": str(root / "index.sqlite")}
-                    else:
-                        import psycopg
-
-                        with psycopg.connect(server.url(), autocommit=True) as conn:
-                            conn.execute(f"CREATE DATABASE bench_{round_}")
-                        overrides = {"index_backend": "postgres", "index_url": server.url(f"bench_{round_}")}
+                    overrides, hybrid = _places(server, root, backend, round_)
                     result = run(workspace, overrides, args.queries)
+                    if provider:
+                        result["hybrid_cold"] = hybrid_cold(workspace, hybrid, provider)
                     rows[backend].append(result)
                     print(f"round {round_ + 1} load {load} {backend}: " + ", ".join(
                         f"{k} {v * 1000:.1f} ms" if k.endswith(("p50", "p95")) else f"{k} {v:.2f} s"

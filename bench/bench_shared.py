@@ -253,6 +253,9 @@ def fleet(server: pg_server.PgServer, workspace: Path, args: argparse.Namespace)
                      f" vector_cosine_ops) WHERE dims = {DIMS}")
         conn.execute("VACUUM ANALYZE cm_chunks")
         print(f"HNSW index built in {time.perf_counter() - started:.1f} s", flush=True)
+        size = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]  # type: ignore[index]
+        print(f"database: {size / 2**30:.2f} GiB, {size / chunks:.0f} bytes per chunk (text, terms, a 384-d"
+              " vector, their indexes)", flush=True)
     index = MemoryIndex(settings(workspace, overrides), long_lived=True, pending_files=lambda: 0)
     try:
         rows = []
