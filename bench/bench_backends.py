@@ -118,7 +118,7 @@ def main() -> None:
         multiprocessing.Process(target=serve, args=(ports, args.hybrid_dims, 0.0), daemon=True).start()
         provider = {"embedding.provider": "openai", "embedding.base_url": f"http://127.0.0.1:{ports.get(timeout=30)}/v1",
                     "embedding.api_key": "sk-bench", "embedding.model": "bench-model"}
-    server = pg_server.start()
+    server = pg_server.start(shared_buffers="128MB")  # PostgreSQL's default
     rows: dict[str, list[dict[str, float]]] = {"sqlite": [], "postgres": []}
     try:
         for round_ in range(args.rounds):

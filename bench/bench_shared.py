@@ -190,7 +190,7 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: cold,writers,queries")
     args = parser.parse_args()
     skip = set(args.skip.split(","))
-    server = pg_server.start()
+    server = pg_server.start(shared_buffers="128MB")  # PostgreSQL's default
     try:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)

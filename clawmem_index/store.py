@@ -17,7 +17,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,10 @@ class JobRow:
 
 class Store:
     """One open index file. Not shared between threads: open one Store per thread."""
+
+    # What a backend makes of a chunk's text before storing it, done where the text is chunked (a
+    # parse worker) rather than on the writer; FTS5 tokenizes inside SQLite, so nothing here.
+    terms_of: Callable[[str], Any] | None = None
 
     def __init__(self, path: Path, *, create: bool = True, fast_unsafe: bool = False, read_only: bool = False,
                  keep_keyword_scores: bool = True) -> None:
@@ -192,8 +196,10 @@ class Store:
             (path,))]
 
     def insert_chunk(self, *, id: str, path: str, source: str, start_line: int, end_line: int, hash: str,
-                     text: str, fts_text: str, model: str = "", date: str | None = None) -> int:
-        """Add a chunk with its FTS row; text that UTF-8 cannot encode (lone surrogates) is stored repaired."""
+                     text: str, fts_text: str, model: str = "", date: str | None = None, terms: Any = None) -> int:
+        """Add a chunk with its FTS row; text that UTF-8 cannot encode (lone surrogates) is stored repaired.
+
+        `terms` is never set here (`terms_of` is None): FTS5 tokenizes `fts_text` itself."""
         id, path, text, fts_text = storable(id), storable(path), storable(text), storable(fts_text)
         self.conn.execute(
             "INSERT INTO chunks(id, path, source, start_line, end_line, hash, model, text, date, updated_at)"

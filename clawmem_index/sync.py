@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import apsw
 import xxhash
@@ -98,6 +99,8 @@ class ParsedFile:
     size: int
     error: str | None = None
     refused: bool = False  # may not be read (now a symlink, FIFO...): `error` says why, None if it is just gone
+    fts_texts: list[str] = field(default_factory=list)  # each chunk's text as the keyword index takes it
+    terms: list[Any] | None = None  # the store's `terms_of` each of those (None: the store has none)
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,7 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
     notes = [f for f in stale if f.source != "sessions"]
     transcripts = [f for f in stale if f.source == "sessions"]
     parsed = itertools.chain[ParsedFile | ParsedSession](
-        _parse_all(notes, settings, indexed), (_parse_session(f, settings, indexed.get(f.path)) for f in transcripts))
+        _parse_all(notes, settings, indexed, store.terms_of), (_parse_session(f, settings, indexed.get(f.path)) for f in transcripts))
     for done, item in enumerate(parsed, start=1):
         batch.append(item)
         if len(batch) >= per_transaction:
@@ -266,7 +269,7 @@ def _apply_file(store: Store, item: ParsedFile, previous: FileRow | None, report
         reusable.setdefault(c.hash, deque()).append(c.seq)
     kept: set[int] = set()
     ids = ChunkIds(f.path)
-    for chunk in item.chunks:
+    for n, chunk in enumerate(item.chunks):
         seqs = reusable.get(chunk.hash)
         if seqs:
             seq = seqs.popleft()
@@ -278,8 +281,8 @@ def _apply_file(store: Store, item: ParsedFile, previous: FileRow | None, report
             report.chunks_kept += 1
             continue
         store.insert_chunk(id=ids.new(chunk.hash), path=f.path, source=f.source, start_line=chunk.start_line,
-                           end_line=chunk.end_line, hash=chunk.hash, text=chunk.text, fts_text=index_text(chunk.text),
-                           date=date)
+                           end_line=chunk.end_line, hash=chunk.hash, text=chunk.text, fts_text=item.fts_texts[n],
+                           date=date, terms=None if item.terms is None else item.terms[n])
         report.chunks_added += 1
     dropped = [seq for seq in by_seq if seq not in kept]
     store.delete_chunks(dropped)
@@ -321,9 +324,12 @@ class ChunkIds:
         return chunk_id
 
 
-def _parse_all(files: Sequence[MemoryFile], settings: Settings, indexed: dict[str, FileRow]) -> Iterator[ParsedFile]:
-    args = (settings.chunking.tokens, settings.chunking.overlap, settings.chunking.tokenizer,
-            settings.refuse_hardlinks)
+def _parse_all(files: Sequence[MemoryFile], settings: Settings, indexed: dict[str, FileRow],
+               terms_of: Callable[[str], Any] | None) -> Iterator[ParsedFile]:
+    """Each file read and chunked, with what the keyword index makes of each chunk: in worker processes
+    when there is enough to do, so that the writer only writes."""
+    args = _ParseArgs(settings.chunking.tokens, settings.chunking.overlap, settings.chunking.tokenizer,
+                      settings.refuse_hardlinks, terms_of)
     total = sum(f.size for f in files)
     workers = min(os.cpu_count() or 1, 8)
     if workers > 1 and total >= PARALLEL_MIN_BYTES and len(files) >= 64:
@@ -350,7 +356,16 @@ def _parse_all(files: Sequence[MemoryFile], settings: Settings, indexed: dict[st
         yield _parse_one(f, args, indexed.get(f.path))
 
 
-def _parse_batch(files: Sequence[MemoryFile], args: tuple[int, int, str, bool],
+@dataclass(frozen=True)
+class _ParseArgs:
+    max_tokens: int
+    overlap: int
+    tokenizer: str
+    refuse_hardlinks: bool
+    terms_of: Callable[[str], Any] | None  # a module-level function: it travels to the workers by name
+
+
+def _parse_batch(files: Sequence[MemoryFile], args: _ParseArgs,
                  previous: Sequence[FileRow | None]) -> list[ParsedFile]:
     return [_parse_one(f, args, row) for f, row in zip(files, previous, strict=True)]
 
@@ -360,11 +375,10 @@ def _warm_up(tokenizer: str) -> None:
     chunk_markdown("# warm\n- up", tokenizer=tokenizer)
 
 
-def _parse_one(f: MemoryFile, args: tuple[int, int, str, bool], previous: FileRow | None) -> ParsedFile:
+def _parse_one(f: MemoryFile, args: _ParseArgs, previous: FileRow | None) -> ParsedFile:
     """Read one file through a descriptor opened beneath its root, and keep the stat of what was read."""
-    max_tokens, overlap, tokenizer, refuse_hardlinks = args
     try:
-        with open_beneath(f.root, f.names, display=f.path, refuse_hardlinks=refuse_hardlinks) as opened:
+        with open_beneath(f.root, f.names, display=f.path, refuse_hardlinks=args.refuse_hardlinks) as opened:
             data = read_all(opened.fd)
             f = f.as_read(opened.stat)
     except PathError as exc:
@@ -378,8 +392,10 @@ def _parse_one(f: MemoryFile, args: tuple[int, int, str, bool], previous: FileRo
     if previous is not None and previous.hash == digest:
         return ParsedFile(f, digest, [], len(data))
     text = data.decode("utf-8", errors="replace")
-    chunks = chunk_markdown(text, max_tokens=max_tokens, overlap=overlap, tokenizer=tokenizer)
-    return ParsedFile(f, digest, chunks, len(data))
+    chunks = chunk_markdown(text, max_tokens=args.max_tokens, overlap=args.overlap, tokenizer=args.tokenizer)
+    fts_texts = [index_text(chunk.text) for chunk in chunks]
+    terms = None if args.terms_of is None else [args.terms_of(t) for t in fts_texts]
+    return ParsedFile(f, digest, chunks, len(data), fts_texts=fts_texts, terms=terms)
 
 
 def _parse_session(f: MemoryFile, settings: Settings, previous: FileRow | None) -> ParsedSession:

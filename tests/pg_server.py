@@ -61,6 +61,7 @@ class PgServer:
     port: int
     user: str | None  # the OS user the server runs as (None: this one)
     process: subprocess.Popen[bytes] | None = None
+    shared_buffers: str = "32MB"  # small for the tests' many servers; benchmarks start PostgreSQL's default
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -85,7 +86,7 @@ class PgServer:
         if self.user is not None:
             os.chown(self.log, pwd.getpwnam(self.user).pw_uid, -1)
         options = ["-c", f"listen_addresses={'127.0.0.1' if tcp else ''}", "-c", "fsync=off",
-                   "-c", "max_connections=200", "-c", "shared_buffers=32MB"]
+                   "-c", "max_connections=200", "-c", f"shared_buffers={self.shared_buffers}"]
         self.process = subprocess.Popen(  # type: ignore[call-overload]
             [str(self.bin / "postgres"), "-D", str(self.data), "-k", str(self.sockets), "-p", str(self.port),
              *options], stdout=log, stderr=log, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
@@ -161,7 +162,7 @@ def _copy_tree(source: Path, target: Path) -> None:
         shutil.copytree(source, target, symlinks=True)
 
 
-def start(*, tcp: bool = False, parent: Path | None = None) -> PgServer:
+def start(*, tcp: bool = False, parent: Path | None = None, shared_buffers: str = "32MB") -> PgServer:
     """initdb a new cluster in a temp folder and start it; the caller closes it."""
     bundle = _bundle()
     if bundle is None:
@@ -181,7 +182,8 @@ def start(*, tcp: bool = False, parent: Path | None = None) -> PgServer:
             os.chmod(folder, 0o755)
     data, sockets = base / "data", base / "sockets"
     sockets.mkdir()
-    server = PgServer(base=base, bin=install / "bin", data=data, sockets=sockets, port=_free_port(), user=user)
+    server = PgServer(base=base, bin=install / "bin", data=data, sockets=sockets, port=_free_port(), user=user,
+                      shared_buffers=shared_buffers)
     if user is not None:
         entry = pwd.getpwnam(user)
         os.chown(sockets, entry.pw_uid, entry.pw_gid)

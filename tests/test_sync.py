@@ -458,10 +458,13 @@ def test_a_file_of_identical_chunks_is_indexed_and_edited(settings: Settings, wr
 
 def test_parallel_chunking_keeps_a_bounded_window_of_files_in_flight(settings: Settings, write,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """map() would submit every file at once and hold every parsed file the writer has not taken yet."""
+    """map() would submit every file at once and hold every parsed file the writer has not taken yet.
+    The workers also make what the store's keyword index keeps of each chunk (the shared index's terms)."""
     from concurrent.futures import ProcessPoolExecutor
 
     from clawmem_index import sync
+    from clawmem_index.keywords import index_text
+    from clawmem_index.pg.store import chunk_terms_of
     from clawmem_index.workspace import scan
 
     for i in range(80):
@@ -479,8 +482,11 @@ def test_parallel_chunking_keeps_a_bounded_window_of_files_in_flight(settings: S
 
     monkeypatch.setattr(ProcessPoolExecutor, "submit", counting)
     files = sorted(scan(settings.workspace, settings.extra_paths, exclude=settings.exclude), key=lambda f: f.path)
-    parsed = sync._parse_all(files, settings, {})
+    parsed = sync._parse_all(files, settings, {}, chunk_terms_of)
     first = next(parsed)
     assert len(submitted) <= 2 * 2  # workers x PARSE_AHEAD batches, not all 20
     rest = list(parsed)
     assert [p.file.path for p in [first, *rest]] == [f.path for f in files] and len(submitted) == 20
+    for p in [first, *rest]:
+        assert p.fts_texts == [index_text(c.text) for c in p.chunks]
+        assert p.terms == [chunk_terms_of(t) for t in p.fts_texts] and p.terms

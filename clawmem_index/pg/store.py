@@ -28,7 +28,7 @@ from clawmem_index.errors import IndexUnavailable
 from clawmem_index.filters import ChunkFilter
 from clawmem_index.keyword_index import TextHit
 from clawmem_index.pg.schema import migrate
-from clawmem_index.pg.terms import Phrase, chunk_terms, phrases_of
+from clawmem_index.pg.terms import ChunkTerms, Phrase, chunk_terms, phrases_of
 from clawmem_index.storable import storable
 from clawmem_index.store import ChunkRow, FileRow, JobRow
 from clawmem_index.vector_index import VectorHit
@@ -41,6 +41,11 @@ K1, B = 1.2, 0.75  # FTS5's bm25() defaults
 def pg_text(value: str) -> str:
     """Text PostgreSQL can hold: lone surrogates repaired (as SQLite's store does) and NUL, which it refuses, as U+FFFD."""
     return storable(value).replace("\x00", "\ufffd")
+
+
+def chunk_terms_of(text: str) -> ChunkTerms:
+    """A chunk's terms as the shared index keeps them (picklable: a parse worker makes them)."""
+    return chunk_terms(pg_text(text))
 
 
 def connect(url: str) -> psycopg.Connection:
@@ -208,16 +213,19 @@ _UPSERT_FILES = (
     " %s::bigint[], %s::bigint[], %s::text[], %s::float8[]) ON CONFLICT(workspace, gen, path) DO UPDATE"
     " SET source = excluded.source, hash = excluded.hash, mtime = excluded.mtime, size = excluded.size,"
     " state = excluded.state, indexed_at = excluded.indexed_at")
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 _GENERATION_TABLES = ("cm_meta", "cm_files", "cm_chunks", "cm_terms", "cm_stats")  # rows of one generation
-_SEQ_BLOCK = 256  # chunk numbers taken from the sequence in one round trip
+_SEQ_BLOCKS = (256, 8192)  # chunk numbers taken from the sequence in one round trip: first, and at most
+# A rebuild writes in bulk: its GIN insertions are merged into the index in bigger batches, with more memory.
+_BULK_SESSION = "SET gin_pending_list_limit = '16MB'; SET work_mem = '32MB'"
 
 
-def _copy_field(value: object) -> str:
-    """One field of COPY's text format."""
-    if value is None:
-        return "\\N"
-    return str(value).translate(_COPY_ESCAPES)
+def _copy_text(value: str) -> str:
+    """A text field of COPY's text format (replace is C speed; a translate table went through a dict per character)."""
+    if "\\" in value:
+        value = value.replace("\\", "\\\\")
+    if "\n" in value or "\t" in value or "\r" in value:
+        value = value.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    return value
 
 
 def _copy_array(values: Sequence[object]) -> str:
@@ -348,6 +356,7 @@ class PgStore:
 
     vec_loaded = True
     vec_error = ""
+    terms_of = staticmethod(chunk_terms_of)
 
     def __init__(self, url: str, workspace: str, *, read_only: bool = False, new_generation: bool = False,
                  scope: Sequence[str] | None = None, create: bool = True, keep_postings: bool = False) -> None:
@@ -361,6 +370,8 @@ class PgStore:
             if not read_only:
                 migrate(self.conn)
             self.gen = self._generation(new=new_generation, create=create and not read_only)
+            if new_generation:
+                self.conn.execute(_BULK_SESSION)
         except psycopg.Error as exc:
             self.conn.close()
             raise IndexUnavailable(f"the shared index cannot be used: {_one_line(exc)}") from exc
@@ -374,6 +385,7 @@ class PgStore:
         self._live: list[tuple[str, int]] = [(workspace, self.gen)]
         self._live_read = False
         self._seqs: list[int] = []  # chunk numbers taken from the sequence and not used yet
+        self._seq_block = _SEQ_BLOCKS[0]  # doubled at each round trip: a bulk write stops its COPY less often
         self._versions: dict[str, int] = {}
         self._ef_search: int | None = None
         self._indexed_dims: set[int] = set()
@@ -532,14 +544,18 @@ class PgStore:
         return [lines.get(number, "") for number in range(start_line, max(lines) + 1)]
 
     def insert_chunk(self, *, id: str, path: str, source: str, start_line: int, end_line: int, hash: str,
-                     text: str, fts_text: str, model: str = "", date: str | None = None) -> int:
-        """Add a chunk with its terms, and count them into the workspace's term statistics."""
-        terms = chunk_terms(pg_text(fts_text))
+                     text: str, fts_text: str, model: str = "", date: str | None = None,
+                     terms: ChunkTerms | None = None) -> int:
+        """Add a chunk with its terms (`terms_of(fts_text)`, made here unless given), and count them into
+        the workspace's term statistics."""
+        if terms is None:
+            terms = chunk_terms_of(fts_text)
         seq = self._next_seq()
         with self._atomic():
             self.conn.hold_chunk("\t".join((
-                *(_copy_field(v) for v in (seq, self.workspace, self.gen, pg_text(id), pg_text(path), source,
-                                           start_line, end_line, hash, model, pg_text(text), date, repr(time.time()))),
+                str(seq), _copy_text(self.workspace), str(self.gen), _copy_text(pg_text(id)), _copy_text(pg_text(path)),
+                _copy_text(source), str(start_line), str(end_line), _copy_text(hash), _copy_text(model),
+                _copy_text(pg_text(text)), "\\N" if date is None else _copy_text(date), repr(time.time()),
                 _copy_array(terms.terms), _copy_array(terms.counts), str(terms.length))) + "\n")
             self._term_deltas.update(terms.terms)
             self._size_deltas[0] += 1
@@ -549,8 +565,9 @@ class PgStore:
     def _next_seq(self) -> int:
         if not self._seqs:
             self._seqs = [int(r[0]) for r in self.conn.execute(
-                "SELECT nextval('cm_chunks_seq_seq') FROM generate_series(1, %s)", (_SEQ_BLOCK,))]
+                "SELECT nextval('cm_chunks_seq_seq') FROM generate_series(1, %s)", (self._seq_block,))]
             self._seqs.reverse()
+            self._seq_block = min(2 * self._seq_block, _SEQ_BLOCKS[1])
         return self._seqs.pop()
 
     def _flush_terms(self) -> None:

@@ -56,9 +56,11 @@ def _bigrams(tokens: list[str]) -> list[str]:
 
 def chunk_terms(text: str) -> ChunkTerms:
     """A chunk's terms and counts as FTS5 indexes `index_text(text)`, CJK character pairs included."""
-    tokens = _tokens(index_text(text))
+    spaced = index_text(text)
+    tokens = _tokens(spaced)
     counts = Counter(tokens)
-    counts.update(_bigrams(tokens))
+    if _CJK_CHAR.search(spaced):  # pairs only where there are CJK characters (a scan of pairs costs more)
+        counts.update(_bigrams(tokens))
     return ChunkTerms(list(counts), list(counts.values()), len(tokens))
 
 
