@@ -11,11 +11,14 @@ import contextlib
 import errno
 import fcntl
 import os
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
+
+import xxhash
 
 from clawmem_index.config import Settings
 from clawmem_index.errors import IndexBusy, IndexCorrupt
@@ -24,7 +27,7 @@ from clawmem_index.store import Store, make_private_dirs, make_private_file
 if TYPE_CHECKING:
     from clawmem_index.pg.store import PgStore
 
-__all__ = ["Backend", "PostgresBackend", "SqliteBackend", "backend_for", "redacted"]
+__all__ = ["Backend", "PostgresBackend", "SqliteBackend", "backend_for", "redacted", "writer_identity"]
 
 AnyStore = Any  # Store or PgStore: the same interface (see clawmem_index.store)
 
@@ -41,6 +44,19 @@ class Backend(Protocol):
     def fresh(self) -> contextlib.AbstractContextManager[AnyStore]: ...
     def swap_in(self, fresh: AnyStore) -> None: ...
     def status(self) -> dict[str, object]: ...
+
+
+def writer_identity(workspace: Path) -> str:
+    """Which folder of which machine writes a workspace of the shared index, as a hash (the database
+    learns no host path): the machine's id (its host name where it has none) and the folder's real path."""
+    machine = ""
+    for candidate in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        with contextlib.suppress(OSError):
+            machine = Path(candidate).read_text().strip()
+        if machine:
+            break
+    seen = f"{machine or socket.gethostname()}\0{os.path.realpath(workspace)}"
+    return xxhash.xxh3_128_hexdigest(seen.encode("utf-8", "surrogatepass"))
 
 
 def backend_for(settings: Settings) -> Backend:
@@ -205,12 +221,24 @@ class PostgresBackend:
                 time.sleep(0.05)
             live = PgStore(self.url, self.workspace)
             try:
+                live.claim(writer_identity(self.settings.workspace), socket.gethostname())
                 live.drop_strays()
             finally:
                 live.close()
             yield
         finally:
             conn.close()
+
+    def take_over(self) -> None:
+        """Make this folder the writer of its workspace (moved from another host or folder): the one
+        that wrote it before is refused from then on, and this folder's next sync makes the rows its own."""
+        from clawmem_index.pg.store import PgStore
+
+        live = PgStore(self.url, self.workspace)
+        try:
+            live.claim(writer_identity(self.settings.workspace), socket.gethostname(), take_over=True)
+        finally:
+            live.close()
 
     @contextlib.contextmanager
     def fresh(self) -> Iterator[PgStore]:

@@ -141,6 +141,26 @@ def reindex(progress: bool | None, **kwargs: Any) -> None:
     _run(lambda: _index(ctx, progress, force=True))
 
 
+@cli.command("take-over")
+@_global_options
+def take_over(**kwargs: Any) -> None:
+    """Make this folder the writer of its workspace in a shared index (after moving it to this host)."""
+    from clawmem_index.backends import PostgresBackend, backend_for
+    from clawmem_index.errors import ConfigError
+
+    ctx = _ctx(kwargs)
+
+    def action() -> None:
+        backend = backend_for(ctx.settings())
+        if not isinstance(backend, PostgresBackend):
+            raise ConfigError("index_backend: take-over is for a shared index (index_backend = \"postgres\");"
+                              " a SQLite index belongs to its folder already")
+        backend.take_over()
+        click.echo(f"this folder now writes {backend.describe()}; its next sync makes the rows its own")
+
+    _run(action)
+
+
 def _index(ctx: Context, progress: bool | None, *, force: bool) -> None:
     client = ctx.daemon()
     if client is not None:
@@ -268,8 +288,7 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
         answer = ctx.client().search(" ".join(map(_argument, query)), max_results=max_results, min_score=min_score,
                                      mode=mode, path_prefix=_argument(path_prefix) if path_prefix is not None else None,
                                      source=source, since=since, before=before, explain=explain,
-                                     workspaces=[n.strip() for n in _argument(workspace_set).split(",") if n.strip()]
-                                     if workspace_set else None)
+                                     workspaces=_workspace_names(workspace_set))
         if as_json:
             click.echo(json.dumps(answer, ensure_ascii=False))
             return
@@ -278,9 +297,7 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
         results = answer["results"]
         if not results:
             click.echo("no results", err=True)
-        if answer.get("unreadable_workspaces"):
-            click.echo("clawmem: note: not in the shared index or not readable here: "
-                       + ", ".join(answer["unreadable_workspaces"]), err=True)
+        _note_unreadable(answer)
         for r in results:
             where = f"{r['workspace']}:" if "workspace" in r and workspace_set else ""
             click.echo(click.style(f"{where}{r['path']}:{r['start_line']}-{r['end_line']}", bold=True)
@@ -292,6 +309,19 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
             click.echo("")
 
     _run(action)
+
+
+def _workspace_names(workspace_set: str | None) -> list[str] | None:
+    """`--workspace-set alpha,beta` as the names a shared index's search takes (None: this workspace)."""
+    if not workspace_set:
+        return None
+    return [name.strip() for name in _argument(workspace_set).split(",") if name.strip()]
+
+
+def _note_unreadable(answer: dict[str, Any]) -> None:
+    if answer.get("unreadable_workspaces"):
+        click.echo("clawmem: note: not in the shared index or not readable here: "
+                   + ", ".join(answer["unreadable_workspaces"]), err=True)
 
 
 def _explained(how: dict[str, Any]) -> str:
@@ -349,9 +379,11 @@ def get(path: str, start: int | None, lines: int | None, **kwargs: Any) -> None:
 @click.option("--path-prefix", metavar="PREFIX", help="Only files whose path starts with PREFIX.")
 @click.option("--since", metavar="DATE", help="Only chunks dated on or after DATE (YYYY-MM-DD).")
 @click.option("--before", metavar="DATE", help="Only chunks dated before DATE (YYYY-MM-DD).")
+@click.option("--workspace-set", metavar="NAMES", help="A shared index (index_backend postgres): draw on these"
+                                                        " workspaces, comma-separated (e.g. alpha,beta).")
 def context(query: tuple[str, ...], budget: int | None, as_json: bool, max_results: int | None, mode: str | None,
             min_score: float | None, path_prefix: str | None, since: str | None, before: str | None,
-            **kwargs: Any) -> None:
+            workspace_set: str | None, **kwargs: Any) -> None:
     """Print the memory block for a prompt: the best lines for QUERY, grouped by file, within a token budget.
 
     Each range is labelled `### PATH#LSTART-LEND`; whole lines only. Nothing is printed (and a note
@@ -363,12 +395,13 @@ def context(query: tuple[str, ...], budget: int | None, as_json: bool, max_resul
         answer = ctx.client().context(" ".join(map(_argument, query)), budget=budget, max_results=max_results,
                                       min_score=min_score, mode=mode,
                                       path_prefix=_argument(path_prefix) if path_prefix is not None else None,
-                                      since=since, before=before)
+                                      since=since, before=before, workspaces=_workspace_names(workspace_set))
         if as_json:
             click.echo(json.dumps(answer, ensure_ascii=False))
             return
         if answer.get("warning"):
             click.echo(f"clawmem: note: {answer['warning']}", err=True)
+        _note_unreadable(answer)
         if answer["text"]:
             click.echo(answer["text"])
         elif answer["hits"]:

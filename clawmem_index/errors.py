@@ -13,6 +13,7 @@
     ├── IndexUnavailable       the index cannot be opened or is locked  exit 3, rpc -32030
     │   ├── IndexBusy          another process holds the sync lock
     │   ├── IndexCorrupt       the file is not a usable SQLite database (rebuilt by the next sync)
+    │   ├── WorkspaceTaken     another folder writes this workspace of the shared index
     │   ├── ServerBusy         the daemon refused a client (connection cap)          rpc -32001
     │   └── DaemonUnreachable  the client lost or never had a connection (never sent by a daemon)
     └── ProtocolError          a malformed socket request               exit 2, rpc -32600
@@ -41,6 +42,7 @@ __all__ = [
     "QueryError",
     "RateLimited",
     "ServerBusy",
+    "WorkspaceTaken",
 ]
 
 
@@ -105,6 +107,11 @@ class IndexUnavailable(ClawmemError):
 
     exit_code = 3
     rpc_code = -32030
+
+
+class WorkspaceTaken(IndexUnavailable):
+    """Another folder (on this host or another) writes the shared index's workspace of this name: two
+    writers of one name would each delete the other's files from it. `clawmem take-over` moves it here."""
 
 
 class IndexBusy(IndexUnavailable):

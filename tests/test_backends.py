@@ -240,6 +240,41 @@ def test_the_cli_indexes_into_postgres_from_the_environment(workspace: Path, wri
         assert conn.execute("SELECT workspace FROM cm_workspaces").fetchall() == [("keeper-notes",)]
 
 
+def test_two_folders_of_one_workspace_name_cannot_both_write_it(tmp_path: Path, pg_url: str) -> None:
+    """Two hosts configured with one name would each drop the other's files from the workspace: the second
+    folder is refused until it takes the workspace over, and from then on the first one is."""
+    first, second = tmp_path / "host-a" / "ops", tmp_path / "host-b" / "ops"  # the same default name: "ops"
+    for ws, word in ((first, "lighthouse"), (second, "harbour")):
+        (ws / "memory").mkdir(parents=True)
+        (ws / "memory" / f"{word}.md").write_text(f"{word} keeper notes\n")
+    env = {**os.environ, "CLAWMEM_INDEX_BACKEND": "postgres", "CLAWMEM_INDEX_URL": pg_url, "CLAWMEM_PROVIDER": "none"}
+
+    def clawmem(ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "clawmem_index", *args, "--workspace", str(ws)], env=env,
+                              capture_output=True, text=True)
+
+    def found(ws: Path) -> list[str]:
+        out = clawmem(ws, "search", "keeper", "--mode", "bm25", "--json")
+        assert out.returncode == 0, out.stderr
+        return [r["path"] for r in json.loads(out.stdout)["results"]]
+
+    assert clawmem(first, "index").returncode == 0
+    refused = clawmem(second, "index")
+    assert refused.returncode == 3 and "written by another folder" in refused.stderr and "take-over" in refused.stderr
+    assert found(first) == ["memory/lighthouse.md"]  # the first folder's rows are untouched
+    taken = clawmem(second, "take-over")
+    assert taken.returncode == 0, taken.stderr
+    assert clawmem(second, "index").returncode == 0
+    assert found(second) == ["memory/harbour.md"]
+    assert clawmem(first, "index").returncode == 3
+    assert found(second) == ["memory/harbour.md"]
+    status = json.loads(clawmem(first, "status", "--json").stdout)
+    assert status["fresh"] is False  # the index does not hold this folder's files, and says so
+    sqlite = subprocess.run([sys.executable, "-m", "clawmem_index", "take-over", "--workspace", str(first)],
+                            env={**env, "CLAWMEM_INDEX_BACKEND": "sqlite"}, capture_output=True, text=True)
+    assert sqlite.returncode == 1 and "shared index" in sqlite.stderr
+
+
 def test_a_password_in_the_settings_file_is_refused(workspace: Path) -> None:
     (workspace / "clawmem.toml").write_text('index_backend = "postgres"\nindex_url = "postgresql://a:secret@db/x"\n')
     from clawmem_index.errors import ConfigError
@@ -353,6 +388,15 @@ def test_context_across_workspaces_reads_the_others_lines_from_the_index(tmp_pat
         assert store.chunk_lines("beta", "MEMORY.md", 10_000, 10_001) == []
     finally:
         index.close()
+    # The CLI's --workspace-set, as the issue asks: the same block, and a name not readable is noted.
+    (tmp_path / "alpha" / "clawmem.toml").write_text("[chunking]\ntokens = 64\noverlap = 16\n")
+    env = {**os.environ, "CLAWMEM_INDEX_BACKEND": "postgres", "CLAWMEM_INDEX_URL": pg_url, "CLAWMEM_PROVIDER": "none"}
+    cli = subprocess.run([sys.executable, "-m", "clawmem_index", "context", "failover runbook", "--mode", "bm25",
+                          "-n", "20", "--budget", "100000", "--path-prefix", "MEMORY.md",
+                          "--workspace-set", "alpha, beta,gamma", "--workspace", str(tmp_path / "alpha")],
+                         env=env, capture_output=True, text=True)
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.strip() == block["text"].strip() and "gamma" in cli.stderr
     sqlite = MemoryIndex(settings_for(tmp_path / "alpha", {"index": str(tmp_path / "i.sqlite")}))
     try:
         sqlite.sync()

@@ -181,6 +181,10 @@ MIGRATIONS.append(("0004_chunks_partitioned_by_workspace", """
     DROP TABLE cm_chunks_unpartitioned;
 """ + _policies_of("cm_chunks")))  # each workspace's chunks, keyword and vector indexes apart: costs flat in their number
 
+MIGRATIONS.append(("0005_workspace_writer", """
+    ALTER TABLE cm_workspaces ADD COLUMN writer text, ADD COLUMN writer_host text, ADD COLUMN writer_since double precision;
+"""))  # which folder writes each workspace (a hash of machine and folder), so that two cannot both
+
 
 def migrate(conn: psycopg.Connection) -> None:
     """Apply what this database has not had, under an advisory lock (daemons may start together).

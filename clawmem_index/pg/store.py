@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from clawmem_index.errors import IndexUnavailable
+from clawmem_index.errors import IndexUnavailable, WorkspaceTaken
 from clawmem_index.filters import ChunkFilter
 from clawmem_index.keyword_index import TextHit
 from clawmem_index.pg.schema import migrate
@@ -961,6 +961,25 @@ class PgStore:
                               (fresh.gen, self.workspace))
             self._drop_generations(keep=fresh.gen)
         self.gen = fresh.gen
+
+    def claim(self, writer: str, host: str, *, take_over: bool = False) -> None:
+        """Make sure the folder `writer` names is the one writing this workspace: the first to write it
+        claims it; another folder is refused with WorkspaceTaken unless it takes it over.
+
+        Read first and written only when it changes, so a writer's every lock costs no commit.
+        """
+        row = self.conn.execute("SELECT writer, writer_host, writer_since FROM cm_workspaces WHERE workspace = %s",
+                                (self.workspace,)).fetchone()
+        if row is not None and row[0] == writer:
+            return
+        if row is not None and row[0] is not None and not take_over:
+            since = time.strftime("%Y-%m-%d %H:%M", time.localtime(row[2])) if row[2] else "an earlier run"
+            raise WorkspaceTaken(
+                f"workspace {self.workspace!r} of the shared index is written by another folder (host {row[1]},"
+                f" since {since}); two writers of one name would each drop the other's files from it. Give this"
+                f" folder another workspace_name, or run `clawmem take-over` here to move the workspace to it")
+        self.conn.execute("UPDATE cm_workspaces SET writer = %s, writer_host = %s, writer_since = %s"
+                          " WHERE workspace = %s", (writer, host, time.time(), self.workspace))
 
     def drop_strays(self) -> None:
         """Rows of generations that are not live (a rebuild that died before its switch).
