@@ -259,6 +259,7 @@ class PostgresBackend:
     def swap_in(self, fresh: PgStore) -> None:
         from clawmem_index.pg.store import PgStore
 
+        fresh.settle()
         live = PgStore(self.url, self.workspace)
         try:
             live.switch_to(fresh)

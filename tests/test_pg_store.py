@@ -105,3 +105,32 @@ def test_strays_are_dropped_and_nothing_to_drop_commits_nothing(store: PgStore, 
         stray.close()
     store.drop_strays()
     assert [r[0] for r in store.execute("SELECT text FROM cm_chunks WHERE workspace = 'alpha'")] == ["live row"]
+
+
+def test_a_rebuild_leaves_no_pending_keyword_entries(tmp_path, pg_url: str) -> None:  # type: ignore[no-untyped-def]
+    """GIN keeps new entries in a list every search scans whole: a rebuild merges it before readers switch."""
+    from clawmem_index.config import load_settings
+    from clawmem_index.engine import MemoryIndex
+
+    (tmp_path / "memory").mkdir()
+    for i in range(40):
+        (tmp_path / "memory" / f"n{i}.md").write_text(f"# note {i}\n\nthe harbour pilot logged tide {i}\n")
+    index = MemoryIndex(load_settings(workspace=tmp_path, overrides={
+        "index_backend": "postgres", "index_url": pg_url, "workspace_name": "alpha", "embedding.provider": "none"}))
+    try:
+        index.sync()
+    finally:
+        index.close()
+    owner = PgStore(pg_url, "alpha")
+    try:
+        gin = owner.execute(
+            "SELECT i.indexrelid::regclass::text FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid"
+            " JOIN pg_am AS a ON a.oid = c.relam WHERE a.amname = 'gin'"
+            " AND i.indrelid = to_regclass(quote_ident(cm_partition_name('alpha')))")
+        assert len(gin) == 1
+        assert owner.execute("SELECT gin_clean_pending_list(%s::regclass)", (gin[0][0],)) == [(0,)]
+        _add(owner, "memory/x.md", "one more chunk, written as a daemon's edit is")
+        assert owner.execute("SELECT gin_clean_pending_list(%s::regclass)", (gin[0][0],)) == [(1,)], \
+            "an ordinary write leaves its entries pending (what the test above would see without the merge)"
+    finally:
+        owner.close()
