@@ -100,8 +100,33 @@ class QueryVectors:
         return self.provider.embed_documents(texts)
 
 
+class SharedIndex:
+    """`--postgres`: each index a database of the bundled PostgreSQL the tests use, not a SQLite file."""
+
+    server: Any = None
+
+    @classmethod
+    def start(cls) -> None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        import pg_server
+
+        cls.server = pg_server.start(shared_buffers="128MB")  # PostgreSQL's default
+
+    @classmethod
+    def overrides_for(cls, index: Path) -> dict[str, Any]:
+        import psycopg
+
+        name = "q_" + "".join(c if c.isalnum() else "_" for c in index.stem.lower())
+        with psycopg.connect(cls.server.url(), autocommit=True) as conn:
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+                conn.execute(f"CREATE DATABASE {name}")
+        return {"index_backend": "postgres", "index_url": cls.server.url(name)}
+
+
 def open_index(workspace: Path, index: Path, model: str | None, keyword_only: bool) -> MemoryIndex:
     overrides: dict[str, Any] = {"index": str(index), "embedding.provider": "none" if keyword_only else "local"}
+    if SharedIndex.server is not None:
+        overrides.update(SharedIndex.overrides_for(index))
     if model and not keyword_only:
         overrides["embedding.local_model"] = model
     settings: Settings = load_settings(workspace=workspace, overrides=overrides, environ={})
@@ -323,6 +348,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/clawmem-quality"))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "quality.json")
     parser.add_argument("--list", action="store_true", help="print the configurations and exit")
+    parser.add_argument("--postgres", action="store_true",
+                        help="index into a local PostgreSQL (the shared index backend) instead of SQLite files")
     args = parser.parse_args()
     if args.list:
         for c in CONFIGS:
@@ -336,6 +363,17 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {"model": args.model}
     log = lambda msg: print(msg, flush=True)  # noqa: E731
+    if args.postgres:
+        SharedIndex.start()
+        out["index_backend"] = "postgres"
+    try:
+        run_sets(args, configs, out, log)
+    finally:
+        if SharedIndex.server is not None:
+            SharedIndex.server.close()
+
+
+def run_sets(args: argparse.Namespace, configs: list[Config], out: dict[str, Any], log: Callable[[str], None]) -> None:
     for name in args.sets.split(","):
         print(f"{name}:", flush=True)
         if name == "scifact":
