@@ -118,10 +118,16 @@ class WorkspaceWatcher:
                  debounce: float = 1.5, max_delay: float = 10.0, rescan_interval: float = 300.0,
                  polling_interval: float = 2.0, observer_factory: ObserverFactory | None = None,
                  polling_factory: ObserverFactory | None = None, health_interval: float = HEALTH_INTERVAL,
-                 log: Any = None, sessions: str | None = None) -> None:
-        """`sessions`: the `sessions_dir` setting when the sessions source is on (None: transcripts are not watched)."""
+                 log: Any = None, sessions: str | None = None,
+                 on_first_change: Callable[[], None] | None = None) -> None:
+        """`sessions`: the `sessions_dir` setting when the sessions source is on (None: transcripts are not watched).
+
+        `on_first_change` is called once, from the event thread, at the first change that will ask
+        for a sync: what that sync needs can start loading while the debounce waits (keep it quick).
+        """
         self.workspace = Path(os.path.abspath(workspace))
         self.on_sync = on_sync
+        self._on_first_change = on_first_change
         self.rescan_interval = rescan_interval
         self.polling_interval = polling_interval
         self.health_interval = health_interval
@@ -277,6 +283,10 @@ class WorkspaceWatcher:
                 self._cond.notify_all()
         keys = self.affected(event)
         if keys is None or keys:
+            with self._cond:
+                first, self._on_first_change = self._on_first_change, None
+            if first is not None:
+                first()
             self.request("change", keys)
 
     def _on_overflow(self) -> None:

@@ -121,6 +121,26 @@ def test_an_edit_syncs_only_that_file_and_answers_say_it_is_pending(workspace: P
         assert last["paths"] == 1 and last["report"]["files_seen"] == 1  # not all 31 files
 
 
+def test_the_first_edit_loads_the_tokenizer_while_its_debounce_waits(workspace: Path, dsettings: Settings,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not inside the edit's sync (0.4-0.6 s when the start-up sync chunked nothing in this process)."""
+    from clawmem_index import tokens
+
+    loaded_by: list[str] = []
+    real = tokens.get_encoding
+
+    def recording(name: str = "cl100k_base") -> Any:
+        loaded_by.append(threading.current_thread().name)
+        return real(name)
+
+    with running_daemon(dsettings) as daemon, client_for(dsettings) as client:
+        wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
+        monkeypatch.setattr(tokens, "get_encoding", recording)
+        (workspace / "memory" / "first.md").write_text("# First\nthe heron came back\n")
+        wait_until(lambda: finds(client, "heron", "memory/first.md"), WITHIN, message="the edit searchable")
+        assert loaded_by and loaded_by[0] == "clawmem-warm-tokenizer", loaded_by
+
+
 def test_a_thousand_rapid_writes_to_one_file_cause_few_syncs(workspace: Path, dsettings: Settings) -> None:
     with running_daemon(dsettings) as daemon, client_for(dsettings) as client:
         wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")

@@ -627,3 +627,21 @@ def test_the_default_polling_fallback_does_not_follow_symlinks(workspace: Path, 
         assert not any(p is not None and "memory/linked/outside.md" in p for p in signals.paths)
     finally:
         watcher.stop()
+
+
+def test_the_first_relevant_change_is_announced_once_before_its_sync(workspace: Path, signals: Signals) -> None:
+    """The daemon loads the tokenizer then, so that the debounce hides it rather than the first edit's sync."""
+    announced: list[float] = []
+    watcher = WorkspaceWatcher(workspace, signals, debounce=DEBOUNCE, max_delay=1.0, rescan_interval=0,
+                               log=RecordingLog(), on_first_change=lambda: announced.append(time.monotonic()))
+    watcher.start()
+    try:
+        (workspace / "notes.txt").write_text("not memory\n")
+        (workspace / "memory" / "a.md").write_text("# a\n")
+        signals.wait_new(0)
+        assert len(announced) == 1 and announced[0] <= signals.times[0]
+        (workspace / "memory" / "b.md").write_text("# b\n")
+        signals.wait_new(1)
+        assert len(announced) == 1
+    finally:
+        watcher.stop()
