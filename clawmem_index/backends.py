@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import socket
 import time
@@ -221,13 +222,18 @@ class PostgresBackend:
                 time.sleep(0.05)
             live = PgStore(self.url, self.workspace)
             try:
-                live.claim(writer_identity(self.settings.workspace), socket.gethostname())
+                live.claim(*self._writer)
                 live.drop_strays()
             finally:
                 live.close()
             yield
         finally:
             conn.close()
+
+    @functools.cached_property
+    def _writer(self) -> tuple[str, str]:
+        """(this folder's writer identity, host name): read once, not at every write lock."""
+        return writer_identity(self.settings.workspace), socket.gethostname()
 
     def take_over(self) -> None:
         """Make this folder the writer of its workspace (moved from another host or folder): the one
@@ -236,7 +242,7 @@ class PostgresBackend:
 
         live = PgStore(self.url, self.workspace)
         try:
-            live.claim(writer_identity(self.settings.workspace), socket.gethostname(), take_over=True)
+            live.claim(*self._writer, take_over=True)
         finally:
             live.close()
 
