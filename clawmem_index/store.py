@@ -291,6 +291,9 @@ class Store:
     def ensure_vector_table(self, dims: int) -> None:
         self.vectors.ensure(dims)
 
+    def index_vectors(self) -> None:
+        """After an embedding pass: nothing to build here (sqlite-vec's table and bits are kept per write)."""
+
     # -- vectors of chunks ----------------------------------------------------------------------
 
     def store_vector(self, seq: int, blob: bytes | None, model: str) -> None:

@@ -509,6 +509,8 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
                 progress(done, total)
     except ProviderError as exc:
         error = str(exc)
+    if not (should_stop and should_stop()):
+        store.index_vectors()  # a backend that indexes vectors whole (pgvector's HNSW) does it now, once
     if cache_max_entries:
         with store.transaction():
             store.prune_cache(cache_max_entries)

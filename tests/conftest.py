@@ -135,6 +135,23 @@ def pg_url(pg_cluster, request: pytest.FixtureRequest) -> str:  # type: ignore[n
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+@pytest.fixture
+def pg_role(pg_url: str):  # type: ignore[no-untyped-def]
+    """Make a login role of a unique name on this test's database; returns (name, its URL)."""
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    def make(prefix: str) -> tuple[str, str]:
+        name = f"{prefix}_{os.urandom(4).hex()}"
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE {name} LOGIN")
+            conn.execute(f"GRANT CONNECT ON DATABASE {urlsplit(pg_url).path.lstrip('/')} TO {name}")
+        return name, pg_url.replace("postgresql://postgres@", f"postgresql://{name}@")
+
+    return make
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
     """Settings overrides that put the index in each backend in turn (the suites shared by both use it)."""

@@ -14,7 +14,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -94,6 +93,8 @@ def test_hybrid_answers_are_the_same_on_both_backends(workspace: Path, write, tm
         sqlite.sync()
         pg.sync()
         assert pg.status()["pending_embeddings"] == 0 and pg.status()["fresh"], pg.status()
+        assert pg.status()["vector_search"] == "pgvector HNSW (cosine), exact distances", \
+            "the embedding pass ends by building the index it skipped row by row"
         queries = ["coffee with alice", "deploying to the staging server", "trip to Tokyo", "weekly budget review"]
         for mode in ("hybrid", "vector"):
             got, want = answers(pg, queries, mode=mode), answers(sqlite, queries, mode=mode)
@@ -283,25 +284,17 @@ def test_a_password_in_the_settings_file_is_refused(workspace: Path) -> None:
         load_settings(workspace=workspace)
 
 
-def _role(pg_url: str, name: str) -> str:
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {name} LOGIN")
-        conn.execute(f"GRANT CONNECT ON DATABASE {urlsplit(pg_url).path.lstrip('/')} TO {name}")
-    return pg_url.replace("postgresql://postgres@", f"postgresql://{name}@")
-
-
-def test_row_level_security_keeps_a_role_to_its_workspaces(tmp_path: Path, pg_url: str) -> None:
+def test_row_level_security_keeps_a_role_to_its_workspaces(tmp_path: Path, pg_url: str, pg_role) -> None:  # type: ignore[no-untyped-def]
     """A role granted workspace alpha cannot read beta's rows, even with its own SQL, nor write alpha's if read-only."""
     for name in ("alpha", "beta"):
         ws = tmp_path / name
         (ws / "memory").mkdir(parents=True)
         (ws / "memory" / "secret.md").write_text(f"the {name} launch code\n")
         MemoryIndex(settings_for(ws, {"index_backend": "postgres", "index_url": pg_url})).sync()
-    suffix = os.urandom(4).hex()
-    reader_url, writer_url = _role(pg_url, f"reader_{suffix}"), _role(pg_url, f"writer_{suffix}")
+    (reader, reader_url), (writer, writer_url) = pg_role("reader"), pg_role("writer")
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        grant_workspace(conn, f"reader_{suffix}", "alpha")
-        grant_workspace(conn, f"writer_{suffix}", "beta", writable=True)
+        grant_workspace(conn, reader, "alpha")
+        grant_workspace(conn, writer, "beta", writable=True)
     with psycopg.connect(reader_url, autocommit=True) as conn:
         assert {r[0] for r in conn.execute("SELECT workspace FROM cm_chunks")} == {"alpha"}
         assert conn.execute("SELECT count(*) FROM cm_chunks WHERE text LIKE '%beta%'").fetchone() == (0,)

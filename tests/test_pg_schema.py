@@ -49,7 +49,9 @@ def test_chunks_of_an_unpartitioned_index_move_into_their_workspaces_partitions(
             "SELECT workspace, tableoid::regclass::text FROM cm_chunks")}
         assert partitions == {w: conn.execute("SELECT cm_partition_name(%s)", (w,)).fetchone()[0]  # type: ignore[index]
                               for w in ("alpha", "beta")}
-        assert conn.execute("SELECT to_regclass('cm_chunks_hnsw_3') IS NOT NULL").fetchone() == (True,)
+        assert conn.execute("SELECT to_regclass('cm_chunks_hnsw_3')").fetchone() == (None,)
+        assert [conn.execute("SELECT to_regclass(cm_vector_index_name(%s, 0, 3)) IS NOT NULL", (w,)).fetchone()
+                for w in ("alpha", "beta")] == [(True,), (True,)], "each live generation's vectors get their own"
         assert conn.execute("SELECT relrowsecurity FROM pg_class WHERE relname = 'cm_chunks'").fetchone() == (True,)
     store = PgStore(empty_url, "alpha", read_only=True, scope=("alpha", "beta"))
     try:

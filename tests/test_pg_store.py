@@ -134,3 +134,123 @@ def test_a_rebuild_leaves_no_pending_keyword_entries(tmp_path, pg_url: str) -> N
             "an ordinary write leaves its entries pending (what the test above would see without the merge)"
     finally:
         owner.close()
+
+
+def _embedded(store: PgStore, n: int, seed: int = 3) -> list[tuple[int, list[float]]]:
+    """`n` chunks with 3-d vectors stored, the way an embedding pass stores them; returns (seq, vector)."""
+    import random
+    import struct
+
+    rng = random.Random(seed)
+    with store.transaction():
+        seqs = [_add(store, f"memory/v{i}.md", f"vector note {i}") for i in range(n)]
+    vectors = [[rng.uniform(-1, 1) for _ in range(3)] for _ in seqs]
+    with store.transaction():
+        store.ensure_vector_table(3)
+        store.store_vectors([(seq, f"h-memory/v{i}.md-0", struct.pack("3f", *vector))
+                             for i, (seq, vector) in enumerate(zip(seqs, vectors, strict=True))], "m")
+    return list(zip(seqs, vectors, strict=True))
+
+
+def _index_of(store: PgStore, gen: int) -> bool:
+    name = store.execute("SELECT cm_vector_index_name(%s, %s, 3)", (store.workspace, gen))[0][0]
+    return store.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))[0][0]  # type: ignore[no-any-return]
+
+
+def test_vectors_get_their_hnsw_index_when_the_pass_ends_and_searches_use_it(store: PgStore, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import math
+    import struct
+
+    stored = _embedded(store, 40)
+    assert not _index_of(store, store.gen), "stored row by row into no graph: the pass's writes stay cheap"
+    assert store.vector_method().startswith("pgvector exact cosine scan")
+    store.index_vectors()
+    assert _index_of(store, store.gen)
+    assert store.vector_method() == "pgvector HNSW (cosine), exact distances"
+
+    sent: list[tuple[str, object]] = []
+    execute = store.conn.execute
+
+    def recording(query, args=None, **kw):  # type: ignore[no-untyped-def]
+        sent.append((query, args))
+        return execute(query, args, **kw)
+
+    monkeypatch.setattr(store.conn, "execute", recording)
+    query = [0.3, -0.2, 0.9]
+    hits = store.vector_search(struct.pack("3f", *query), 5)
+    monkeypatch.undo()
+    search, args = next((q, a) for q, a in sent if "<=>" in q)
+    store.execute("SET enable_seqscan = off")  # 40 rows: a scan would be cheaper; is the index usable at all?
+    plan = "\n".join(row[0] for row in store.conn.execute("EXPLAIN " + search, args))
+    name = store.execute("SELECT cm_vector_index_name(%s, %s, 3)", (store.workspace, store.gen))[0][0]
+    assert f"Index Scan using {name}" in plan, plan
+
+    def cosine(v: list[float]) -> float:
+        return 1 - sum(a * b for a, b in zip(v, query, strict=True)) / math.hypot(*v) / math.hypot(*query)
+
+    nearest = sorted(stored, key=lambda item: cosine(item[1]))[:5]
+    assert [h.seq for h in hits] == [seq for seq, _ in nearest]
+    assert [h.distance for h in hits] == pytest.approx([cosine(v) for _, v in nearest], abs=1e-5)
+
+
+def test_a_rebuilds_vectors_are_indexed_before_its_switch_and_the_old_index_goes_after(store: PgStore,
+                                                                                       pg_url: str) -> None:
+    _embedded(store, 10)
+    store.index_vectors()
+    old = store.gen
+    fresh = PgStore(pg_url, "alpha", new_generation=True)
+    try:
+        _embedded(fresh, 10, seed=4)
+        assert not _index_of(fresh, fresh.gen)
+        fresh.index_vectors()
+        assert _index_of(fresh, fresh.gen) and _index_of(store, old), "readers keep the live one until the switch"
+        store.switch_to(fresh)
+        assert _index_of(store, fresh.gen) and not _index_of(store, old)
+    finally:
+        fresh.close()
+
+
+def test_a_failed_rebuilds_index_goes_with_its_rows(store: PgStore, pg_url: str) -> None:
+    _embedded(store, 5)
+    store.index_vectors()
+    stray = PgStore(pg_url, "alpha", new_generation=True)
+    try:
+        _embedded(stray, 5)
+        stray.index_vectors()
+        assert _index_of(stray, stray.gen)
+        stray.drop_own_generation()
+        assert not _index_of(stray, stray.gen) and _index_of(store, store.gen)
+    finally:
+        stray.close()
+
+
+def test_a_writer_role_gets_its_index_built_and_no_role_builds_or_drops_anothers(pg_url: str, pg_role) -> None:  # type: ignore[no-untyped-def]
+    import psycopg
+
+    from clawmem_index.pg.schema import grant_workspace
+
+    (writer, writer_url), (reader, reader_url) = pg_role("writer"), pg_role("reader")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        grant_workspace(conn, writer, "alpha", writable=True)
+        grant_workspace(conn, reader, "alpha")
+        grant_workspace(conn, reader, "beta", writable=True)
+    agent = PgStore(writer_url, "alpha")
+    try:
+        _embedded(agent, 8)
+        agent.index_vectors()
+        assert _index_of(agent, agent.gen), "built by the tables' owner on the writer's behalf"
+    finally:
+        agent.close()
+    with psycopg.connect(reader_url, autocommit=True) as conn:
+        for call in ("SELECT cm_index_vectors('alpha', 5, 3)", "SELECT cm_drop_vector_indexes('alpha')"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(call)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"SET ROLE {reader}")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT cm_index_vectors('alpha', 5, 3)")  # the role set, not the one logged in
+        conn.execute("RESET ROLE")
+        conn.execute(f"GRANT {writer} TO {reader}")
+    with psycopg.connect(reader_url, autocommit=True) as conn:
+        assert conn.execute("SELECT cm_index_vectors('alpha', 5, 3)").fetchone() == (True,), \
+            "a member of a writer role writes as it"

@@ -185,6 +185,70 @@ MIGRATIONS.append(("0005_workspace_writer", """
     ALTER TABLE cm_workspaces ADD COLUMN writer text, ADD COLUMN writer_host text, ADD COLUMN writer_since double precision;
 """))  # which folder writes each workspace (a hash of machine and folder), so that two cannot both
 
+MIGRATIONS.append(("0006_vector_indexes_per_generation", """
+    DO $$
+    DECLARE name text;
+    BEGIN
+        FOR name IN SELECT indexname FROM pg_indexes WHERE tablename = 'cm_chunks'
+                    AND indexname LIKE 'cm\\_chunks\\_hnsw\\_%' LOOP
+            EXECUTE format('DROP INDEX %I', name);
+        END LOOP;
+    END $$;
+    CREATE FUNCTION cm_vector_index_name(ws text, g bigint, d integer) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+        SELECT 'cm_hnsw_' || md5(ws) || '_' || g || '_' || d
+    $$;
+    CREATE FUNCTION cm_caller_writes(ws text) RETURNS boolean LANGUAGE sql STABLE AS $$
+        WITH caller AS (SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
+                                    ELSE current_setting('role') END AS name)
+        SELECT pg_has_role((SELECT name FROM caller), (SELECT relowner FROM pg_class
+                                                       WHERE oid = 'cm_chunks'::regclass), 'MEMBER')
+            OR EXISTS (SELECT 1 FROM cm_access AS a JOIN pg_roles AS r ON r.rolname = a.role_name
+                       WHERE a.workspace = ws AND a.writable AND pg_has_role((SELECT name FROM caller), r.oid, 'MEMBER'))
+    $$;
+    CREATE FUNCTION cm_index_vectors(ws text, g bigint, d integer) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    DECLARE n bigint;
+    BEGIN
+        IF NOT cm_caller_writes(ws) THEN
+            RAISE EXCEPTION 'may not index the vectors of workspace %', ws USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        IF to_regclass(quote_ident(cm_partition_name(ws))) IS NULL
+           OR to_regclass(quote_ident(cm_vector_index_name(ws, g, d))) IS NOT NULL THEN
+            RETURN false;
+        END IF;
+        EXECUTE format('SELECT count(*) FROM %I WHERE gen = %s AND dims = %s', cm_partition_name(ws), g, d) INTO n;
+        PERFORM set_config('maintenance_work_mem',
+                           least(1048576, greatest(65536, n * (d * 4 + 512) * 13 / 10240))::text || 'kB', true);
+        EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I USING hnsw ((embedding::vector(%s)) vector_cosine_ops)'
+                       ' WHERE gen = %s AND dims = %s', cm_vector_index_name(ws, g, d), cm_partition_name(ws), d, g, d);
+        RETURN true;
+    END $$;
+    CREATE FUNCTION cm_drop_vector_indexes(ws text) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    DECLARE live bigint; live_dims text; name text; dropped integer := 0;
+    BEGIN
+        IF NOT cm_caller_writes(ws) THEN
+            RAISE EXCEPTION 'may not drop the vector indexes of workspace %', ws USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        SELECT live_gen INTO live FROM cm_workspaces WHERE workspace = ws;
+        SELECT value INTO live_dims FROM cm_meta WHERE workspace = ws AND gen = live AND key = 'vector_dims';
+        FOR name IN SELECT c.relname FROM pg_class AS c WHERE c.relkind = 'i'
+                    AND c.relname LIKE 'cm\\_hnsw\\_' || md5(ws) || '\\_%'
+                    AND (split_part(c.relname, '_', 4) <> live::text
+                         OR (live_dims IS NOT NULL AND split_part(c.relname, '_', 5) <> live_dims)) LOOP
+            EXECUTE format('DROP INDEX %I', name);
+            dropped := dropped + 1;
+        END LOOP;
+        RETURN dropped;
+    END $$;
+    INSERT INTO cm_meta SELECT DISTINCT c.workspace, c.gen, 'vector_dims', c.dims::text
+        FROM cm_chunks AS c JOIN cm_workspaces AS w ON w.workspace = c.workspace AND w.live_gen = c.gen
+        WHERE c.dims IS NOT NULL ON CONFLICT DO NOTHING;
+    SELECT cm_index_vectors(w.workspace, w.live_gen, m.value::integer) FROM cm_workspaces AS w
+        JOIN cm_meta AS m ON m.workspace = w.workspace AND m.gen = w.live_gen AND m.key = 'vector_dims';
+"""))  # each generation's vectors get their HNSW graph built whole, after its embedding pass: kept up row by
+# row, pgvector spent 90 % of a cold hybrid index's writes on it
+
 
 def migrate(conn: psycopg.Connection) -> None:
     """Apply what this database has not had, under an advisory lock (daemons may start together).

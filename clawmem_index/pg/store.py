@@ -91,13 +91,31 @@ class _Connection:
         self.levels: list[_Level] = []
         self._copy: contextlib.ExitStack | None = None  # a COPY of chunks left open while Python goes on
         self._copy_writer: Any = None
+        self._staged: bool | None = None  # chunks COPY into a temp table first (see `_copy_chunks`)
 
     def _live(self) -> psycopg.Connection:
         if self.raw.broken or self.raw.closed:
             self.levels.clear()
             self._copy = None
+            self._staged = None
             self.raw = connect(self.url)
         return self.raw
+
+    def _copy_chunks(self) -> str:
+        """The COPY that takes chunk rows: into the chunks, or, for a role row-level security applies to
+        (PostgreSQL refuses COPY FROM there), into a temp table `_unstage` moves them from with an
+        INSERT the policies check."""
+        if self._staged is None:
+            row = self.raw.execute("SELECT row_security_active('cm_chunks')").fetchone()
+            self._staged = bool(row and row[0])
+        if not self._staged:
+            return _COPY_CHUNKS
+        self.raw.execute(_STAGE_CHUNKS)
+        return _COPY_STAGED
+
+    def _unstage(self) -> None:
+        if self._staged:
+            self.raw.execute(_UNSTAGE_CHUNKS)
 
     def _stream(self, rows: str) -> None:
         """Send chunk rows of the outermost level into a COPY kept open: the server stores them while the
@@ -107,7 +125,7 @@ class _Connection:
 
             stack = contextlib.ExitStack()
             cur = stack.enter_context(self.raw.cursor())
-            self._copy_writer = stack.enter_context(cur.copy(_COPY_CHUNKS, writer=QueuedLibpqWriter(cur)))
+            self._copy_writer = stack.enter_context(cur.copy(self._copy_chunks(), writer=QueuedLibpqWriter(cur)))
             self._copy = stack
         self._copy_writer.write(rows)
 
@@ -117,6 +135,7 @@ class _Connection:
             return
         if error is None:
             stack.close()
+            self._unstage()
         elif not self.raw.broken:
             with contextlib.suppress(psycopg.Error):
                 stack.__exit__(type(error), error, error.__traceback__)
@@ -136,8 +155,9 @@ class _Connection:
                 level.savepoint = f"cm_level_{depth}"
             if level.chunks:
                 rows, level.chunks = "".join(level.chunks), []
-                with self.raw.cursor() as cur, cur.copy(_COPY_CHUNKS) as copy:
+                with self.raw.cursor() as cur, cur.copy(self._copy_chunks()) as copy:
                     copy.write(rows)
+                self._unstage()
             if level.files:
                 rows_ = list(level.files.values())
                 level.files = {}
@@ -211,8 +231,15 @@ class _Connection:
         self.raw.close()
 
 
-_COPY_CHUNKS = ("COPY cm_chunks(seq, workspace, gen, id, path, source, start_line, end_line, hash, model, text, date,"
-                " updated_at, terms, counts, length) FROM STDIN")
+_CHUNK_COLUMNS = "seq, workspace, gen, id, path, source, start_line, end_line, hash, model, text, date, updated_at," \
+    " terms, counts, length"
+_COPY_CHUNKS = f"COPY cm_chunks({_CHUNK_COLUMNS}) FROM STDIN"
+_STAGE_CHUNKS = ("CREATE TEMP TABLE IF NOT EXISTS cm_chunks_staged(seq bigint, workspace text, gen bigint, id text,"
+                 " path text, source text, start_line integer, end_line integer, hash text, model text, text text,"
+                 " date text, updated_at double precision, terms text[], counts integer[], length integer)")
+_COPY_STAGED = f"COPY cm_chunks_staged({_CHUNK_COLUMNS}) FROM STDIN"
+_UNSTAGE_CHUNKS = (f"WITH moved AS (DELETE FROM cm_chunks_staged RETURNING *)"
+                   f" INSERT INTO cm_chunks({_CHUNK_COLUMNS}) SELECT * FROM moved")
 _UPSERT_FILES = (
     "INSERT INTO cm_files SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[],"
     " %s::bigint[], %s::bigint[], %s::text[], %s::float8[]) ON CONFLICT(workspace, gen, path) DO UPDATE"
@@ -393,7 +420,8 @@ class PgStore:
         self._seq_block = _SEQ_BLOCKS[0]  # doubled at each round trip: a bulk write stops its COPY less often
         self._versions: dict[str, int] = {}
         self._ef_search: int | None = None
-        self._indexed_dims: set[int] = set()
+        self._vector_dims: set[int] = set()  # noted in this generation's meta (`ensure_vector_table`)
+        self._vectors_indexed: set[tuple[int, int]] = set()  # (generation, dims) known to have their index
         self._postings = _PostingsCache(self.conn) if keep_postings else None
 
     def _generation(self, *, new: bool, create: bool) -> int:
@@ -775,22 +803,27 @@ class PgStore:
                       candidates_for: int | None = None) -> list[VectorHit]:
         """The `limit` nearest chunks by cosine distance, nearest first (ties by seq).
 
-        Through each workspace's HNSW index of the vectors' dimensions when there is one
-        (`ensure_vector_table`), scanning on past chunks a filter drops until `limit` pass (pgvector's
-        iterative scan); the distances are exact, the order is re-sorted on them.
+        One search per workspace in scope, each through its generation's HNSW index when it has one
+        (`index_vectors`): the index is partial, so the generation and dimensions are written into
+        the query for the planner to match it. An iterative scan goes on past chunks a filter drops
+        until `limit` pass; the distances are exact, the order is re-sorted on them.
         """
-        if limit < 1:
+        if limit < 1 or not self._live:
             return []
         dims = len(query_blob) // 4
         self._tune_hnsw(candidates_for or limit)
-        scope, args = self._scope_pairs("c")
-        condition, filter_args = _filter_sql(where, "c")
+        condition, args = _filter_sql(where, "c")
+        arms = []
+        for n, (workspace, gen) in enumerate(self._live):
+            args[f"w{n}"] = workspace
+            arms.append(
+                "(SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text,"
+                f" c.embedding::vector({dims}) <=> %(q)b::vector({dims}) AS d, c.date, c.workspace"
+                f" FROM cm_chunks AS c WHERE c.workspace = %(w{n})s AND c.gen = {int(gen)} AND c.dims = {dims}"
+                f" AND {condition} ORDER BY d LIMIT %(limit)s)")
         rows = self.conn.execute(
-            "SELECT * FROM (SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text,"
-            f" c.embedding::vector({dims}) <=> %(q)b::vector({dims}) AS d, c.date, c.workspace"
-            f" FROM cm_chunks AS c WHERE c.dims = {dims} AND {scope} AND {condition}"
-            " ORDER BY d LIMIT %(limit)s) AS near ORDER BY d, seq",
-            {**args, **filter_args, "q": PgVector(query_blob), "limit": limit}).fetchall()
+            f"SELECT * FROM ({' UNION ALL '.join(arms)}) AS near ORDER BY d, seq LIMIT %(limit)s",
+            {**args, "q": PgVector(query_blob), "limit": limit}).fetchall()
         return [VectorHit(int(r[0]), r[1], r[2], r[3], r[4], r[5], float(r[6]), r[7], r[8]) for r in rows]
 
     def _tune_hnsw(self, wanted: int) -> None:
@@ -803,14 +836,6 @@ class PgStore:
             if self._ef_search is None:
                 self.conn.execute("SET hnsw.iterative_scan = relaxed_order")
             self._ef_search = ef
-
-    def _scope_pairs(self, alias: str) -> tuple[str, dict[str, Any]]:
-        """The scope as plain conditions on the row (an index scan can filter with them, not join)."""
-        clauses, args = [], {}
-        for n, (workspace, gen) in enumerate(self._live):
-            clauses.append(f"({alias}.workspace = %(w{n})s AND {alias}.gen = %(g{n})s)")
-            args[f"w{n}"], args[f"g{n}"] = workspace, gen
-        return "(" + (" OR ".join(clauses) or "false") + ")", args
 
     def vector_distances_of(self, query_blob: bytes, seqs: Sequence[int]) -> dict[int, float]:
         if not seqs:
@@ -825,29 +850,54 @@ class PgStore:
         return True
 
     def vector_method(self) -> str:
+        """HNSW when every workspace in scope has its index for the vectors it holds; an exact scan
+        (slower, never wrong) while one waits for its embedding pass to end (see `index_vectors`)."""
+        self.data_version()
+        missing = self.conn.execute(
+            "SELECT count(*) FROM cm_meta AS m JOIN unnest(%s::text[], %s::bigint[]) AS l(w, g)"
+            " ON m.workspace = l.w AND m.gen = l.g WHERE m.key = 'vector_dims'"
+            " AND to_regclass(quote_ident(cm_vector_index_name(l.w, l.g, m.value::integer))) IS NULL",
+            ([w for w, _ in self._live], [g for _, g in self._live])).fetchone()
+        if missing and missing[0]:
+            return "pgvector exact cosine scan (the HNSW index is built when the embedding pass ends)"
         return "pgvector HNSW (cosine), exact distances"
 
     def ensure_vector_table(self, dims: int) -> None:
-        """An HNSW index for vectors of `dims` dimensions, made when the first such vectors are stored.
+        """Note that this generation holds vectors of `dims` dimensions (`vector_dims`, as SQLite's store).
 
-        The column takes any dimensions, so the index is on the vectors of one size (an expression
-        and a partial index); made while none are stored, it costs nothing to build. A role that
-        may not create it leaves searches to scan exactly (slower, never wrong).
+        Their HNSW index is not made here: pgvector keeps one up to date row by row, which cost a
+        cold index nine tenths of its vector writes. `index_vectors` builds it whole at the end of
+        the embedding pass.
         """
-        if dims in self._indexed_dims:
+        if dims in self._vector_dims:
             return
-        self._indexed_dims.add(dims)
-        name = f"cm_chunks_hnsw_{int(dims)}"
-        found = self.conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()
-        if found and found[0]:
+        self._vector_dims.add(dims)
+        if self.get_meta("vector_dims") != str(int(dims)):
+            self.set_meta("vector_dims", str(int(dims)))
+
+    def index_vectors(self) -> None:
+        """Build this generation's HNSW index from the vectors stored, if it has none yet (each
+        generation and size of vector has its own: a rebuild's is made before its switch).
+
+        Through `cm_index_vectors`, which runs as the tables' owner for any role that may write the
+        workspace, with memory for the graph. The build holds writes to this workspace's rows
+        (its writer's own, being this one), not reads. A role that may not build it leaves
+        searches to scan exactly: slower, never wrong.
+        """
+        dims = self.get_meta("vector_dims")
+        if dims is None or (self.gen, int(dims)) in self._vectors_indexed:
             return
         try:
-            with self.transaction():
-                self.conn.execute(
-                    f"CREATE INDEX IF NOT EXISTS {name} ON cm_chunks USING hnsw"
-                    f" ((embedding::vector({int(dims)})) vector_cosine_ops) WHERE dims = {int(dims)}")
-        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UniqueViolation):
-            pass  # not this role's to make, or another daemon made it just now
+            with self._atomic():
+                self.conn.execute("SELECT cm_index_vectors(%s, %s, %s)", (self.workspace, self.gen, int(dims)))
+        except psycopg.errors.InsufficientPrivilege:
+            return
+        self._vectors_indexed.add((self.gen, int(dims)))
+
+    def _drop_stale_vector_indexes(self) -> None:
+        """The HNSW indexes of generations (or sizes of vector) no longer live: each held its rows' graph."""
+        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+            self.conn.execute("SELECT cm_drop_vector_indexes(%s)", (self.workspace,))
 
     # -- vectors of chunks ----------------------------------------------------------------------
 
@@ -879,8 +929,11 @@ class PgStore:
 
     def reset_vectors(self) -> int:
         """Forget this generation's vectors (a new model's go in their place; the cache keeps the old ones)."""
-        cur = self._write("UPDATE cm_chunks SET embedded = false, model = '', dims = NULL, embedding = NULL"
-                          " WHERE workspace = %s AND gen = %s", (self.workspace, self.gen))
+        with self._atomic():
+            cur = self.conn.execute("UPDATE cm_chunks SET embedded = false, model = '', dims = NULL, embedding = NULL"
+                                    " WHERE workspace = %s AND gen = %s", (self.workspace, self.gen))
+            self.delete_meta("vector_dims")
+        self._vector_dims.clear()
         return int(cur.rowcount)
 
     # -- the fleet's embedding cache ----------------------------------------------------------
@@ -966,6 +1019,7 @@ class PgStore:
                               (fresh.gen, self.workspace))
             self._drop_generations(keep=fresh.gen)
         self.gen = fresh.gen
+        self._drop_stale_vector_indexes()  # after the commit: a DROP INDEX holds off readers until its own
 
     def claim(self, writer: str, host: str, *, take_over: bool = False) -> None:
         """Make sure the folder `writer` names is the one writing this workspace: the first to write it
@@ -1000,9 +1054,10 @@ class PgStore:
                 self.conn.execute("SELECT gin_clean_pending_list(%s::regclass)", (name,))
 
     def drop_strays(self) -> None:
-        """Rows of generations that are not live (a rebuild that died before its switch).
+        """Rows of generations that are not live (a rebuild that died before its switch), and the
+        HNSW indexes of generations or sizes of vector no longer live.
 
-        Looked for first (through the keys, which lead with workspace and generation): every write
+        Rows are looked for first (through the keys, which lead with workspace and generation): every write
         lock asks, and a commit for nothing would move the version every reader's cache follows.
         """
         found = self.conn.execute(
@@ -1012,6 +1067,7 @@ class PgStore:
         if found and found[0]:
             with self.transaction():
                 self._drop_generations(keep=self.gen)
+        self._drop_stale_vector_indexes()
 
     def drop_own_generation(self) -> None:
         """A rebuild that failed: its rows go (the live generation is untouched)."""
@@ -1019,6 +1075,7 @@ class PgStore:
             for table in _GENERATION_TABLES:
                 self.conn.execute(f"DELETE FROM {table} WHERE workspace = %s AND gen = %s",  # noqa: S608
                                   (self.workspace, self.gen))
+        self._drop_stale_vector_indexes()
 
     def _drop_generations(self, keep: int) -> None:
         for table in _GENERATION_TABLES:
