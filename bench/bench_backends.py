@@ -4,7 +4,9 @@ For each backend, in one sitting: a cold keyword index, a no-change resync, one 
 searchable (a targeted sync of the changed file, as the daemon's watcher asks for it), and
 keyword query latency through the engine as the daemon calls it (rare words and common-word
 phrases), p50 / p95; and a cold hybrid index against an instant OpenAI-compatible embeddings server
-(bench_backfill's: one vector for every text, so the figure is clawmem's and the backend's cost).
+(bench_backfill's, at once: each text's vector made from its words, so the figure is clawmem's and the
+backend's cost, with a vector index built over data shaped like a model's; `--same-vector` sends one
+vector for every text, as before).
 
     python bench/bench_backends.py --notes 2000 --rounds 3
 
@@ -105,6 +107,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--hybrid-dims", type=int, default=384,
                         help="also a cold hybrid index against an instant embeddings server of these dimensions (0: not)")
+    parser.add_argument("--same-vector", action="store_true",
+                        help="the server answers one vector for every text (default: vectors made from each text's"
+                             " words, so a vector index is built over data shaped like a model's)")
     args = parser.parse_args()
     provider: dict[str, str] = {}
     if args.hybrid_dims:
@@ -115,7 +120,8 @@ def main() -> None:
 
         os.environ["NO_PROXY"] = "127.0.0.1,localhost"
         ports: Any = multiprocessing.Queue()
-        multiprocessing.Process(target=serve, args=(ports, args.hybrid_dims, 0.0), daemon=True).start()
+        multiprocessing.Process(target=serve, args=(ports, args.hybrid_dims, 0.0, not args.same_vector),
+                                daemon=True).start()
         provider = {"embedding.provider": "openai", "embedding.base_url": f"http://127.0.0.1:{ports.get(timeout=30)}/v1",
                     "embedding.api_key": "sk-bench", "embedding.model": "bench-model"}
     server = pg_server.start(shared_buffers="128MB")  # PostgreSQL's default

@@ -38,12 +38,29 @@ sys.path.insert(0, str(HERE))
 from generate import generate  # noqa: E402
 
 
-def serve(port_out: Any, dims: int, latency: float) -> None:
-    """The instant provider (runs in a child process): one precomputed vector for every input."""
+def serve(port_out: Any, dims: int, latency: float, hashed: bool = False) -> None:
+    """The instant provider (runs in a child process): one precomputed vector for every input, or with
+    `hashed` a vector made from each input's words (each word a fixed random direction: texts that
+    share words are near, as a model's are), for a vector index whose cost depends on the data."""
     rng = random.Random(1)
     raw = [rng.gauss(0, 1) for _ in range(dims)]
     norm = sum(x * x for x in raw) ** 0.5
     vector = base64.b64encode(struct.pack(f"<{dims}f", *(x / norm for x in raw))).decode()
+    directions: dict[str, Any] = {}
+
+    def vector_of(text: str) -> str:
+        import hashlib
+
+        import numpy as np
+
+        words = text.lower().split() or [""]
+        for word in words:
+            if word not in directions:
+                seed = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
+                directions[word] = np.random.default_rng(seed).standard_normal(dims).astype(np.float32)
+        total = np.add.reduce([directions[word] for word in words])
+        size = float(np.linalg.norm(total))
+        return base64.b64encode((total / size if size else total + 1.0).astype("<f4").tobytes()).decode()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -52,8 +69,8 @@ def serve(port_out: Any, dims: int, latency: float) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if latency:
                 time.sleep(latency)
-            items = ",".join(f'{{"object":"embedding","index":{i},"embedding":"{vector}"}}'
-                             for i in range(len(body["input"])))
+            items = ",".join(f'{{"object":"embedding","index":{i},"embedding":"{vector_of(text) if hashed else vector}"}}'
+                             for i, text in enumerate(body["input"]))
             payload = (f'{{"object":"list","data":[{items}],"model":"{body["model"]}",'
                        '"usage":{"prompt_tokens":1,"total_tokens":1}}').encode()
             self.send_response(200)

@@ -247,12 +247,12 @@ def fleet(server: pg_server.PgServer, workspace: Path, args: argparse.Namespace)
         print(f"{args.workspaces} workspaces, {chunks} chunks with vectors in {time.perf_counter() - started:.1f} s",
               flush=True)
         started = time.perf_counter()
-        conn.execute("SET maintenance_work_mem = '4GB'")
-        conn.execute("SET max_parallel_maintenance_workers = 2")
-        conn.execute(f"CREATE INDEX cm_chunks_hnsw_{DIMS} ON cm_chunks USING hnsw ((embedding::vector({DIMS}))"
-                     f" vector_cosine_ops) WHERE dims = {DIMS}")
+        conn.execute("INSERT INTO cm_meta SELECT workspace, live_gen, 'vector_dims', %s FROM cm_workspaces"
+                     " ON CONFLICT(workspace, gen, key) DO UPDATE SET value = excluded.value", (str(DIMS),))
+        conn.execute("SELECT cm_index_vectors(workspace, live_gen, %s) FROM cm_workspaces", (DIMS,))  # as a writer does
         conn.execute("VACUUM ANALYZE cm_chunks")
-        print(f"HNSW index built in {time.perf_counter() - started:.1f} s", flush=True)
+        print(f"HNSW indexes built in {time.perf_counter() - started:.1f} s (one per workspace, as each writer"
+              " builds its own after its embedding pass)", flush=True)
         size = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]  # type: ignore[index]
         print(f"database: {size / 2**30:.2f} GiB, {size / chunks:.0f} bytes per chunk (text, terms, a 384-d"
               " vector, their indexes)", flush=True)
