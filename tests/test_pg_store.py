@@ -152,8 +152,8 @@ def _embedded(store: PgStore, n: int, seed: int = 3) -> list[tuple[int, list[flo
     return list(zip(seqs, vectors, strict=True))
 
 
-def _index_of(store: PgStore, gen: int) -> bool:
-    name = store.execute("SELECT cm_vector_index_name(%s, %s, 3)", (store.workspace, gen))[0][0]
+def _index_of(store: PgStore, gen: int, dims: int = 3) -> bool:
+    name = store.execute("SELECT cm_vector_index_name(%s, %s, %s)", (store.workspace, gen, dims))[0][0]
     return store.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))[0][0]  # type: ignore[no-any-return]
 
 
@@ -208,6 +208,21 @@ def test_a_rebuilds_vectors_are_indexed_before_its_switch_and_the_old_index_goes
         assert _index_of(store, fresh.gen) and not _index_of(store, old)
     finally:
         fresh.close()
+
+
+def test_vectors_of_another_size_get_their_own_graph_and_the_old_one_goes(store: PgStore) -> None:
+    import struct
+
+    stored = _embedded(store, 6)
+    store.index_vectors()
+    store.reset_vectors()  # a model of another size, over the same chunks
+    with store.transaction():
+        store.ensure_vector_table(2)
+        store.store_vectors([(seq, f"h-memory/v{i}.md-0", struct.pack("2f", 1.0, float(i)))
+                             for i, (seq, _) in enumerate(stored)], "m2")
+    store.index_vectors()
+    assert _index_of(store, store.gen, 2) and not _index_of(store, store.gen, 3)
+    assert len(store.vector_search(struct.pack("2f", 1.0, 2.0), 3)) == 3
 
 
 def test_a_failed_rebuilds_index_goes_with_its_rows(store: PgStore, pg_url: str) -> None:

@@ -415,6 +415,7 @@ class PgStore:
         self.url = url
         self.workspace = workspace
         self.read_only = read_only
+        self.new_generation = new_generation
         self.conn = _Connection(url)
         try:
             if not read_only:
@@ -907,10 +908,13 @@ class PgStore:
             return
         try:
             with self._atomic():
-                self.conn.execute("SELECT cm_index_vectors(%s, %s, %s)", (self.workspace, self.gen, int(dims)))
+                built = self.conn.execute("SELECT cm_index_vectors(%s, %s, %s)",
+                                          (self.workspace, self.gen, int(dims))).fetchone()
         except psycopg.errors.InsufficientPrivilege:
             return
         self._vectors_indexed.add((self.gen, int(dims)))
+        if built and built[0] and not self.new_generation and not self.conn.in_transaction:
+            self._drop_stale_vector_indexes()  # the graph of a size of vector this generation no longer holds
 
     def _drop_stale_vector_indexes(self) -> None:
         """The HNSW indexes of generations (or sizes of vector) no longer live: each held its rows' graph."""
@@ -1077,8 +1081,8 @@ class PgStore:
                 self.conn.execute("SELECT gin_clean_pending_list(%s::regclass)", (name,))
 
     def drop_strays(self) -> None:
-        """Rows of generations that are not live (a rebuild that died before its switch), and the
-        HNSW indexes of generations or sizes of vector no longer live.
+        """Rows of generations that are not live (a rebuild that died before its switch), and their
+        HNSW indexes.
 
         Rows are looked for first (through the keys, which lead with workspace and generation): every write
         lock asks, and a commit for nothing would move the version every reader's cache follows.
@@ -1090,7 +1094,7 @@ class PgStore:
         if found and found[0]:
             with self.transaction():
                 self._drop_generations(keep=self.gen)
-        self._drop_stale_vector_indexes()
+            self._drop_stale_vector_indexes()
 
     def drop_own_generation(self) -> None:
         """A rebuild that failed: its rows go (the live generation is untouched)."""
