@@ -5,8 +5,8 @@ searchable (a targeted sync of the changed file, as the daemon's watcher asks fo
 keyword query latency through the engine as the daemon calls it (rare words and common-word
 phrases), p50 / p95; and a cold hybrid index against an instant OpenAI-compatible embeddings server
 (bench_backfill's, at once: each text's vector made from its words, so the figure is clawmem's and the
-backend's cost, with a vector index built over data shaped like a model's; `--same-vector` sends one
-vector for every text, as before).
+backend's cost, with a vector index built over data shaped like a model's; an untimed warm-up index
+has the server make every vector first; `--same-vector` sends one vector for every text, as before).
 
     python bench/bench_backends.py --notes 2000 --rounds 3
 
@@ -131,6 +131,9 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 root = Path(tmp)
                 load = Path("/proc/loadavg").read_text().split()[0]
+                if provider and not args.same_vector:  # the server makes and keeps each text's vector, untimed
+                    hybrid_cold(generate(root / "ws-warm", args.notes, seed=round_),
+                                {"index": str(root / "warm.sqlite")}, provider)
                 for backend in ("sqlite", "postgres"):
                     workspace = generate(root / f"ws-{backend}", args.notes, seed=round_)
                     overrides, hybrid = _places(server, root, backend, round_)
