@@ -124,6 +124,20 @@ MIGRATIONS.append(("0003_leaner_writes", """
 """))  # nothing looked chunks up by hash; terms in byte order: the key's index serves a prefix's range too
 
 
+def _drop_hnsw_indexes_of(table: str) -> str:
+    """SQL dropping the per-size HNSW indexes (`cm_chunks_hnsw_<dims>`) made on `table` before migration 0006."""
+    return f"""
+    DO $$
+    DECLARE name text;
+    BEGIN
+        FOR name IN SELECT indexname FROM pg_indexes WHERE tablename = '{table}'
+                    AND indexname LIKE 'cm\\_chunks\\_hnsw\\_%' LOOP
+            EXECUTE format('DROP INDEX %I', name);
+        END LOOP;
+    END $$;
+"""
+
+
 MIGRATIONS.append(("0004_chunks_partitioned_by_workspace", """
     CREATE FUNCTION cm_partition_name(ws text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
         SELECT 'cm_chunks_' || md5(ws)
@@ -141,15 +155,7 @@ MIGRATIONS.append(("0004_chunks_partitioned_by_workspace", """
     ALTER INDEX cm_chunks_path RENAME TO cm_chunks_unpartitioned_path;
     ALTER INDEX cm_chunks_pending RENAME TO cm_chunks_unpartitioned_pending;
     ALTER INDEX cm_chunks_terms RENAME TO cm_chunks_unpartitioned_terms;
-    DO $$
-    DECLARE name text;
-    BEGIN
-        FOR name IN SELECT indexname FROM pg_indexes WHERE tablename = 'cm_chunks_unpartitioned'
-                    AND indexname LIKE 'cm\\_chunks\\_hnsw\\_%' LOOP
-            EXECUTE format('DROP INDEX %I', name);
-        END LOOP;
-    END $$;
-    CREATE TABLE cm_chunks(
+""" + _drop_hnsw_indexes_of("cm_chunks_unpartitioned") + """    CREATE TABLE cm_chunks(
         seq bigint NOT NULL DEFAULT nextval('cm_chunks_seq_seq'),
         workspace text NOT NULL, gen bigint NOT NULL,
         id text NOT NULL, path text NOT NULL, source text NOT NULL DEFAULT 'memory',
@@ -185,15 +191,7 @@ MIGRATIONS.append(("0005_workspace_writer", """
     ALTER TABLE cm_workspaces ADD COLUMN writer text, ADD COLUMN writer_host text, ADD COLUMN writer_since double precision;
 """))  # which folder writes each workspace (a hash of machine and folder), so that two cannot both
 
-MIGRATIONS.append(("0006_vector_indexes_per_generation", """
-    DO $$
-    DECLARE name text;
-    BEGIN
-        FOR name IN SELECT indexname FROM pg_indexes WHERE tablename = 'cm_chunks'
-                    AND indexname LIKE 'cm\\_chunks\\_hnsw\\_%' LOOP
-            EXECUTE format('DROP INDEX %I', name);
-        END LOOP;
-    END $$;
+MIGRATIONS.append(("0006_vector_indexes_per_generation", _drop_hnsw_indexes_of("cm_chunks") + """
     CREATE FUNCTION cm_vector_index_name(ws text, g bigint, d integer) RETURNS text LANGUAGE sql IMMUTABLE AS $$
         SELECT 'cm_hnsw_' || md5(ws) || '_' || g || '_' || d
     $$;

@@ -111,7 +111,6 @@ class _Connection:
         from psycopg.types import TypeInfo
 
         self._prepare()  # a COPY left open must end before another statement
-
         info = TypeInfo.fetch(raw, "vector")
         if info is None:
             raise IndexUnavailable("the shared index's database has no pgvector `vector` type")
