@@ -125,8 +125,7 @@ def _collect(store: Store, provider: BatchEmbedder, job: JobRow, vectors: Any) -
         if direction is not None:
             blobs[h] = pack(direction)
     with store.transaction():
-        for h, blob in blobs.items():
-            store.cache_embedding(job.provider, job.model, job.provider_key, h, blob, len(blob) // 4)
+        store.cache_embeddings(job.provider, job.model, job.provider_key, blobs.items())
     return len(blobs)
 
 

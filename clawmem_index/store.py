@@ -78,6 +78,8 @@ class Store:
     # What a backend makes of a chunk's text before storing it, done where the text is chunked (a
     # parse worker) rather than on the writer; FTS5 tokenizes inside SQLite, so nothing here.
     terms_of: Callable[[str], Any] | None = None
+    # Each vector is stored once: with its chunks while the index holds its text, in the cache after.
+    caches_stored_vectors = False
 
     def __init__(self, path: Path, *, create: bool = True, fast_unsafe: bool = False, read_only: bool = False,
                  keep_keyword_scores: bool = True) -> None:
@@ -410,10 +412,12 @@ class Store:
             {"provider": owner[0], "model": owner[1], "key": owner[2], "now": time.time(),
              "seqs": json.dumps(list(seqs or ()))})
 
-    def cache_embedding(self, provider: str, model: str, key: str, hash: str, blob: bytes, dims: int) -> None:
-        self.conn.execute(
+    def cache_embeddings(self, provider: str, model: str, key: str, vectors: Iterable[tuple[str, bytes]]) -> None:
+        """Keep each (text hash, packed vector) for `provider`/`model`/`key`, replacing what it held."""
+        now = time.time()
+        self.conn.executemany(
             "INSERT OR REPLACE INTO embedding_cache VALUES(?, ?, ?, ?, ?, ?, ?)",
-            (provider, model, key, hash, blob, dims, time.time()))
+            ((provider, model, key, h, blob, len(blob) // 4, now) for h, blob in vectors))
 
     def prune_cache(self, max_entries: int) -> int:
         total = int(self.conn.execute("SELECT count(*) FROM embedding_cache").fetchone()[0])

@@ -502,9 +502,9 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
                 given_seqs = {seq for seq, _ in given}
                 held = {h for seq, h, _ in item.pending if seq in given_seqs}
                 store.uncache(info.provider, info.model, key, held & item.cached.keys())  # stored once: in the chunk
-                for h, blob in fresh.items():
-                    if blob is not None and h not in held:  # its chunk changed meanwhile: keep it for later
-                        store.cache_embedding(info.provider, info.model, key, h, blob, len(blob) // 4)
+                store.cache_embeddings(info.provider, info.model, key, (  # a chunk that changed meanwhile: for later
+                    (h, blob) for h, blob in fresh.items()
+                    if blob is not None and (store.caches_stored_vectors or h not in held)))
             if progress:
                 progress(done, total)
     except ProviderError as exc:

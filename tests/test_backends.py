@@ -344,6 +344,34 @@ def test_a_search_across_workspaces_names_each_results_workspace(tmp_path: Path,
         sqlite.close()
 
 
+def test_a_text_is_embedded_once_for_the_fleet(tmp_path: Path, pg_url: str, pg_role) -> None:  # type: ignore[no-untyped-def]
+    """Beta's writer (a role granted only beta) embeds none of the texts alpha's already did: the cache is shared."""
+    from clawmem_index.embeddings.fake import FakeProvider
+
+    for name in ("alpha", "beta"):
+        (tmp_path / name / "memory").mkdir(parents=True)
+        for i in range(4):
+            (tmp_path / name / "memory" / f"n{i}.md").write_text(f"# Runbook {i}\nrestart the queue worker {i}\n")
+    (tmp_path / "beta" / "memory" / "own.md").write_text("# Beta\nonly beta knows the pager rota\n")
+    writer, writer_url = pg_role("writer")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        grant_workspace(conn, writer, "beta", writable=True)
+    first = FakeProvider()
+    MemoryIndex(settings_for(tmp_path / "alpha", {"index_backend": "postgres", "index_url": pg_url}),
+                provider=first).sync()
+    second = FakeProvider()
+    beta = MemoryIndex(settings_for(tmp_path / "beta", {"index_backend": "postgres", "index_url": writer_url}),
+                       provider=second)
+    try:
+        report = beta.sync()
+        assert (report.embedded, report.from_cache) == (1, 4)
+        assert (first.documents_embedded, second.documents_embedded) == (4, 1)
+        found = beta.search(SearchRequest("restart the queue worker 2", mode="vector", min_score=0.0))["results"]
+        assert found and found[0]["path"] == "memory/n2.md"
+    finally:
+        beta.close()
+
+
 def test_context_across_workspaces_reads_the_others_lines_from_the_index(tmp_path: Path, pg_url: str) -> None:
     """Another workspace's lines are its chunks' text (its files are on its own host), labelled with its name."""
     shared = {"index_backend": "postgres", "index_url": pg_url}

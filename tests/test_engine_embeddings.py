@@ -15,6 +15,7 @@ from clawmem_index.embeddings.openai import OpenAIProvider
 from clawmem_index.engine import MemoryIndex
 from clawmem_index.search import SearchRequest
 from clawmem_index.store import Store
+from clawmem_index.sync import SyncReport
 
 __all__ = ["fake_server", "no_proxy"]
 pytestmark = pytest.mark.usefixtures("no_proxy")
@@ -76,17 +77,26 @@ def test_keyword_search_serves_through_an_outage_and_embeddings_complete_later(s
     assert answer["mode"] == "hybrid" and "warning" not in answer
 
 
-def test_switching_models_rebuilds_and_switching_back_embeds_nothing(settings: Settings, write) -> None:
+def test_switching_models_rebuilds_and_switching_back_embeds_nothing(workspace: Path, write, backend) -> None:
+    """On both backends: the vectors of the model left behind wait in the cache for its return."""
+    settings = load_settings(workspace=workspace, overrides={"embedding.provider": "none", **backend})
     notes(write)
-    a, b = FakeProvider(model="fake-a"), FakeProvider(model="fake-b")
-    MemoryIndex(settings, provider=a).sync()
+
+    def sync(provider: FakeProvider) -> tuple[SyncReport, str]:
+        index = MemoryIndex(settings, provider=provider)
+        try:
+            return index.sync(), index.reader().get_meta("fingerprint") or ""
+        finally:
+            index.close()
+
+    a, b, again = FakeProvider(model="fake-a"), FakeProvider(model="fake-b"), FakeProvider(model="fake-a")
+    sync(a)
     assert a.documents_embedded == 5
-    report = MemoryIndex(settings, provider=b).sync()
+    report, _ = sync(b)
     assert b.documents_embedded == 5 and report.chunks_kept == 5
-    again = FakeProvider(model="fake-a")
-    MemoryIndex(settings, provider=again).sync()
-    assert again.documents_embedded == 0
-    assert '"model": "fake-a"' in (MemoryIndex(settings, provider=again).reader().get_meta("fingerprint") or "")
+    report, fingerprint = sync(again)
+    assert again.documents_embedded == 0 and report.from_cache == 5
+    assert '"model": "fake-a"' in fingerprint
 
 
 def test_a_new_model_carries_the_chunks_over_and_reads_only_changed_files(settings: Settings, write) -> None:

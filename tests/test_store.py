@@ -105,7 +105,7 @@ def test_without_sqlite_vec_vector_search_falls_back_to_a_scan(tmp_path: Path, m
 
 def test_cache_is_pruned_oldest_used_first(store: Store) -> None:
     for i in range(10):
-        store.cache_embedding("p", "m", "k", f"h{i}", pack([1.0]), 1)
+        store.cache_embeddings("p", "m", "k", [(f"h{i}", pack([1.0]))])
     store.cached_embeddings("p", "m", "k", ["h0"])  # h0 used: now the newest
     assert store.prune_cache(4) == 6
     left = {r[0] for r in store.execute("SELECT hash FROM embedding_cache")}

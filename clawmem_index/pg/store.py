@@ -406,6 +406,9 @@ class PgStore:
     vec_loaded = True
     vec_error = ""
     terms_of = staticmethod(chunk_terms_of)
+    # The cache is the fleet's: another workspace holding the same text, or this one switching back
+    # to a model it had, finds every vector made there (the chunks keep their own copy to search).
+    caches_stored_vectors = True
 
     def __init__(self, url: str, workspace: str, *, read_only: bool = False, new_generation: bool = False,
                  scope: Sequence[str] | None = None, create: bool = True, keep_postings: bool = False) -> None:
@@ -988,12 +991,18 @@ class PgStore:
     def uncache(self, provider: str, model: str, key: str, hashes: Iterable[str]) -> None:
         """Nothing to do: cached vectors stay for the fleet (chunks hold their own copy)."""
 
-    def cache_embedding(self, provider: str, model: str, key: str, hash: str, blob: bytes, dims: int) -> None:
-        self.conn.execute(
-            "INSERT INTO cm_embedding_cache VALUES(%s, %s, %s, %s, %s, %s, %s)"
-            " ON CONFLICT(provider, model, provider_key, hash) DO UPDATE SET embedding = excluded.embedding,"
-            " dims = excluded.dims, updated_at = excluded.updated_at",
-            (provider, model, key, hash, blob, dims, time.time()))
+    def cache_embeddings(self, provider: str, model: str, key: str, vectors: Iterable[tuple[str, bytes]]) -> None:
+        """Keep each (text hash, packed vector) in the fleet's cache: one statement for the batch.
+
+        A text already cached keeps its vector: the same provider, model and key made the same one,
+        and another workspace's writer may not replace what every workspace reads."""
+        rows = sorted(dict(vectors).items())  # one row a text, in key order (two writers lock alike)
+        if rows:
+            self.conn.execute(
+                "INSERT INTO cm_embedding_cache SELECT %b, %b, %b, v.hash, v.embedding, length(v.embedding) / 4, %b"
+                " FROM unnest(%b::text[], %b::bytea[]) AS v(hash, embedding)"
+                " ON CONFLICT(provider, model, provider_key, hash) DO NOTHING",
+                (provider, model, key, time.time(), [h for h, _ in rows], [blob for _, blob in rows]), binary=True)
 
     def prune_cache(self, max_entries: int) -> int:
         """The shared cache is the fleet's: one workspace's setting does not prune it."""
