@@ -130,6 +130,11 @@ def clone_workspace(conn: psycopg.Connection, source: str, target: str) -> None:
             " AND column_name NOT IN ('workspace', 'seq') ORDER BY ordinal_position")]
         conn.execute(f"INSERT INTO cm_chunks(workspace, {', '.join(columns)}) SELECT %s, {', '.join(columns)}"
                      " FROM cm_chunks WHERE workspace = %s", (target, source))
+        conn.execute("UPDATE cm_vectors AS t SET embedded = s.embedded, model = s.model, dims = s.dims,"
+                     " embedding = s.embedding FROM cm_chunks AS tc, cm_chunks AS sc, cm_vectors AS s"
+                     " WHERE t.workspace = %(t)s AND tc.workspace = %(t)s AND tc.seq = t.seq AND sc.workspace = %(s)s"
+                     " AND sc.gen = tc.gen AND sc.id = tc.id AND s.workspace = %(s)s AND s.seq = sc.seq",
+                     {"t": target, "s": source})  # the chunks' trigger made the rows; their vectors are the source's
 
 
 def give_vectors(conn: psycopg.Connection, workspace: str) -> None:
@@ -139,8 +144,8 @@ def give_vectors(conn: psycopg.Connection, workspace: str) -> None:
         with conn.cursor().copy("COPY vecs FROM STDIN") as copy:
             for seq, text in rows:
                 copy.write(f"{seq}\t[{','.join(map(repr, hashed_vector(text).astype(float).tolist()))}]\n")
-        conn.execute(f"UPDATE cm_chunks AS c SET embedding = v.v, dims = {DIMS}, embedded = true, model = 'hashed'"
-                     " FROM vecs AS v WHERE c.seq = v.seq")
+        conn.execute(f"UPDATE cm_vectors AS c SET embedding = v.v, dims = {DIMS}, embedded = true, model = 'hashed'"
+                     " FROM vecs AS v WHERE c.workspace = %s AND c.seq = v.seq", (workspace,))
 
 
 def query_latency(index: MemoryIndex, workspaces: tuple[str, ...], mode: str, kind: str, n: int) -> list[float]:
@@ -250,7 +255,7 @@ def fleet(server: pg_server.PgServer, workspace: Path, args: argparse.Namespace)
         conn.execute("INSERT INTO cm_meta SELECT workspace, live_gen, 'vector_dims', %s FROM cm_workspaces"
                      " ON CONFLICT(workspace, gen, key) DO UPDATE SET value = excluded.value", (str(DIMS),))
         conn.execute("SELECT cm_index_vectors(workspace, live_gen, %s) FROM cm_workspaces", (DIMS,))  # as a writer does
-        conn.execute("VACUUM ANALYZE cm_chunks")
+        conn.execute("VACUUM ANALYZE cm_chunks, cm_vectors")
         print(f"HNSW indexes built in {time.perf_counter() - started:.1f} s (one per workspace, as each writer"
               " builds its own after its embedding pass)", flush=True)
         size = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]  # type: ignore[index]

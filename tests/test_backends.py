@@ -298,10 +298,12 @@ def test_row_level_security_keeps_a_role_to_its_workspaces(tmp_path: Path, pg_ur
     with psycopg.connect(reader_url, autocommit=True) as conn:
         assert {r[0] for r in conn.execute("SELECT workspace FROM cm_chunks")} == {"alpha"}
         assert conn.execute("SELECT count(*) FROM cm_chunks WHERE text LIKE '%beta%'").fetchone() == (0,)
+        assert {r[0] for r in conn.execute("SELECT workspace FROM cm_vectors")} == {"alpha"}
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("DELETE FROM cm_chunks")
     with psycopg.connect(writer_url, autocommit=True) as conn:
         assert conn.execute("DELETE FROM cm_chunks WHERE workspace = 'alpha'").rowcount == 0
+        assert conn.execute("UPDATE cm_vectors SET embedded = true WHERE workspace = 'alpha'").rowcount == 0
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("INSERT INTO cm_meta VALUES('alpha', 0, 'k', 'v')")
     # Through clawmem: the reader searching as alpha finds alpha's note; beta's index is not there for it.

@@ -92,3 +92,30 @@ def test_a_role_without_a_partition_for_its_workspace_is_told_who_can_make_it(pg
     with psycopg.connect(pg_url, autocommit=True) as conn:
         grant_workspace(conn, role, "delta", writable=True)
     PgStore(url, "delta").close()
+
+
+def test_a_role_granted_before_vectors_had_their_own_table_keeps_its_rights_to_them(empty_url: str, pg_role) -> None:  # type: ignore[no-untyped-def]
+    role, _ = pg_role("writer")  # roles are the cluster's: this one logs in to the database made here
+    url = empty_url.replace("postgresql://postgres@", f"postgresql://{role}@")
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+        _as_of(conn, "0006_vector_indexes_per_generation")
+        conn.execute("INSERT INTO cm_access VALUES(%s, 'alpha', true)", (role,))  # as grant_workspace did then
+        conn.execute("SELECT cm_add_partition('alpha')")
+        for table in ("cm_workspaces", "cm_meta", "cm_files", "cm_chunks", "cm_terms", "cm_stats", "cm_jobs",
+                      "cm_embedding_cache"):
+            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role}")
+        conn.execute(f"GRANT USAGE ON SEQUENCE cm_chunks_seq_seq TO {role}")
+        migrate(conn)
+    writer = PgStore(url, "alpha")
+    try:
+        with writer.transaction():
+            seq = writer.insert_chunk(id="c", path="MEMORY.md", source="memory", start_line=1, end_line=1, hash="h",
+                                      text="alpha", fts_text="alpha")
+        assert writer.pending_embeddings() == 1
+        assert writer.store_vectors([(seq, "h", b"\x00\x00\x80?\x00\x00\x00\x00")], "m") == \
+            [(seq, b"\x00\x00\x80?\x00\x00\x00\x00")]
+        assert writer.pending_embeddings() == 0
+        writer.data_version()
+        assert [h.seq for h in writer.vector_search(b"\x00\x00\x80?\x00\x00\x00\x00", 1)] == [seq]
+    finally:
+        writer.close()

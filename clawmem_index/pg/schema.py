@@ -26,7 +26,7 @@ from clawmem_index.errors import IndexUnavailable
 
 __all__ = ["MIGRATIONS", "WORKSPACE_TABLES", "grant_workspace", "migrate"]
 
-WORKSPACE_TABLES = ("cm_workspaces", "cm_meta", "cm_files", "cm_chunks", "cm_terms", "cm_stats", "cm_jobs")
+WORKSPACE_TABLES = ("cm_workspaces", "cm_meta", "cm_files", "cm_chunks", "cm_terms", "cm_stats", "cm_jobs", "cm_vectors")
 _LOCK = 0x636C61776D656D  # advisory lock key for migrations ("clawmem")
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -116,7 +116,8 @@ def _policies_of(table: str) -> str:
     """
 
 
-MIGRATIONS.append(("0002_row_level_security", "".join(_policies_of(table) for table in WORKSPACE_TABLES)))
+MIGRATIONS.append(("0002_row_level_security", "".join(_policies_of(table) for table in (
+    "cm_workspaces", "cm_meta", "cm_files", "cm_chunks", "cm_terms", "cm_stats", "cm_jobs"))))  # the tables of its day
 MIGRATIONS.append(("0003_leaner_writes", """
     DROP INDEX cm_chunks_hash;
     DROP INDEX cm_terms_prefix;
@@ -246,6 +247,70 @@ MIGRATIONS.append(("0006_vector_indexes_per_generation", _drop_hnsw_indexes_of("
         JOIN cm_meta AS m ON m.workspace = w.workspace AND m.gen = w.live_gen AND m.key = 'vector_dims';
 """))  # each generation's vectors get their HNSW graph built whole, after its embedding pass: kept up row by
 # row, pgvector spent 90 % of a cold hybrid index's writes on it
+
+
+MIGRATIONS.append(("0007_vectors_apart_from_chunks", """
+    CREATE TABLE cm_vectors(
+        workspace text NOT NULL, gen bigint NOT NULL, seq bigint NOT NULL, hash text NOT NULL,
+        embedded boolean NOT NULL DEFAULT false, model text NOT NULL DEFAULT '', dims integer, embedding vector,
+        PRIMARY KEY(workspace, seq)
+    ) PARTITION BY LIST (workspace);
+    CREATE INDEX cm_vectors_pending ON cm_vectors(workspace, gen, seq) WHERE NOT embedded;
+    CREATE FUNCTION cm_vector_partition_name(ws text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+        SELECT 'cm_vectors_' || md5(ws)
+    $$;
+    CREATE OR REPLACE FUNCTION cm_add_partition(ws text) RETURNS void LANGUAGE plpgsql AS $$
+    BEGIN
+        EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF cm_chunks FOR VALUES IN (%L)',
+                       cm_partition_name(ws), ws);
+        EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF cm_vectors FOR VALUES IN (%L)',
+                       cm_vector_partition_name(ws), ws);
+    END $$;
+    SELECT cm_add_partition(workspace) FROM (SELECT workspace FROM cm_workspaces
+                                             UNION SELECT workspace FROM cm_access) AS known;
+    INSERT INTO cm_vectors SELECT workspace, gen, seq, hash, embedded, model, dims, embedding FROM cm_chunks;
+    ALTER TABLE cm_chunks DROP COLUMN embedded, DROP COLUMN model, DROP COLUMN dims, DROP COLUMN embedding;
+    CREATE FUNCTION cm_chunks_added() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO cm_vectors(workspace, gen, seq, hash) SELECT workspace, gen, seq, hash FROM added;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER cm_chunks_added AFTER INSERT ON cm_chunks REFERENCING NEW TABLE AS added
+        FOR EACH STATEMENT EXECUTE FUNCTION cm_chunks_added();
+    CREATE OR REPLACE FUNCTION cm_index_vectors(ws text, g bigint, d integer) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    DECLARE n bigint;
+    BEGIN
+        IF NOT cm_caller_writes(ws) THEN
+            RAISE EXCEPTION 'may not index the vectors of workspace %', ws USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        IF to_regclass(quote_ident(cm_vector_partition_name(ws))) IS NULL
+           OR to_regclass(quote_ident(cm_vector_index_name(ws, g, d))) IS NOT NULL THEN
+            RETURN false;
+        END IF;
+        EXECUTE format('SELECT count(*) FROM %I WHERE gen = %s AND dims = %s', cm_vector_partition_name(ws), g, d)
+            INTO n;
+        PERFORM set_config('maintenance_work_mem',
+                           least(1048576, greatest(65536, n * (d * 4 + 512) * 13 / 10240))::text || 'kB', true);
+        EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I USING hnsw ((embedding::vector(%s)) vector_cosine_ops)'
+                       ' WITH (m = %s, ef_construction = %s) WHERE gen = %s AND dims = %s',
+                       cm_vector_index_name(ws, g, d), cm_vector_partition_name(ws), d, 16, 64, g, d);
+        RETURN true;
+    END $$;
+""" + _policies_of("cm_vectors") + """
+    DO $$
+    DECLARE a record;
+    BEGIN
+        FOR a IN SELECT c.role_name, bool_or(c.writable) AS writable FROM cm_access AS c
+                 JOIN pg_roles AS r ON r.rolname = c.role_name GROUP BY c.role_name LOOP
+            EXECUTE format('GRANT %s ON cm_vectors TO %I',
+                           CASE WHEN a.writable THEN 'SELECT, INSERT, UPDATE, DELETE' ELSE 'SELECT' END, a.role_name);
+        END LOOP;
+    END $$;
+    SELECT cm_index_vectors(w.workspace, w.live_gen, m.value::integer) FROM cm_workspaces AS w
+        JOIN cm_meta AS m ON m.workspace = w.workspace AND m.gen = w.live_gen AND m.key = 'vector_dims';
+"""))  # a vector stored is a narrow row's update: on the chunk's
+# row it was a new version of the whole row, taken again by every index of it (the keyword index's GIN the dearest)
 
 
 def migrate(conn: psycopg.Connection) -> None:

@@ -7,8 +7,9 @@ rebuild fills and `switch_to` makes live. A reader takes each workspace's live g
 
 Keyword ranking is FTS5's BM25, computed here from the terms `terms.chunk_terms` keeps per chunk
 and each workspace's term statistics (`cm_terms`, `cm_stats`), kept in step in the same
-transaction as the chunks. Vectors are pgvector columns of the chunks, ranked by exact cosine
-distance; every vector made also goes to the fleet-wide embedding cache.
+transaction as the chunks. Vectors are pgvector rows of their own (`cm_vectors`, one a chunk, made
+with it by a trigger and filled when its vector comes), ranked by exact cosine distance; every
+vector made also goes to the fleet-wide embedding cache.
 """
 
 from __future__ import annotations
@@ -248,11 +249,11 @@ class _Connection:
         self.raw.close()
 
 
-_CHUNK_COLUMNS = "seq, workspace, gen, id, path, source, start_line, end_line, hash, model, text, date, updated_at," \
+_CHUNK_COLUMNS = "seq, workspace, gen, id, path, source, start_line, end_line, hash, text, date, updated_at," \
     " terms, counts, length"
 _COPY_CHUNKS = f"COPY cm_chunks({_CHUNK_COLUMNS}) FROM STDIN"
 _STAGE_CHUNKS = ("CREATE TEMP TABLE IF NOT EXISTS cm_chunks_staged(seq bigint, workspace text, gen bigint, id text,"
-                 " path text, source text, start_line integer, end_line integer, hash text, model text, text text,"
+                 " path text, source text, start_line integer, end_line integer, hash text, text text,"
                  " date text, updated_at double precision, terms text[], counts integer[], length integer)")
 _COPY_STAGED = f"COPY cm_chunks_staged({_CHUNK_COLUMNS}) FROM STDIN"
 _UNSTAGE_CHUNKS = (f"WITH moved AS (DELETE FROM cm_chunks_staged RETURNING *)"
@@ -262,7 +263,7 @@ _UPSERT_FILES = (
     " %s::bigint[], %s::bigint[], %s::text[], %s::float8[]) ON CONFLICT(workspace, gen, path) DO UPDATE"
     " SET source = excluded.source, hash = excluded.hash, mtime = excluded.mtime, size = excluded.size,"
     " state = excluded.state, indexed_at = excluded.indexed_at")
-_GENERATION_TABLES = ("cm_meta", "cm_files", "cm_chunks", "cm_terms", "cm_stats")  # rows of one generation
+_GENERATION_TABLES = ("cm_meta", "cm_files", "cm_chunks", "cm_vectors", "cm_terms", "cm_stats")  # rows of one generation
 _SEQ_BLOCKS = (256, 8192)  # chunk numbers taken from the sequence in one round trip: first, and at most
 # A rebuild writes in bulk: its GIN insertions are merged into the index in bigger batches, with more memory.
 _BULK_SESSION = "SET gin_pending_list_limit = '16MB'; SET work_mem = '32MB'"
@@ -463,7 +464,8 @@ class PgStore:
 
     def _add_partition(self) -> None:
         """This workspace's partition of the chunks (see clawmem_index.pg.schema), made if missing."""
-        found = self.conn.execute("SELECT to_regclass(cm_partition_name(%s)) IS NOT NULL", (self.workspace,)).fetchone()
+        found = self.conn.execute("SELECT to_regclass(cm_vector_partition_name(%s)) IS NOT NULL",
+                                  (self.workspace,)).fetchone()
         if found and found[0]:
             return
         try:
@@ -608,7 +610,7 @@ class PgStore:
         with self._atomic():
             self.conn.hold_chunk("\t".join((
                 str(seq), _copy_text(self.workspace), str(self.gen), _copy_text(pg_text(id)), _copy_text(pg_text(path)),
-                _copy_text(source), str(start_line), str(end_line), _copy_text(hash), _copy_text(model),
+                _copy_text(source), str(start_line), str(end_line), _copy_text(hash),
                 _copy_text(pg_text(text)), "\\N" if date is None else _copy_text(date), repr(time.time()),
                 _copy_array(terms.terms), _copy_array(terms.counts), str(terms.length))) + "\n")
             self._term_deltas.update(terms.terms)
@@ -658,6 +660,8 @@ class PgStore:
                 (list(seqs), self.workspace, self.gen)).fetchall()
             if not gone:
                 return
+            self.conn.execute("DELETE FROM cm_vectors WHERE seq = ANY(%s) AND workspace = %s",
+                              (list(seqs), self.workspace))
             self._term_deltas.subtract(term for terms, _ in gone for term in terms)
             self._size_deltas[0] -= len(gone)
             self._size_deltas[1] -= sum(int(length) for _, length in gone)
@@ -685,7 +689,7 @@ class PgStore:
         return int(row[0]), int(row[1])
 
     def pending_embeddings(self) -> int:
-        row = self.conn.execute("SELECT count(*) FROM cm_chunks WHERE workspace = %s AND gen = %s AND NOT embedded",
+        row = self.conn.execute("SELECT count(*) FROM cm_vectors WHERE workspace = %s AND gen = %s AND NOT embedded",
                                 (self.workspace, self.gen)).fetchone()
         return int(row[0]) if row else 0
 
@@ -839,9 +843,10 @@ class PgStore:
             args[f"w{n}"] = workspace
             arms.append(
                 "(SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text,"
-                f" c.embedding::vector({dims}) <=> %(q)b::vector({dims}) AS d, c.date, c.workspace"
-                f" FROM cm_chunks AS c WHERE c.workspace = %(w{n})s AND c.gen = {int(gen)} AND c.dims = {dims}"
-                f" AND {condition} ORDER BY d LIMIT %(limit)s)")
+                f" v.embedding::vector({dims}) <=> %(q)b::vector({dims}) AS d, c.date, c.workspace"
+                " FROM cm_vectors AS v JOIN cm_chunks AS c ON c.workspace = v.workspace AND c.seq = v.seq"
+                f" WHERE v.workspace = %(w{n})s AND v.gen = {int(gen)} AND v.dims = {dims}"
+                f" AND c.workspace = %(w{n})s AND {condition} ORDER BY d LIMIT %(limit)s)")
         rows = self.conn.execute(
             f"SELECT * FROM ({' UNION ALL '.join(arms)}) AS near ORDER BY d, seq LIMIT %(limit)s",
             {**args, "q": PgVector(query_blob), "limit": limit}).fetchall()
@@ -861,10 +866,10 @@ class PgStore:
     def vector_distances_of(self, query_blob: bytes, seqs: Sequence[int]) -> dict[int, float]:
         if not seqs:
             return {}
-        scope, args = self._scope_sql("c")
+        scope, args = self._scope_sql("v")
         return {int(seq): float(d) for seq, d in self.conn.execute(
-            f"SELECT c.seq, c.embedding <=> %(q)b::vector FROM cm_chunks AS c WHERE c.seq = ANY(%(seqs)s) AND {scope}"
-            " AND c.embedding IS NOT NULL AND c.dims = %(dims)s",
+            f"SELECT v.seq, v.embedding <=> %(q)b::vector FROM cm_vectors AS v WHERE v.seq = ANY(%(seqs)s) AND {scope}"
+            " AND v.embedding IS NOT NULL AND v.dims = %(dims)s",
             {**args, "q": PgVector(query_blob), "seqs": list(seqs), "dims": len(query_blob) // 4})}
 
     def vec_table_exists(self) -> bool:
@@ -926,7 +931,7 @@ class PgStore:
     # -- vectors of chunks ----------------------------------------------------------------------
 
     def store_vector(self, seq: int, blob: bytes | None, model: str) -> None:
-        self._write("UPDATE cm_chunks SET embedded = true, model = %s, dims = %s, embedding = %b::vector"
+        self._write("UPDATE cm_vectors SET embedded = true, model = %s, dims = %s, embedding = %b::vector"
                     " WHERE seq = %s AND workspace = %s",
                     (model, *_vector_args(blob), seq, self.workspace))
 
@@ -945,21 +950,22 @@ class PgStore:
                 column.append(value)
         with self.transaction():
             given = {int(row[0]) for row in self.conn.execute(
-                "UPDATE cm_chunks AS c SET embedded = true, model = %b, dims = v.dims, embedding = v.embedding"
-                " FROM unnest(%b::bigint[], %b::text[], %b::integer[], %b::vector[]) AS v(seq, hash, dims, embedding)"
-                " WHERE c.workspace = %b AND c.seq = v.seq AND c.hash = v.hash AND NOT c.embedded RETURNING c.seq",
+                "UPDATE cm_vectors AS v SET embedded = true, model = %b, dims = u.dims, embedding = u.embedding"
+                " FROM unnest(%b::bigint[], %b::text[], %b::integer[], %b::vector[]) AS u(seq, hash, dims, embedding)"
+                " WHERE v.workspace = %b AND v.seq = u.seq AND v.hash = u.hash AND NOT v.embedded RETURNING v.seq",
                 (model, *columns, self.workspace), binary=True)}
         return [(seq, blob) for seq, _, blob in items if seq in given]  # type: ignore[misc]
 
     def pending_chunks(self, limit: int, after: int = 0) -> list[tuple[int, str, str]]:
         return [(int(r[0]), str(r[1]), str(r[2])) for r in self.conn.execute(
-            "SELECT seq, hash, text FROM cm_chunks WHERE workspace = %s AND gen = %s AND NOT embedded AND seq > %s"
-            " ORDER BY seq LIMIT %s", (self.workspace, self.gen, after, limit))]
+            "SELECT v.seq, v.hash, c.text FROM cm_vectors AS v JOIN cm_chunks AS c ON c.workspace = v.workspace"
+            " AND c.seq = v.seq WHERE v.workspace = %s AND v.gen = %s AND NOT v.embedded AND v.seq > %s"
+            " AND c.workspace = %s ORDER BY v.seq LIMIT %s", (self.workspace, self.gen, after, self.workspace, limit))]
 
     def reset_vectors(self) -> int:
         """Forget this generation's vectors (a new model's go in their place; the cache keeps the old ones)."""
         with self._atomic():
-            cur = self.conn.execute("UPDATE cm_chunks SET embedded = false, model = '', dims = NULL, embedding = NULL"
+            cur = self.conn.execute("UPDATE cm_vectors SET embedded = false, model = '', dims = NULL, embedding = NULL"
                                     " WHERE workspace = %s AND gen = %s", (self.workspace, self.gen))
             self.delete_meta("vector_dims")
         self._vector_dims.clear()
@@ -1014,9 +1020,11 @@ class PgStore:
     def uncached_pending(self, provider: str, model: str, key: str, *,
                          exclude: Collection[str] = ()) -> dict[str, str]:
         rows = self.conn.execute(
-            "SELECT c.hash, c.text FROM cm_chunks AS c WHERE c.workspace = %s AND c.gen = %s AND NOT c.embedded"
+            "SELECT c.hash, c.text FROM cm_vectors AS v JOIN cm_chunks AS c ON c.workspace = v.workspace"
+            " AND c.seq = v.seq WHERE v.workspace = %s AND v.gen = %s AND NOT v.embedded AND c.workspace = %s"
             " AND NOT EXISTS (SELECT 1 FROM cm_embedding_cache AS e WHERE e.provider = %s AND e.model = %s"
-            " AND e.provider_key = %s AND e.hash = c.hash)", (self.workspace, self.gen, provider, model, key))
+            " AND e.provider_key = %s AND e.hash = c.hash)", (self.workspace, self.gen, self.workspace, provider, model,
+                                                              key))
         return {str(h): str(text) for h, text in rows if h not in exclude}
 
     # -- batch jobs ---------------------------------------------------------------------------
