@@ -214,18 +214,40 @@ def sock_dir() -> Iterator[Path]:
 def test_a_daemon_serves_the_shared_index(workspace: Path, write, tmp_path: Path, pg_url: str,
                                           sock_dir: Path) -> None:
     write("memory/a.md", "the ferry leaves at nine\n")
-    if True:
-        settings = daemon_settings(workspace, tmp_path, sock_dir, index_backend="postgres", index_url=pg_url)
-        with running_daemon(settings), RawClient(settings.socket_path) as client:
-            def found() -> list[str]:
-                reply = client.call("search", {"query": "ferry", "mode": "bm25"})
-                return [r["path"] for r in reply["result"]["results"]]
+    settings = daemon_settings(workspace, tmp_path, sock_dir, index_backend="postgres", index_url=pg_url)
+    with running_daemon(settings), RawClient(settings.socket_path) as client:
+        def found() -> list[str]:
+            reply = client.call("search", {"query": "ferry", "mode": "bm25"})
+            return [r["path"] for r in reply["result"]["results"]]
 
-            wait_until(lambda: found() == ["memory/a.md"], message="the first build")
-            write("memory/b.md", "a ferry again\n")
-            wait_until(lambda: sorted(found()) == ["memory/a.md", "memory/b.md"], message="the edit searchable")
-            status = client.call("status")["result"]
-            assert status["index_backend"] == "postgres" and "password" not in json.dumps(status)
+        wait_until(lambda: found() == ["memory/a.md"], message="the first build")
+        write("memory/b.md", "a ferry again\n")
+        wait_until(lambda: sorted(found()) == ["memory/a.md", "memory/b.md"], message="the edit searchable")
+        status = client.call("status")["result"]
+        assert status["index_backend"] == "postgres" and "password" not in json.dumps(status)
+
+
+def test_a_daemon_whose_workspace_another_folder_writes_says_so_and_writes_nothing(tmp_path: Path, pg_url: str,
+                                                                                    sock_dir: Path) -> None:
+    first, second = tmp_path / "host-a" / "ops", tmp_path / "host-b" / "ops"  # one name: "ops"
+    for ws, word in ((first, "lighthouse"), (second, "harbour")):
+        (ws / "memory").mkdir(parents=True)
+        (ws / "memory" / f"{word}.md").write_text(f"{word} keeper notes\n")
+    MemoryIndex(settings_for(first, {"index_backend": "postgres", "index_url": pg_url})).sync()
+    settings = daemon_settings(second, tmp_path, sock_dir, index_backend="postgres", index_url=pg_url)
+    with running_daemon(settings), RawClient(settings.socket_path) as client:
+        status = wait_until(lambda: (s := client.call("status")["result"]) and "written by another folder" in
+                            str(s["last_error"]) and s, message="the refusal in status")
+        assert status["fresh"] is False and "take-over" in status["last_error"]
+        answer = client.call("search", {"query": "keeper", "mode": "bm25"})["result"]  # still answering
+        assert answer["index"]["pending_files"] > 0  # from an index that does not hold this folder's files: said
+        assert client.call("search", {"query": "harbour", "mode": "bm25"})["result"]["results"] == []
+    probe = MemoryIndex(settings_for(first, {"index_backend": "postgres", "index_url": pg_url}), read_only=True)
+    try:
+        assert [r["path"] for r in probe.search(SearchRequest("keeper", mode="bm25"))["results"]] == \
+            ["memory/lighthouse.md"]  # the first folder's rows are untouched
+    finally:
+        probe.close()
 
 
 def test_the_cli_indexes_into_postgres_from_the_environment(workspace: Path, write, pg_url: str) -> None:
