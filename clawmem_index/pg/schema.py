@@ -294,7 +294,7 @@ MIGRATIONS.append(("0007_vectors_apart_from_chunks", """
                            least(1048576, greatest(65536, n * (d * 4 + 512) * 13 / 10240))::text || 'kB', true);
         EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I USING hnsw ((embedding::vector(%s)) vector_cosine_ops)'
                        ' WITH (m = %s, ef_construction = %s) WHERE gen = %s AND dims = %s',
-                       cm_vector_index_name(ws, g, d), cm_vector_partition_name(ws), d, 16, 64, g, d);
+                       cm_vector_index_name(ws, g, d), cm_vector_partition_name(ws), d, 12, 48, g, d);
         RETURN true;
     END $$;
 """ + _policies_of("cm_vectors") + """
@@ -309,8 +309,10 @@ MIGRATIONS.append(("0007_vectors_apart_from_chunks", """
     END $$;
     SELECT cm_index_vectors(w.workspace, w.live_gen, m.value::integer) FROM cm_workspaces AS w
         JOIN cm_meta AS m ON m.workspace = w.workspace AND m.gen = w.live_gen AND m.key = 'vector_dims';
-"""))  # a vector stored is a narrow row's update: on the chunk's
-# row it was a new version of the whole row, taken again by every index of it (the keyword index's GIN the dearest)
+"""))  # a vector stored is a narrow row's update: on the chunk's row it was a new version of the whole row, taken
+# again by every index of it (the keyword index's GIN the dearest). The graph is built with m 12, ef_construction 48
+# (pgvector's defaults: 16, 64): on 44,941 real MiniLM vectors, a third less build time for recall@10 0.987-0.989
+# against 0.994 (ef_search 100, what a search asks at least; docs/benchmarks.md)
 
 
 def migrate(conn: psycopg.Connection) -> None:
