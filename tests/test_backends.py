@@ -250,6 +250,25 @@ def test_a_daemon_whose_workspace_another_folder_writes_says_so_and_writes_nothi
         probe.close()
 
 
+def test_a_rebuild_gives_the_planner_its_workspaces_statistics(workspace: Path, write, pg_url: str) -> None:
+    """Until autovacuum's first round the planner guesses a new partition's size from its pages, and
+    at a few thousand chunks it scanned the whole workspace for a rare word instead of using the
+    keyword index: the rebuild analyzes the partition before its switch."""
+    for n in range(40):
+        write(f"memory/n{n}.md", random_note(random.Random(n), 12))
+    index = MemoryIndex(settings_for(workspace, {"index_backend": "postgres", "index_url": pg_url}))
+    try:
+        index.sync()
+    finally:
+        index.close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        chunks = conn.execute("SELECT count(*) FROM cm_chunks").fetchone()
+        known = conn.execute("SELECT reltuples FROM pg_class WHERE relname = cm_partition_name(%s)",
+                             (workspace.name,)).fetchone()
+    assert chunks is not None and known is not None and chunks[0] > 0
+    assert known[0] == chunks[0]  # -1 when never analyzed
+
+
 def test_the_cli_indexes_into_postgres_from_the_environment(workspace: Path, write, pg_url: str) -> None:
     write("memory/a.md", "lighthouse keeper notes\n")
     env = {**os.environ, "CLAWMEM_INDEX_BACKEND": "postgres", "CLAWMEM_INDEX_URL": pg_url,
