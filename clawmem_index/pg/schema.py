@@ -253,7 +253,7 @@ MIGRATIONS.append(("0007_vectors_apart_from_chunks", """
     CREATE TABLE cm_vectors(
         workspace text NOT NULL, gen bigint NOT NULL, seq bigint NOT NULL, hash text NOT NULL,
         embedded boolean NOT NULL DEFAULT false, model text NOT NULL DEFAULT '', dims integer, embedding vector,
-        PRIMARY KEY(workspace, seq)
+        PRIMARY KEY(workspace, gen, seq)
     ) PARTITION BY LIST (workspace);
     CREATE INDEX cm_vectors_pending ON cm_vectors(workspace, gen, seq) WHERE NOT embedded;
     CREATE FUNCTION cm_vector_partition_name(ws text) RETURNS text LANGUAGE sql IMMUTABLE AS $$

@@ -661,8 +661,8 @@ class PgStore:
                 (list(seqs), self.workspace, self.gen)).fetchall()
             if not gone:
                 return
-            self.conn.execute("DELETE FROM cm_vectors WHERE seq = ANY(%s) AND workspace = %s",
-                              (list(seqs), self.workspace))
+            self.conn.execute("DELETE FROM cm_vectors WHERE seq = ANY(%s) AND workspace = %s AND gen = %s",
+                              (list(seqs), self.workspace, self.gen))
             self._term_deltas.subtract(term for terms, _ in gone for term in terms)
             self._size_deltas[0] -= len(gone)
             self._size_deltas[1] -= sum(int(length) for _, length in gone)
@@ -933,8 +933,8 @@ class PgStore:
 
     def store_vector(self, seq: int, blob: bytes | None, model: str) -> None:
         self._write("UPDATE cm_vectors SET embedded = true, model = %s, dims = %s, embedding = %b::vector"
-                    " WHERE seq = %s AND workspace = %s",
-                    (model, *_vector_args(blob), seq, self.workspace))
+                    " WHERE seq = %s AND workspace = %s AND gen = %s",
+                    (model, *_vector_args(blob), seq, self.workspace, self.gen))
 
     def store_vectors(self, items: Sequence[tuple[int, str, bytes | None]], model: str) -> list[tuple[int, bytes]]:
         """Each chunk's vector if it still waits for the text `hash` names (see Store.store_vectors).
@@ -953,8 +953,8 @@ class PgStore:
             given = {int(row[0]) for row in self.conn.execute(
                 "UPDATE cm_vectors AS v SET embedded = true, model = %b, dims = u.dims, embedding = u.embedding"
                 " FROM unnest(%b::bigint[], %b::text[], %b::integer[], %b::vector[]) AS u(seq, hash, dims, embedding)"
-                " WHERE v.workspace = %b AND v.seq = u.seq AND v.hash = u.hash AND NOT v.embedded RETURNING v.seq",
-                (model, *columns, self.workspace), binary=True)}
+                " WHERE v.workspace = %b AND v.gen = %b AND v.seq = u.seq AND v.hash = u.hash AND NOT v.embedded"
+                " RETURNING v.seq", (model, *columns, self.workspace, self.gen), binary=True)}
         return [(seq, blob) for seq, _, blob in items if seq in given]  # type: ignore[misc]
 
     def pending_chunks(self, limit: int, after: int = 0) -> list[tuple[int, str, str]]:
@@ -1109,12 +1109,14 @@ class PgStore:
         """Rows of generations that are not live (a rebuild that died before its switch), and their
         HNSW indexes.
 
-        Rows are looked for first (through the keys, which lead with workspace and generation): every write
-        lock asks, and a commit for nothing would move the version every reader's cache follows.
+        Rows are looked for first, through the keys, which lead with workspace and generation: every write
+        lock asks, and a commit for nothing would move the version every reader's cache follows. Each
+        side of the live generation is its own range: with `gen < g OR gen > g` the planner read every
+        key of the workspace (72 ms an edit in the term statistics alone at 20,000 notes).
         """
         found = self.conn.execute(
-            "SELECT " + " OR ".join(f"EXISTS (SELECT 1 FROM {table} WHERE workspace = %(w)s AND (gen < %(g)s"
-                                    " OR gen > %(g)s))" for table in _GENERATION_TABLES),
+            "SELECT " + " OR ".join(f"EXISTS (SELECT 1 FROM {table} WHERE workspace = %(w)s AND gen {side} %(g)s)"
+                                    for table in _GENERATION_TABLES for side in "<>"),
             {"w": self.workspace, "g": self.gen}).fetchone()
         if found and found[0]:
             with self.transaction():
