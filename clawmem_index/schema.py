@@ -89,13 +89,18 @@ MIGRATIONS: list[tuple[str, str]] = [
 
 
 def migrate(conn: apsw.Connection) -> None:
-    """Apply the migrations this file has not had, each with its record in one transaction."""
+    """Apply the migrations this file has not had, each with its record in one transaction.
+
+    Each is looked for again inside its (write-locked) transaction: another connection, such as a
+    daemon's reader while its writer makes the first index, may have applied it since."""
     conn.execute("CREATE TABLE IF NOT EXISTS migrations(name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
     done = {row[0] for row in conn.execute("SELECT name FROM migrations")}
     for name, sql in MIGRATIONS:
         if name in done:
             continue
         with _transaction(conn):
+            if conn.execute("SELECT 1 FROM migrations WHERE name = ?", (name,)).fetchone():
+                continue
             conn.execute(sql)
             conn.execute("INSERT INTO migrations VALUES(?, ?)", (name, time.time()))
             conn.execute("INSERT OR REPLACE INTO meta VALUES('schema_version', ?)", (str(SCHEMA_VERSION),))

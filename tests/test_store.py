@@ -38,6 +38,37 @@ def test_migrations_run_once(tmp_path: Path) -> None:
     again.close()
 
 
+def test_two_connections_migrating_a_new_index_at_once_both_open_it(tmp_path: Path) -> None:
+    """A daemon's reader may open the file while its writer migrates the new index: each migration is
+    looked for again under the write lock, so the second to get there skips it instead of failing."""
+    import threading
+
+    import apsw
+
+    for attempt in range(120):  # a race: each attempt may or may not interleave
+        path = tmp_path / f"index-{attempt}.sqlite"
+        made = apsw.Connection(str(path))  # the writer's first moment: the file made, in WAL mode, empty
+        made.execute("PRAGMA journal_mode=WAL")
+        made.close()
+        start, errors, opened = threading.Barrier(2), [], []
+
+        def open_it() -> None:
+            start.wait()
+            try:
+                opened.append(Store(path, create=False))
+            except Exception as exc:  # noqa: BLE001 - the failure this test looks for
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_it) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for store in opened:
+            store.close()
+        assert errors == [], errors
+
+
 def test_an_index_from_before_a_migration_gets_it(tmp_path: Path) -> None:
     """An existing index keeps its rows and gains the tables added since (here: batch jobs)."""
     from clawmem_index.store import MIGRATIONS
