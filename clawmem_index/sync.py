@@ -502,7 +502,8 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
                 given_seqs = {seq for seq, _ in given}
                 held = {h for seq, h, _ in item.pending if seq in given_seqs}
                 store.uncache(info.provider, info.model, key, held & item.cached.keys())  # stored once: in the chunk
-                store.cache_embeddings(info.provider, info.model, key, (  # a chunk that changed meanwhile: for later
+                store.cache_embeddings(info.provider, info.model, key, (  # for a chunk that changed meanwhile,
+                    # or every one when the cache is the fleet's (caches_stored_vectors)
                     (h, blob) for h, blob in fresh.items()
                     if blob is not None and (store.caches_stored_vectors or h not in held)))
             if progress:

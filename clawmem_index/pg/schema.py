@@ -192,6 +192,31 @@ MIGRATIONS.append(("0005_workspace_writer", """
     ALTER TABLE cm_workspaces ADD COLUMN writer text, ADD COLUMN writer_host text, ADD COLUMN writer_since double precision;
 """))  # which folder writes each workspace (a hash of machine and folder), so that two cannot both
 
+def _index_vectors_function(create: str, partition: str, graph: str = "") -> str:
+    """`cm_index_vectors(ws, g, d)`: build generation g's HNSW graph of d-dimension vectors in the
+    partition `partition(ws)` names, for any role that may write the workspace (SECURITY DEFINER),
+    with memory for the graph; false when it exists already or there is no partition."""
+    return f"""    {create} cm_index_vectors(ws text, g bigint, d integer) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    DECLARE n bigint;
+    BEGIN
+        IF NOT cm_caller_writes(ws) THEN
+            RAISE EXCEPTION 'may not index the vectors of workspace %', ws USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        IF to_regclass(quote_ident({partition}(ws))) IS NULL
+           OR to_regclass(quote_ident(cm_vector_index_name(ws, g, d))) IS NOT NULL THEN
+            RETURN false;
+        END IF;
+        EXECUTE format('SELECT count(*) FROM %I WHERE gen = %s AND dims = %s', {partition}(ws), g, d) INTO n;
+        PERFORM set_config('maintenance_work_mem',
+                           least(1048576, greatest(65536, n * (d * 4 + 512) * 13 / 10240))::text || 'kB', true);
+        EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I USING hnsw ((embedding::vector(%s)) vector_cosine_ops)'
+                       '{graph} WHERE gen = %s AND dims = %s', cm_vector_index_name(ws, g, d), {partition}(ws), d, g, d);
+        RETURN true;
+    END $$;
+"""
+
+
 MIGRATIONS.append(("0006_vector_indexes_per_generation", _drop_hnsw_indexes_of("cm_chunks") + """
     CREATE FUNCTION cm_vector_index_name(ws text, g bigint, d integer) RETURNS text LANGUAGE sql IMMUTABLE AS $$
         SELECT 'cm_hnsw_' || md5(ws) || '_' || g || '_' || d
@@ -204,25 +229,7 @@ MIGRATIONS.append(("0006_vector_indexes_per_generation", _drop_hnsw_indexes_of("
             OR EXISTS (SELECT 1 FROM cm_access AS a JOIN pg_roles AS r ON r.rolname = a.role_name
                        WHERE a.workspace = ws AND a.writable AND pg_has_role((SELECT name FROM caller), r.oid, 'MEMBER'))
     $$;
-    CREATE FUNCTION cm_index_vectors(ws text, g bigint, d integer) RETURNS boolean
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
-    DECLARE n bigint;
-    BEGIN
-        IF NOT cm_caller_writes(ws) THEN
-            RAISE EXCEPTION 'may not index the vectors of workspace %', ws USING ERRCODE = 'insufficient_privilege';
-        END IF;
-        IF to_regclass(quote_ident(cm_partition_name(ws))) IS NULL
-           OR to_regclass(quote_ident(cm_vector_index_name(ws, g, d))) IS NOT NULL THEN
-            RETURN false;
-        END IF;
-        EXECUTE format('SELECT count(*) FROM %I WHERE gen = %s AND dims = %s', cm_partition_name(ws), g, d) INTO n;
-        PERFORM set_config('maintenance_work_mem',
-                           least(1048576, greatest(65536, n * (d * 4 + 512) * 13 / 10240))::text || 'kB', true);
-        EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I USING hnsw ((embedding::vector(%s)) vector_cosine_ops)'
-                       ' WHERE gen = %s AND dims = %s', cm_vector_index_name(ws, g, d), cm_partition_name(ws), d, g, d);
-        RETURN true;
-    END $$;
-    CREATE FUNCTION cm_drop_vector_indexes(ws text) RETURNS integer
+""" + _index_vectors_function("CREATE FUNCTION", "cm_partition_name") + """    CREATE FUNCTION cm_drop_vector_indexes(ws text) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
     DECLARE live bigint; live_dims text; name text; dropped integer := 0;
     BEGIN
@@ -277,27 +284,8 @@ MIGRATIONS.append(("0007_vectors_apart_from_chunks", """
     END $$;
     CREATE TRIGGER cm_chunks_added AFTER INSERT ON cm_chunks REFERENCING NEW TABLE AS added
         FOR EACH STATEMENT EXECUTE FUNCTION cm_chunks_added();
-    CREATE OR REPLACE FUNCTION cm_index_vectors(ws text, g bigint, d integer) RETURNS boolean
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
-    DECLARE n bigint;
-    BEGIN
-        IF NOT cm_caller_writes(ws) THEN
-            RAISE EXCEPTION 'may not index the vectors of workspace %', ws USING ERRCODE = 'insufficient_privilege';
-        END IF;
-        IF to_regclass(quote_ident(cm_vector_partition_name(ws))) IS NULL
-           OR to_regclass(quote_ident(cm_vector_index_name(ws, g, d))) IS NOT NULL THEN
-            RETURN false;
-        END IF;
-        EXECUTE format('SELECT count(*) FROM %I WHERE gen = %s AND dims = %s', cm_vector_partition_name(ws), g, d)
-            INTO n;
-        PERFORM set_config('maintenance_work_mem',
-                           least(1048576, greatest(65536, n * (d * 4 + 512) * 13 / 10240))::text || 'kB', true);
-        EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I USING hnsw ((embedding::vector(%s)) vector_cosine_ops)'
-                       ' WITH (m = %s, ef_construction = %s) WHERE gen = %s AND dims = %s',
-                       cm_vector_index_name(ws, g, d), cm_vector_partition_name(ws), d, 12, 48, g, d);
-        RETURN true;
-    END $$;
-""" + _policies_of("cm_vectors") + """
+""" + _index_vectors_function("CREATE OR REPLACE FUNCTION", "cm_vector_partition_name",
+                          " WITH (m = 12, ef_construction = 48)") + _policies_of("cm_vectors") + """
     DO $$
     DECLARE a record;
     BEGIN

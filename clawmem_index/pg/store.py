@@ -409,7 +409,7 @@ class PgStore:
     vec_error = ""
     terms_of = staticmethod(chunk_terms_of)
     # The cache is the fleet's: another workspace holding the same text, or this one switching back
-    # to a model it had, finds every vector made there (the chunks keep their own copy to search).
+    # to a model it had, finds every vector made there (`cm_vectors` keeps its own copy to search).
     caches_stored_vectors = True
 
     def __init__(self, url: str, workspace: str, *, read_only: bool = False, new_generation: bool = False,
