@@ -1,13 +1,14 @@
 """pgvector HNSW graph parameters on real vectors: build time and recall@10 against the exact order.
 
-    python bench/bench_hnsw.py [--params 16:64,16:32,12:48,12:32,8:32] [--ef 100,48] [--work DIR] [--model PATH.gguf]
+    python bench/bench_hnsw.py [--params 16:64,16:32,12:48,12:32,8:32] [--ef 100,48] [--k 10] [--work DIR]
+                               [--model PATH.gguf]
 
 The vectors are every sentence (6+ words) of the SciFact abstracts (~45k) and the 300 SciFact test
 queries, embedded with the shared MiniLM model (~8 minutes on 2 cores the first time, cached under
 --work; bench_vectors.py makes and reads the same cache). Each graph is built on the bundled
 PostgreSQL the tests use (`maintenance_work_mem` 1 GB, its default parallel workers), then every
 query is searched at each `hnsw.ef_search` in --ef (clawmem asks at least 100) and compared with
-the exact top 10 (numpy). Chose the shared index's graph parameters (clawmem_index/pg/schema.py).
+the exact top k (numpy; 10 unless --k), with the median time a search took (one client, the server warm). Chose the shared index's graph parameters (clawmem_index/pg/schema.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", default="16:64,16:32,12:48,12:32,8:32", help="m:ef_construction, comma-separated")
     parser.add_argument("--ef", default="100,48", help="hnsw.ef_search values to search with")
+    parser.add_argument("--k", type=int, default=10, help="how many nearest each search asks for")
     parser.add_argument("--work", default="/tmp/clawmem-bench-vectors")
     parser.add_argument("--model", default=str(SHARED / "models/all-MiniLM-L6-v2-q8_0.gguf"))
     args = parser.parse_args()
@@ -42,7 +44,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     data = sentence_vectors(work, args.model)
     queries, _, kind = query_set(work, args.model, data, 300)
-    exact = [set(np.argsort(-(data @ q), kind="stable")[:10].tolist()) for q in queries]
+    k = args.k
+    exact = [set(np.argsort(-(data @ q), kind="stable")[:k].tolist()) for q in queries]
     print(f"{len(data)} vectors ({data.shape[1]}-d), {len(queries)} queries ({kind})", flush=True)
     server = pg_server.start(shared_buffers="128MB")
     try:
@@ -54,7 +57,7 @@ def main() -> None:
                     copy.write_row((i, literal(row)))
             conn.execute("VACUUM ANALYZE v")
             conn.execute("SET maintenance_work_mem = '1GB'")
-            print("| m | ef_construction | build | " + " | ".join(f"recall@10, ef_search {ef}" for ef in
+            print("| m | ef_construction | build | " + " | ".join(f"recall@{k}, p50, ef_search {ef}" for ef in
                                                                    args.ef.split(",")) + " |", flush=True)
             for pair in args.params.split(","):
                 m, ef_construction = (int(x) for x in pair.split(":"))
@@ -66,10 +69,13 @@ def main() -> None:
                 recalls = []
                 for ef in args.ef.split(","):
                     conn.execute(f"SET hnsw.ef_search = {int(ef)}")
-                    found = sum(len(want & {r[0] for r in conn.execute(
-                        "SELECT id FROM v ORDER BY e <=> %s::vector LIMIT 10", (literal(q),))})
-                        for q, want in zip(queries, exact, strict=True))
-                    recalls.append(f"{found / (10 * len(queries)):.3f}")
+                    found, took = 0, []
+                    for q, want in zip(queries, exact, strict=True):
+                        started = time.perf_counter()
+                        rows = conn.execute("SELECT id FROM v ORDER BY e <=> %s::vector LIMIT %s", (literal(q), k)).fetchall()
+                        took.append(time.perf_counter() - started)
+                        found += len(want & {r[0] for r in rows})
+                    recalls.append(f"{found / (k * len(queries)):.3f}, {1000 * float(np.median(took)):.1f} ms")
                 print(f"| {m} | {ef_construction} | {build:.1f} s | " + " | ".join(recalls) + " |", flush=True)
     finally:
         server.close()

@@ -119,3 +119,42 @@ def test_a_role_granted_before_vectors_had_their_own_table_keeps_its_rights_to_t
         assert [h.seq for h in writer.vector_search(b"\x00\x00\x80?\x00\x00\x00\x00", 1)] == [seq]
     finally:
         writer.close()
+
+
+def _graph_options(conn: psycopg.Connection, workspace: str, gen: int, dims: int) -> list[str] | None:
+    row = conn.execute("SELECT c.reloptions FROM pg_class AS c WHERE c.oid = to_regclass(cm_vector_index_name(%s, %s, %s))",
+                       (workspace, gen, dims)).fetchone()
+    return None if row is None else sorted(row[0])
+
+
+def test_graphs_built_after_the_lean_graph_migration_are_lean_and_older_ones_are_kept(empty_url: str) -> None:
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+        _as_of(conn, "0007_vectors_apart_from_chunks")
+        conn.execute("SELECT cm_add_partition('alpha')")
+        conn.execute("INSERT INTO cm_workspaces(workspace, created_at) VALUES('alpha', 0)")
+        conn.execute("INSERT INTO cm_chunks(workspace, gen, id, path, start_line, end_line, hash, text, updated_at,"
+                     " terms, counts, length) VALUES('alpha', 0, 'c', 'MEMORY.md', 1, 1, 'h', 'alpha', 0, '{alpha}',"
+                     " '{1}', 1), ('alpha', 1, 'c', 'MEMORY.md', 1, 1, 'h', 'alpha', 0, '{alpha}', '{1}', 1)")
+        conn.execute("UPDATE cm_vectors SET embedded = true, model = 'm', dims = 2, embedding = '[1,0]'")
+        assert conn.execute("SELECT cm_index_vectors('alpha', 0, 2)").fetchone() == (True,)
+        migrate(conn)
+        assert _graph_options(conn, "alpha", 0, 2) == ["ef_construction=48", "m=12"], "a graph built is kept"
+        assert conn.execute("SELECT cm_index_vectors('alpha', 1, 2)").fetchone() == (True,)
+        assert _graph_options(conn, "alpha", 1, 2) == ["ef_construction=32", "m=8"]
+
+
+def test_a_search_through_a_lean_graph_keeps_a_wide_candidate_list(pg_url: str) -> None:
+    store = PgStore(pg_url, "alpha")
+    try:
+        with store.transaction():
+            seq = store.insert_chunk(id="c", path="MEMORY.md", source="memory", start_line=1, end_line=1, hash="h",
+                                     text="alpha", fts_text="alpha")
+        store.store_vectors([(seq, "h", b"\x00\x00\x80?\x00\x00\x00\x00")], "m")
+        store.index_vectors()
+        store.data_version()
+        for wanted, ef in ((6, "300"), (100, "400"), (5000, "1000")):
+            assert [h.seq for h in store.vector_search(b"\x00\x00\x80?\x00\x00\x00\x00", 6, candidates_for=wanted)] \
+                == [seq]
+            assert store.execute("SHOW hnsw.ef_search") == [(ef,)]
+    finally:
+        store.close()
