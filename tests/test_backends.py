@@ -415,6 +415,35 @@ def test_a_text_is_embedded_once_for_the_fleet(tmp_path: Path, pg_url: str, pg_r
         beta.close()
 
 
+def test_the_fleets_cache_gives_a_role_no_vector_of_a_text_it_does_not_hold(tmp_path: Path, pg_url: str, pg_role) -> None:  # type: ignore[no-untyped-def]
+    """A vector gives much of its text back: no workspace role may list the shared cache, a writer looks
+    up only the hashes of texts it has (what sharing the cache needs), a reader not even that."""
+    from clawmem_index.embeddings.fake import FakeProvider
+
+    (tmp_path / "alpha" / "memory").mkdir(parents=True)
+    (tmp_path / "alpha" / "memory" / "secret.md").write_text("# Alpha\nthe alpha launch code is 7741\n")
+    MemoryIndex(settings_for(tmp_path / "alpha", {"index_backend": "postgres", "index_url": pg_url}),
+                provider=FakeProvider()).sync()
+    (reader, reader_url), (writer, writer_url) = pg_role("reader"), pg_role("writer")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        grant_workspace(conn, reader, "alpha")
+        grant_workspace(conn, writer, "beta", writable=True)
+        cached = conn.execute("SELECT provider, model, provider_key, hash FROM cm_embedding_cache").fetchall()
+    assert cached
+    provider, model, key, text_hash = cached[0]
+    for url in (reader_url, writer_url):
+        with psycopg.connect(url, autocommit=True) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT embedding FROM cm_embedding_cache")
+    with psycopg.connect(reader_url, autocommit=True) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("SELECT * FROM cm_cached(%s, %s, %s, %s, NULL)", (provider, model, key, [text_hash]))
+    with psycopg.connect(writer_url, autocommit=True) as conn:
+        found = conn.execute("SELECT hash FROM cm_cached(%s, %s, %s, %s, NULL)",
+                             (provider, model, key, [text_hash, "0" * 16])).fetchall()
+        assert found == [(text_hash,)]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE cm_embedding_cache SET embedding = '\\x00000000'")
+
+
 def test_context_across_workspaces_reads_the_others_lines_from_the_index(tmp_path: Path, pg_url: str) -> None:
     """Another workspace's lines are its chunks' text (its files are on its own host), labelled with its name."""
     shared = {"index_backend": "postgres", "index_url": pg_url}

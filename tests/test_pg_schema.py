@@ -158,3 +158,23 @@ def test_a_search_through_a_lean_graph_keeps_a_wide_candidate_list(pg_url: str) 
             assert store.execute("SHOW hnsw.ef_search") == [(ef,)]
     finally:
         store.close()
+
+
+def test_a_role_granted_the_cache_before_it_was_read_by_text_only_loses_the_table_and_keeps_the_lookups(
+        empty_url: str, pg_role) -> None:  # type: ignore[no-untyped-def]
+    role, _ = pg_role("writer")
+    url = empty_url.replace("postgresql://postgres@", f"postgresql://{role}@")
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+        _as_of(conn, "0008_leaner_vector_graphs")
+        conn.execute("INSERT INTO cm_access VALUES(%s, 'alpha', true)", (role,))  # as grant_workspace did then
+        conn.execute("SELECT cm_add_partition('alpha')")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON cm_embedding_cache TO {role}")
+        conn.execute("INSERT INTO cm_embedding_cache VALUES('p', 'm', 'k', 'other', '\\x0000803f', 1, 0)")
+        migrate(conn)
+    with psycopg.connect(url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT hash FROM cm_embedding_cache")
+        conn.execute("SELECT cm_cache('p', 'm', 'k', ARRAY['mine'], ARRAY['\\x00000040'::bytea], 1)")
+        assert conn.execute("SELECT hash, embedding FROM cm_cached('p', 'm', 'k', ARRAY['mine', 'other'], NULL)"
+                            " ORDER BY hash").fetchall() == [("mine", b"\x00\x00\x00@"), ("other", b"\x00\x00\x80?")]
+        assert conn.execute("SELECT cm_uncached('p', 'm', 'k', ARRAY['mine', 'new', 'new'])").fetchall() == [("new",)]

@@ -269,3 +269,14 @@ def test_a_writer_role_gets_its_index_built_and_no_role_builds_or_drops_anothers
     with psycopg.connect(reader_url, autocommit=True) as conn:
         assert conn.execute("SELECT cm_index_vectors('alpha', 5, 3)").fetchone() == (True,), \
             "a member of a writer role writes as it"
+
+
+def test_the_texts_a_batch_job_would_embed_are_the_pending_ones_the_fleets_cache_lacks(store: PgStore) -> None:
+    with store.transaction():
+        for n, text in enumerate(("cached text", "new text", "excluded text")):
+            _add(store, "memory/a.md", text, n)
+    store.cache_embeddings("p", "m", "k", [("h-memory/a.md-0", b"\x00\x00\x80?")])
+    assert store.uncached_pending("p", "m", "k", exclude={"h-memory/a.md-2"}) == {"h-memory/a.md-1": "new text"}
+    assert store.cached_embeddings("p", "m", "k", ["h-memory/a.md-0", "h-memory/a.md-1"]) == \
+        {"h-memory/a.md-0": b"\x00\x00\x80?"}
+    assert set(store.uncached_pending("q", "m", "k")) == {f"h-memory/a.md-{n}" for n in range(3)}, "another model's"

@@ -308,6 +308,63 @@ MIGRATIONS.append(("0008_leaner_vector_graphs", _index_vectors_function(
 # ~0.55 of m 12 / 48's, and a search asking ef_search 300 (pg/store.py) finds what m 12 did at 100 or better (recall@10
 # 0.987 vs 0.988, recall@50 0.975 vs 0.962) for ~0.7 ms more. A graph already built keeps its parameters.
 
+MIGRATIONS.append(("0009_cache_read_by_text_only", """
+    CREATE FUNCTION cm_caller_writes_any() RETURNS boolean LANGUAGE sql STABLE AS $$
+        WITH caller AS (SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
+                                    ELSE current_setting('role') END AS name)
+        SELECT pg_has_role((SELECT name FROM caller), (SELECT relowner FROM pg_class
+                                                       WHERE oid = 'cm_chunks'::regclass), 'MEMBER')
+            OR EXISTS (SELECT 1 FROM cm_access AS a JOIN pg_roles AS r ON r.rolname = a.role_name
+                       WHERE a.writable AND pg_has_role((SELECT name FROM caller), r.oid, 'MEMBER'))
+    $$;
+    CREATE FUNCTION cm_cached(p text, m text, k text, hashes text[], touched double precision)
+    RETURNS TABLE(hash text, embedding bytea) LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    BEGIN
+        IF NOT cm_caller_writes_any() THEN
+            RAISE EXCEPTION 'may not read the embedding cache' USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        IF touched IS NULL THEN
+            RETURN QUERY SELECT e.hash, e.embedding FROM cm_embedding_cache AS e
+                WHERE e.provider = p AND e.model = m AND e.provider_key = k AND e.hash = ANY(hashes);
+        ELSE
+            RETURN QUERY UPDATE cm_embedding_cache AS e SET updated_at = touched
+                WHERE e.provider = p AND e.model = m AND e.provider_key = k AND e.hash = ANY(hashes)
+                RETURNING e.hash, e.embedding;
+        END IF;
+    END $$;
+    CREATE FUNCTION cm_uncached(p text, m text, k text, hashes text[]) RETURNS SETOF text
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    BEGIN
+        IF NOT cm_caller_writes_any() THEN
+            RAISE EXCEPTION 'may not read the embedding cache' USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        RETURN QUERY SELECT DISTINCT h.hash FROM unnest(hashes) AS h(hash) WHERE NOT EXISTS (
+            SELECT 1 FROM cm_embedding_cache AS e WHERE e.provider = p AND e.model = m AND e.provider_key = k
+            AND e.hash = h.hash);
+    END $$;
+    CREATE FUNCTION cm_cache(p text, m text, k text, hashes text[], embeddings bytea[], at double precision)
+    RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    BEGIN
+        IF NOT cm_caller_writes_any() THEN
+            RAISE EXCEPTION 'may not add to the embedding cache' USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        INSERT INTO cm_embedding_cache SELECT p, m, k, v.hash, v.embedding, length(v.embedding) / 4, at
+            FROM unnest(hashes, embeddings) AS v(hash, embedding) ORDER BY v.hash
+            ON CONFLICT(provider, model, provider_key, hash) DO NOTHING;
+    END $$;
+    REVOKE ALL ON cm_embedding_cache FROM PUBLIC;
+    DO $$
+    DECLARE a record;
+    BEGIN
+        FOR a IN SELECT DISTINCT c.role_name FROM cm_access AS c JOIN pg_roles AS r ON r.rolname = c.role_name LOOP
+            EXECUTE format('REVOKE ALL ON cm_embedding_cache FROM %I', a.role_name);
+        END LOOP;
+    END $$;
+"""))  # the fleet's cache held every workspace's vectors, and a vector gives much of its text back (embedding
+# inversion): a role read them all with a hand-written SELECT. Now only a writer reaches it, through these
+# functions, and only by the hash of a text it holds itself: it learns whether some workspace embedded that same
+# text (what sharing the cache means), never another workspace's vectors it could not make
+
 
 def migrate(conn: psycopg.Connection) -> None:
     """Apply what this database has not had, under an advisory lock (daemons may start together).
@@ -352,7 +409,7 @@ def grant_workspace(conn: psycopg.Connection, role: str, workspace: str, *, writ
         conn.execute("SELECT cm_add_partition(%s)", (workspace,))
         who = sql.Identifier(role)
         rights = sql.SQL("SELECT, INSERT, UPDATE, DELETE" if writable else "SELECT")
-        for table in (*WORKSPACE_TABLES, "cm_embedding_cache"):
+        for table in WORKSPACE_TABLES:  # not the fleet's embedding cache: writers reach it through cm_cached
             conn.execute(sql.SQL("GRANT {} ON {} TO {}").format(rights, sql.Identifier(table), who))
         if writable:
             conn.execute(sql.SQL("GRANT USAGE ON SEQUENCE cm_chunks_seq_seq TO {}").format(who))

@@ -981,21 +981,19 @@ class PgStore:
 
     def cached_embeddings(self, provider: str, model: str, key: str, hashes: Iterable[str], *,
                           touch: bool = True) -> dict[str, bytes]:
+        """Through `cm_cached`: a workspace's role reads the fleet's cache only by the hash of a text it holds."""
         wanted = sorted(set(hashes))
         if not wanted:
             return {}
-        found = {str(h): bytes(blob) for h, blob in self.conn.execute(
-            "SELECT hash, embedding FROM cm_embedding_cache WHERE provider = %s AND model = %s AND provider_key = %s"
-            " AND hash = ANY(%s)", (provider, model, key, wanted))}
-        if touch:
-            self.touch_cached(provider, model, key, found)
-        return found
+        return {str(h): bytes(blob) for h, blob in self.conn.execute(
+            "SELECT hash, embedding FROM cm_cached(%s, %s, %s, %s, %s)",
+            (provider, model, key, wanted, time.time() if touch else None))}
 
     def touch_cached(self, provider: str, model: str, key: str, hashes: Iterable[str]) -> None:
         wanted = sorted(set(hashes))
         if wanted:
-            self.conn.execute("UPDATE cm_embedding_cache SET updated_at = %s WHERE provider = %s AND model = %s"
-                              " AND provider_key = %s AND hash = ANY(%s)", (time.time(), provider, model, key, wanted))
+            self.conn.execute("SELECT count(*) FROM cm_cached(%s, %s, %s, %s, %s)",
+                              (provider, model, key, wanted, time.time()))
 
     def uncache(self, provider: str, model: str, key: str, hashes: Iterable[str]) -> None:
         """Nothing to do: cached vectors stay for the fleet (chunks hold their own copy)."""
@@ -1007,11 +1005,9 @@ class PgStore:
         and another workspace's writer may not replace what every workspace reads."""
         rows = sorted(dict(vectors).items())  # one row a text, in key order (two writers lock alike)
         if rows:
-            self.conn.execute(
-                "INSERT INTO cm_embedding_cache SELECT %b, %b, %b, v.hash, v.embedding, length(v.embedding) / 4, %b"
-                " FROM unnest(%b::text[], %b::bytea[]) AS v(hash, embedding)"
-                " ON CONFLICT(provider, model, provider_key, hash) DO NOTHING",
-                (provider, model, key, time.time(), [h for h, _ in rows], [blob for _, blob in rows]), binary=True)
+            self.conn.execute("SELECT cm_cache(%b, %b, %b, %b::text[], %b::bytea[], %b)",
+                              (provider, model, key, [h for h, _ in rows], [blob for _, blob in rows], time.time()),
+                              binary=True)
 
     def prune_cache(self, max_entries: int) -> int:
         """The shared cache is the fleet's: one workspace's setting does not prune it."""
@@ -1023,11 +1019,11 @@ class PgStore:
     def uncached_pending(self, provider: str, model: str, key: str, *,
                          exclude: Collection[str] = ()) -> dict[str, str]:
         rows = self.conn.execute(
-            "SELECT c.hash, c.text FROM cm_vectors AS v JOIN cm_chunks AS c ON c.workspace = v.workspace"
-            " AND c.seq = v.seq WHERE v.workspace = %s AND v.gen = %s AND NOT v.embedded AND c.workspace = %s"
-            " AND NOT EXISTS (SELECT 1 FROM cm_embedding_cache AS e WHERE e.provider = %s AND e.model = %s"
-            " AND e.provider_key = %s AND e.hash = c.hash)", (self.workspace, self.gen, self.workspace, provider, model,
-                                                              key))
+            "WITH pending AS (SELECT c.hash, c.text FROM cm_vectors AS v JOIN cm_chunks AS c"
+            " ON c.workspace = v.workspace AND c.seq = v.seq WHERE v.workspace = %s AND v.gen = %s AND NOT v.embedded"
+            " AND c.workspace = %s) SELECT p.hash, p.text FROM pending AS p"
+            " WHERE p.hash IN (SELECT cm_uncached(%s, %s, %s, ARRAY(SELECT hash FROM pending)))",
+            (self.workspace, self.gen, self.workspace, provider, model, key))
         return {str(h): str(text) for h, text in rows if h not in exclude}
 
     # -- batch jobs ---------------------------------------------------------------------------
