@@ -309,6 +309,7 @@ class MemoryIndex:
         index (embedding cache included) is most of what a rebuild costs.
         """
         try:
+            store.release_vector_index()  # a graph kept would take each new vector one by one
             with store.transaction():
                 chunks = store.reset_vectors()
                 store.set_meta("fingerprint", fingerprint)

@@ -296,6 +296,9 @@ class Store:
     def index_vectors(self) -> None:
         """After an embedding pass: nothing to build here (sqlite-vec's table and bits are kept per write)."""
 
+    def release_vector_index(self) -> None:
+        """Before every vector is replaced in place: nothing to drop here (no graph is kept)."""
+
     # -- vectors of chunks ----------------------------------------------------------------------
 
     def store_vector(self, seq: int, blob: bytes | None, model: str) -> None:

@@ -257,7 +257,8 @@ def test_a_writer_role_gets_its_index_built_and_no_role_builds_or_drops_anothers
     finally:
         agent.close()
     with psycopg.connect(reader_url, autocommit=True) as conn:
-        for call in ("SELECT cm_index_vectors('alpha', 5, 3)", "SELECT cm_drop_vector_indexes('alpha')"):
+        for call in ("SELECT cm_index_vectors('alpha', 5, 3)", "SELECT cm_drop_vector_indexes('alpha')",
+                     "SELECT cm_drop_generation_vector_indexes('alpha', 0)"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(call)
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -280,3 +281,44 @@ def test_the_texts_a_batch_job_would_embed_are_the_pending_ones_the_fleets_cache
     assert store.cached_embeddings("p", "m", "k", ["h-memory/a.md-0", "h-memory/a.md-1"]) == \
         {"h-memory/a.md-0": b"\x00\x00\x80?"}
     assert set(store.uncached_pending("q", "m", "k")) == {f"h-memory/a.md-{n}" for n in range(3)}, "another model's"
+
+
+def test_an_in_place_model_switch_builds_a_new_graph_whole_instead_of_filling_the_old_one(tmp_path, pg_url: str) -> None:  # type: ignore[no-untyped-def]
+    from clawmem_index.config import load_settings
+    from clawmem_index.embeddings.fake import FakeProvider
+    from clawmem_index.engine import MemoryIndex
+    from clawmem_index.search import SearchRequest
+
+    (tmp_path / "memory").mkdir()
+    for i in range(6):
+        (tmp_path / "memory" / f"n{i}.md").write_text(f"# Note {i}\nthe heron count on pond {i} was {i * 7}\n")
+    settings = load_settings(workspace=tmp_path, overrides={"index_backend": "postgres", "index_url": pg_url})
+
+    def graph(index: MemoryIndex) -> int | None:
+        store = index.reader()
+        dims = store.get_meta("vector_dims")
+        found = store.execute("SELECT to_regclass(cm_vector_index_name(%s, %s, %s))::oid",
+                              (store.workspace, store.gen, int(dims)))
+        return found[0][0] if found else None
+
+    first = MemoryIndex(settings, provider=FakeProvider(dims=8, model="a"))
+    try:
+        first.sync()
+        before = graph(first)
+    finally:
+        first.close()
+    assert before is not None
+    second = MemoryIndex(settings, provider=FakeProvider(dims=8, model="b"))
+    try:
+        report = second.sync()
+        assert report.embedded == 6
+        after = graph(second)
+        assert after is not None and after != before, "the old graph was dropped and a new one built whole"
+        assert second.reader().vector_method() == "pgvector HNSW (cosine), exact distances"
+        store = second.reader()
+        assert store.execute("SELECT DISTINCT model FROM cm_vectors WHERE workspace = %s AND gen = %s",
+                             (store.workspace, store.gen)) == [("b",)]
+        found = second.search(SearchRequest("heron count on pond 3", mode="vector", min_score=0.0))["results"]
+        assert len(found) == 6
+    finally:
+        second.close()

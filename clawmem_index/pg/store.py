@@ -926,6 +926,20 @@ class PgStore:
         if built and built[0] and not self.new_generation and not self.conn.in_transaction:
             self._drop_stale_vector_indexes()  # the graph of a size of vector this generation no longer holds
 
+    def release_vector_index(self) -> None:
+        """Before every vector of this generation is replaced in place (a model switch): drop its graphs.
+
+        Kept, the graph would take each new vector one by one; dropped, searches scan exactly until
+        `index_vectors` builds the new one whole at the end of the fill (status says which). Run
+        outside any transaction: the DROP's exclusive lock on the partition lasts only this statement,
+        not the switch.
+        """
+        if self.conn.in_transaction:
+            return
+        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+            self.conn.execute("SELECT cm_drop_generation_vector_indexes(%s, %s)", (self.workspace, self.gen))
+        self._vectors_indexed = {key for key in self._vectors_indexed if key[0] != self.gen}
+
     def _drop_stale_vector_indexes(self) -> None:
         """The HNSW indexes of generations (or sizes of vector) no longer live: each held its rows' graph."""
         with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
