@@ -590,10 +590,13 @@ class _CountingFS:
 def test_the_polling_fallback_only_walks_memory_roots(workspace: Path, signals: Signals) -> None:
     _folders(workspace / "node_modules")
     fs = _CountingFS()
+    # A folder deleted and made again between two polls of its parent can come back with the same inode
+    # and go unseen by the parent's snapshot; the watcher's periodic check of its roots (30 s by default)
+    # then schedules it. Here that check runs often, so either way the new folder is polled in time.
     watcher = WorkspaceWatcher(workspace, signals, debounce=DEBOUNCE, max_delay=1.0, rescan_interval=0,
                                observer_factory=_ExhaustedObserver,
                                polling_factory=lambda: PollingObserverVFS(fs.lstat, fs.scandir, polling_interval=0.05),
-                               log=RecordingLog())
+                               log=RecordingLog(), health_interval=0.5)
     watcher.start()
     try:
         assert watcher.mode == "polling"
