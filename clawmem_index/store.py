@@ -294,7 +294,9 @@ class Store:
         self.vectors.ensure(dims)
 
     def index_vectors(self) -> None:
-        """After an embedding pass: nothing to build here (sqlite-vec's table and bits are kept per write)."""
+        """After an embedding pass: past CELL_MIN vectors, (re)build the cells searches read (vector_cells)."""
+        with self.transaction():
+            self.vectors.maintain()
 
     def release_vector_index(self) -> None:
         """Before every vector is replaced in place: nothing to drop here (no graph is kept)."""

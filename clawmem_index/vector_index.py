@@ -6,6 +6,9 @@ partitions by seq. An exact scan of 100k 384-d vectors reads ~150 MB per query; 
 the nearest candidates by hamming distance from every partition (vec0's KNN cost grows with N * k,
 so several small-k KNNs beat one large one) and ranks them by exact cosine.
 
+Past CELL_MIN vectors the sign bits move into k-means cells instead (clawmem_index.vector_cells): a
+query reads the cells nearest it, not every vector's bits, so its cost stops growing with the index.
+
 Rows are keyed by the chunk's `seq`; whether a chunk waits for a vector is the chunks table's
 business (the store's), so this module only stores, drops and ranks vectors.
 """
@@ -22,6 +25,7 @@ import apsw
 
 from clawmem_index.filters import ChunkFilter
 from clawmem_index.schema import Meta
+from clawmem_index.vector_cells import VectorCells
 
 __all__ = ["MIN_CANDIDATES", "OVERSAMPLE", "PREFIX_SCAN_ROWS", "VECTOR_PARTITIONS", "VectorHit", "VectorIndex"]
 
@@ -41,6 +45,7 @@ class _VectorLayout:
     readable: bool  # chunks_vec exists and can be read (a schema-1 vec0 table needs sqlite-vec)
     legacy: bool  # chunks_vec is the vec0 float table of schema 1
     bits: bool  # chunks_vec_bits exists
+    cells: bool  # chunks_vec_cells exists: it, not chunks_vec_bits, finds the candidates
     dims: int
     partitions: int
 
@@ -67,18 +72,20 @@ class VectorIndex:
         self._meta = meta
         self.loaded = loaded
         self._layout: tuple[int, _VectorLayout] | None = None
+        self._cells = VectorCells(conn, meta)
 
     def layout(self) -> _VectorLayout:
         """The vector tables this file has, re-read when the schema changes (another connection may add them)."""
         cookie = int(self._conn.execute("PRAGMA schema_version").fetchone()[0])
         if self._layout is None or self._layout[0] != cookie:
             sql = {str(name): str(text) for name, text in self._conn.execute(
-                "SELECT name, sql FROM sqlite_master WHERE name IN ('chunks_vec', 'chunks_vec_bits')")}
+                "SELECT name, sql FROM sqlite_master WHERE name IN ('chunks_vec', 'chunks_vec_bits', 'chunks_vec_cells')")}
             floats = sql.get("chunks_vec")
             legacy = floats is not None and floats.upper().startswith("CREATE VIRTUAL")
             layout = _VectorLayout(
                 readable=floats is not None and (self.loaded or not legacy), legacy=legacy,
                 bits="chunks_vec_bits" in sql,
+                cells="chunks_vec_cells" in sql,
                 dims=int(self._meta.get("vector_dims") or 0),
                 partitions=int(self._meta.get("vector_partitions") or VECTOR_PARTITIONS))
             self._layout = (cookie, layout)
@@ -95,6 +102,8 @@ class VectorIndex:
             return "none"
         if not self.loaded:
             return "in-process cosine (sqlite-vec not loaded)"
+        if layout.cells:
+            return "k-means cells of sign bits, exact cosine rescoring"
         if layout.bits and self._meta.get(_BITS_STALE) is None:
             return "sqlite-vec binary-quantized KNN, exact cosine rescoring"
         return "sqlite-vec exact cosine scan"
@@ -107,8 +116,28 @@ class VectorIndex:
         if not layout.readable:
             self._conn.execute("CREATE TABLE chunks_vec(rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL)")
             self._meta.set("vector_dims", str(int(dims)))
-        if self.loaded and (not layout.bits or self._meta.get(_BITS_STALE) is not None):
+        if self.loaded and not layout.cells and (not layout.bits or self._meta.get(_BITS_STALE) is not None):
             self._build_bits(dims, replace=layout.bits)
+
+    def maintain(self) -> None:
+        """After an embedding pass: move the sign bits into cells past CELL_MIN vectors, rebuild or drop them.
+
+        Counted from the chunks' own indexes (a count of chunks_vec would read every vector).
+        """
+        layout = self.layout()
+        if not layout.readable or layout.legacy or not layout.dims:
+            return
+        chunks = int(self._conn.execute("SELECT count(*) FROM chunks").fetchone()[0])
+        pending = int(self._conn.execute("SELECT count(*) FROM chunks WHERE embedded = 0").fetchone()[0])
+        action = self._cells.due(chunks - pending, layout.cells)
+        if action == "build":
+            self._cells.build(layout.dims)
+            self._conn.execute("DROP TABLE IF EXISTS chunks_vec_bits")
+            self._meta.delete(_BITS_STALE)
+        elif action == "drop":
+            self._cells.drop()
+            if self.loaded:
+                self._build_bits(layout.dims, replace=layout.bits)
 
     def _build_bits(self, dims: int, *, replace: bool) -> None:
         """Quantize every stored vector: a new table, or one that missed writes made without sqlite-vec."""
@@ -132,7 +161,9 @@ class VectorIndex:
         if not layout.readable:
             return
         self._conn.execute("DELETE FROM chunks_vec WHERE rowid = ?", (seq,))
-        if layout.bits and self._conn.changes():
+        if layout.cells:
+            self._cells.removed(self._conn.changes())
+        elif layout.bits and self._conn.changes():
             if self.loaded:
                 self._conn.execute("DELETE FROM chunks_vec_bits WHERE rowid = ?", (seq,))
             else:
@@ -150,7 +181,9 @@ class VectorIndex:
         if layout.dims and any(len(blob) != 4 * layout.dims for _, blob in vectors):
             raise ValueError(f"a vector of another size than the index's {layout.dims} dimensions")
         self._conn.executemany("INSERT INTO chunks_vec(rowid, embedding) VALUES(?, ?)", vectors)
-        if layout.bits and vectors:
+        if layout.cells:
+            self._cells.add(vectors)
+        elif layout.bits and vectors:
             if self.loaded:
                 self._conn.executemany(
                     "INSERT INTO chunks_vec_bits(rowid, part, embedding) VALUES(?, ?, vec_quantize_binary(vec_f32(?)))",
@@ -161,6 +194,7 @@ class VectorIndex:
     def drop_all(self) -> None:
         """Forget every vector and the layout (a new model's vectors go in their place)."""
         self._conn.execute("DROP TABLE IF EXISTS chunks_vec_bits")
+        self._cells.drop()
         self._conn.execute("DROP TABLE IF EXISTS chunks_vec")
         self._meta.delete("vector_dims", "vector_partitions", _BITS_STALE)
 
@@ -177,7 +211,7 @@ class VectorIndex:
         where = where or None
         if not self.loaded:
             return self._vector_scan(query_blob, limit, where)
-        if not layout.bits or self._meta.get(_BITS_STALE) is not None:
+        if not layout.cells and (not layout.bits or self._meta.get(_BITS_STALE) is not None):
             return self._ranked(query_blob, limit, where)
         if where and self._few_under(where):
             return self._ranked(query_blob, limit, where)
@@ -206,6 +240,8 @@ class VectorIndex:
 
     def _candidates(self, query_blob: bytes, want: int, partitions: int) -> list[int] | None:
         """About `want` seqs nearest by hamming distance, an equal share from each partition (None: vec0's k limit)."""
+        if self.layout().cells:
+            return self._cells.candidates(query_blob, want)
         per_part = -(-want // partitions)
         if per_part > _KNN_MAX_K:
             return None

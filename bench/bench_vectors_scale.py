@@ -1,0 +1,145 @@
+"""Vector and hybrid search over a million chunks: the k-means cells (clawmem_index.vector_cells) at scale.
+
+    python bench/bench_vectors_scale.py [--size 1000000] [--dims 384|1536] [--work DIR] [--rounds 3]
+                                        [--out bench/out/vectors-scale-<size>-<dims>.json]
+
+Needs ../shared (the SciFact corpus and queries) and the MiniLM vectors of every SciFact sentence
+and of the 300 test queries that `bench_vectors.py --sentences` caches under --work: 44,941 real
+vectors. The index holds those, then noisy copies of them (cosine ~0.85 to their source, as in
+bench_vectors.py) up to --size, each chunk with its sentence's text. --dims 1536 maps every vector
+(and query) through one fixed random Gaussian projection: real vectors' neighbourhoods, kept
+approximately, at the width of OpenAI's models (no 1,536-d model runs here).
+
+Reports: the time to store the chunks and to build the cells (`Store.index_vectors`, what the end
+of an embedding pass runs), the file's size, recall@10 of `vector_search` against exact cosine
+(numpy) on the 300 queries, and p50/p95 of vector search (24 rows, what a default search asks
+for), hybrid search and BM25 search through `run_search` on one long-lived Store, as the daemon
+answers them (its keyword lists kept; the median of --rounds passes, the first pass apart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_vectors import SHARED, FixedQueries, log, synthesize  # noqa: E402
+
+from clawmem_index.config import load_settings  # noqa: E402
+from clawmem_index.search import SearchRequest, run_search  # noqa: E402
+from clawmem_index.store import Store  # noqa: E402
+
+
+def corpus(work: Path) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:
+    vectors, queries = np.load(work / "scifact-sentences.npy"), np.load(work / "scifact-queries.npy")
+    sentences = [s for doc in map(json.loads, (SHARED / "bench/scifact/corpus.jsonl").open())
+                 for s in re.split(r"(?<=[.!?])\s+", doc["text"]) if len(s.split()) >= 6]
+    test = {line.split("\t")[0] for line in (SHARED / "bench/scifact/qrels/test.tsv").read_text().splitlines()[1:]}
+    texts = [q["text"] for q in map(json.loads, (SHARED / "bench/scifact/queries.jsonl").open()) if q["_id"] in test]
+    assert len(sentences) == len(vectors), "the cached sentence vectors are not of this corpus"
+    return vectors, sentences, queries, texts[:len(queries)]
+
+
+def widen(vectors: np.ndarray, dims: int) -> np.ndarray:
+    if dims == vectors.shape[1]:
+        return vectors
+    projection = np.random.default_rng(11).standard_normal((vectors.shape[1], dims)).astype(np.float32)
+    out = np.empty((len(vectors), dims), dtype=np.float32)
+    for i in range(0, len(vectors), 65_536):
+        part = vectors[i:i + 65_536] @ projection
+        out[i:i + 65_536] = part / np.linalg.norm(part, axis=1, keepdims=True)
+    return out
+
+
+def build(path: Path, vectors: np.ndarray, sentences: list[str]) -> dict[str, float]:
+    started = time.perf_counter()
+    store = Store(path, fast_unsafe=True)
+    store.ensure_vector_table(vectors.shape[1])
+    for start in range(0, len(vectors), 5000):
+        with store.transaction():
+            for i in range(start, min(start + 5000, len(vectors))):
+                text = sentences[i % len(sentences)]
+                seq = store.insert_chunk(id=f"c{i}", path=f"memory/n{i // 2000}/{i % 2000}.md", source="memory",
+                                         start_line=1, end_line=1, hash=f"h{i}", text=text, fts_text=text)
+                store.store_vector(seq, vectors[i].tobytes(), "bench")
+    stored = time.perf_counter() - started
+    started = time.perf_counter()
+    store.index_vectors()
+    cells = time.perf_counter() - started
+    store.close()
+    return {"store_s": round(stored, 1), "cells_s": round(cells, 1)}
+
+
+def timed(fn: Any, n: int, rounds: int) -> dict[str, float]:
+    for i in range(n):  # the first pass: every word's list read once, the pages brought in
+        fn(i)
+    p50s, p95s = [], []
+    for _ in range(rounds):
+        times = []
+        for i in range(n):
+            started = time.perf_counter()
+            fn(i)
+            times.append(time.perf_counter() - started)
+        times.sort()
+        p50s.append(statistics.median(times))
+        p95s.append(times[int(0.95 * len(times))])
+    return {"p50_ms": round(1000 * statistics.median(p50s), 2), "p95_ms": round(1000 * statistics.median(p95s), 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", type=int, default=1_000_000)
+    parser.add_argument("--dims", type=int, default=384)
+    parser.add_argument("--work", default="/tmp/clawmem-bench-vectors")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    work = Path(args.work)
+    real, sentences, queries, texts = corpus(work)
+    vectors = widen(synthesize(real, args.size), args.dims)
+    queries = widen(queries, args.dims)
+    path = work / f"scale-{args.size}-{args.dims}.sqlite"
+    result: dict[str, Any] = {"size": args.size, "dims": args.dims}
+    if not path.exists():
+        result["build"] = build(path, vectors, sentences)
+        log(f"built: {result['build']}")
+    result["file_bytes"] = path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(path.name + "-*"))
+    store = Store(path, create=False)
+    result["method"] = store.vector_method()
+    sims = queries @ vectors.T
+    kth = -np.sort(-sims, axis=1)[:, 9]
+    seqs = np.array([row[0] for row in store.execute("SELECT rowid FROM chunks_vec ORDER BY rowid")])
+    position = {int(s): i for i, s in enumerate(seqs)}
+    blobs = [q.tobytes() for q in queries]
+    found = sum(1 for qi in range(len(queries)) for h in store.vector_search(blobs[qi], 10)
+                if sims[qi, position[h.seq]] >= kth[qi] - 1e-6)
+    result["recall@10"] = round(found / (10 * len(queries)), 4)
+    del sims
+    log(f"{result['method']}: recall@10 {result['recall@10']}")
+    settings = load_settings(workspace=work, overrides={"index": str(work / "unused.sqlite")}, environ={}).search
+    provider = FixedQueries(texts, queries)
+    n = len(queries)
+    result["vector_24"] = timed(lambda i: store.vector_search(blobs[i], 24), n, args.rounds)
+    result["hybrid"] = timed(lambda i: run_search(store, provider, SearchRequest(texts[i]), settings), n, args.rounds)
+    result["bm25"] = timed(lambda i: run_search(store, None, SearchRequest(texts[i], mode="bm25"), settings),
+                           n, args.rounds)
+    store.close()
+    out = Path(args.out or ROOT / "bench" / "out" / f"vectors-scale-{args.size}-{args.dims}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

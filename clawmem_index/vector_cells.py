@@ -1,0 +1,224 @@
+"""Coarse partitions of a large vector index: k-means cells whose members' sign bits are stored together.
+
+Past CELL_MIN vectors, ranking every vector's sign bits costs what the index size costs (sqlite-vec:
+66 ms a query over 1M 384-d vectors, and numpy over the same bits in memory is no faster). Here the
+vectors are grouped into cells around k-means centroids; a cell is one row holding its centroid,
+its members' seqs and their sign bits, so a query reads only the cells whose centroids are nearest
+its own vector (1/PROBE_SHARE of them, and at least PROBE_MIN_VECTORS members), ranks those members by hamming distance in numpy, and hands
+the best to the exact cosine rescoring. sqlite-vec's partition keys cannot do this: a KNN within
+one of 1,024 partitions costs ~2 ms however few rows it holds.
+
+Removal is lazy: a removed vector's seq stays in its cell (its candidate finds no vector at the
+rescoring and drops out; a reused seq is rescored by its real vector) until `maintain` rebuilds the
+cells, when dead entries pass a quarter of the members or the index has grown 4x since training.
+numpy only: no sqlite-vec needed to keep the cells, so writes never leave them stale.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import apsw
+
+from clawmem_index.schema import Meta
+
+__all__ = ["CELL_MIN", "PROBE_SHARE", "VectorCells"]
+
+CELL_MIN = 131_072  # below this many vectors, sqlite-vec over every sign bit answers in time (13.8 ms at 100k)
+PROBE_SHARE = 32  # 4,096 cells over 1M real-derived vectors: 1/32 of them gives recall@10 0.97 (docs/benchmarks.md)
+PROBE_MIN_VECTORS = 16_384  # a small index's query reads at least this many members
+SAMPLE_PER_CELL = 40  # k-means trains on up to this many vectors a cell, never on the whole index,
+SAMPLE_BYTES = 128 << 20  # and on at most this many bytes of them
+TRAIN_ROUNDS = 8
+READ_BATCH = 4_096  # vectors read (and scored against every centroid) at a time: memory stays bounded
+REBUILD_GROWTH = 4  # rebuild when the index is this many times the size the centroids were trained on
+DEAD_SHARE = 0.25  # or when this share of the members were removed
+TABLE = "chunks_vec_cells"
+_CELLS, _TRAINED, _MEMBERS, _DEAD, _BUILT = (
+    "vector_cells", "vector_cells_trained", "vector_cells_members", "vector_cells_dead", "vector_cells_built")
+
+
+def cell_count(vectors: int) -> int:
+    """About 4 sqrt(n) cells, a power of two: 4,096 cells of ~250 members at 1M vectors.
+
+    More, smaller cells find more of the true nearest for the same members read (1M vectors, recall@10:
+    1,024 cells 0.951 reading 71k members, 4,096 cells 0.969 reading 31k).
+    """
+    return max(64, 1 << round(math.log2(max(vectors, 1)) / 2 + 2))
+
+
+def _nearest(vectors: Any, centroids: Any) -> Any:
+    """Each vector's nearest centroid, READ_BATCH rows at a time (all the scores at once can take GBs)."""
+    import numpy as np
+
+    return np.concatenate([np.argmax(vectors[i:i + READ_BATCH] @ centroids.T, axis=1)
+                           for i in range(0, len(vectors), READ_BATCH)] or [np.zeros(0, dtype=np.int64)])
+
+
+class VectorCells:
+    """The cells table of one connection; its centroids are read once per build and kept."""
+
+    def __init__(self, conn: apsw.Connection, meta: Meta) -> None:
+        self._conn = conn
+        self._meta = meta
+        self._centroids: tuple[str, Any] | None = None  # (build stamp, cells x dims float32)
+
+    # -- upkeep -----------------------------------------------------------------------------------
+
+    def due(self, vectors: int, exists: bool) -> str | None:
+        """What `maintain` should do for an index of `vectors` vectors: "build", "drop" or nothing."""
+        if not exists:
+            return "build" if vectors >= CELL_MIN else None
+        if vectors < CELL_MIN // 2:
+            return "drop"
+        trained = int(self._meta.get(_TRAINED) or 0)
+        members = int(self._meta.get(_MEMBERS) or 0)
+        dead = int(self._meta.get(_DEAD) or 0)
+        if vectors >= REBUILD_GROWTH * trained or dead > DEAD_SHARE * max(members, 1):
+            return "build"
+        return None
+
+    def build(self, dims: int) -> None:
+        """Train centroids on a sample of the stored vectors, then put every vector in its nearest cell."""
+        import numpy as np
+
+        seqs = np.fromiter((row[0] for row in self._conn.execute("SELECT rowid FROM chunks_vec")), dtype=np.int64)
+        cells = cell_count(len(seqs))
+        rng = np.random.default_rng(len(seqs))  # deterministic for a given index
+        size = min(len(seqs), SAMPLE_PER_CELL * cells, SAMPLE_BYTES // (4 * dims))
+        sample = np.concatenate([self._read(part, dims) for part in np.array_split(
+            np.sort(rng.choice(seqs, size=size, replace=False)), max(1, size // READ_BATCH))])
+        centroids = _kmeans(sample, min(cells, len(sample)), rng)
+        del sample
+        member_cells, member_seqs, member_bits = [], [], []
+        for start in range(0, len(seqs), READ_BATCH):
+            batch = seqs[start:start + READ_BATCH]
+            vectors = self._read(batch, dims)
+            member_cells.append(_nearest(vectors, centroids))
+            member_seqs.append(batch)
+            member_bits.append(_sign_bits(vectors))
+        self.drop()
+        self._conn.execute(f"CREATE TABLE {TABLE}(cell INTEGER PRIMARY KEY, centroid BLOB NOT NULL,"
+                           " seqs BLOB NOT NULL, bits BLOB NOT NULL)")
+        owner = np.concatenate(member_cells) if member_cells else np.zeros(0, dtype=np.int64)
+        all_seqs = np.concatenate(member_seqs) if member_seqs else np.zeros(0, dtype=np.int64)
+        all_bits = np.concatenate(member_bits) if member_bits else np.zeros((0, _bit_bytes(dims)), dtype=np.uint8)
+        order = np.argsort(owner, kind="stable")
+        bounds = np.searchsorted(owner[order], np.arange(len(centroids) + 1))
+        self._conn.executemany(f"INSERT INTO {TABLE}(cell, centroid, seqs, bits) VALUES(?, ?, ?, ?)", (
+            (cell, centroids[cell].tobytes(), all_seqs[order[lo:hi]].astype("<i8").tobytes(),
+             all_bits[order[lo:hi]].tobytes())
+            for cell, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))))
+        stamp = str(int(self._meta.get(_BUILT) or 0) + 1)
+        for key, value in ((_CELLS, len(centroids)), (_TRAINED, len(seqs)), (_MEMBERS, len(seqs)), (_DEAD, 0),
+                           (_BUILT, stamp)):
+            self._meta.set(key, str(value))
+
+    def drop(self) -> None:
+        self._conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
+        self._meta.delete(_CELLS, _TRAINED, _MEMBERS, _DEAD)
+        self._centroids = None
+
+    def add(self, items: Sequence[tuple[int, bytes]]) -> None:
+        """Put each (seq, float32 blob) in the cell of its nearest centroid."""
+        if not items:
+            return
+        import numpy as np
+
+        centroids = self._load_centroids()
+        vectors = np.frombuffer(b"".join(blob for _, blob in items), dtype="<f4").reshape(len(items), -1)
+        owner = _nearest(vectors, centroids)
+        seqs = np.array([seq for seq, _ in items], dtype="<i8")
+        bits = _sign_bits(vectors)
+        for cell in np.unique(owner).tolist():
+            mine = owner == cell
+            old_seqs, old_bits = self._conn.execute(f"SELECT seqs, bits FROM {TABLE} WHERE cell = ?", (cell,)).fetchone()
+            self._conn.execute(f"UPDATE {TABLE} SET seqs = ?, bits = ? WHERE cell = ?",
+                               (bytes(old_seqs) + seqs[mine].tobytes(), bytes(old_bits) + bits[mine].tobytes(), cell))
+        self._meta.set(_MEMBERS, str(int(self._meta.get(_MEMBERS) or 0) + len(items)))
+
+    def removed(self, count: int) -> None:
+        """Note removed vectors: their seqs stay in their cells until the next build."""
+        if count:
+            self._meta.set(_DEAD, str(int(self._meta.get(_DEAD) or 0) + count))
+
+    # -- queries ----------------------------------------------------------------------------------
+
+    def candidates(self, query_blob: bytes, want: int) -> list[int]:
+        """About `want` seqs nearest the query by hamming distance, from the cells nearest it."""
+        import numpy as np
+
+        centroids = self._load_centroids()
+        query = np.frombuffer(query_blob, dtype="<f4")
+        members = int(self._meta.get(_MEMBERS) or 0)
+        probes = max(1, -(-len(centroids) // PROBE_SHARE), -(-PROBE_MIN_VECTORS * len(centroids) // max(members, 1)))
+        nearest = np.argpartition(-(centroids @ query), probes - 1)[:probes] if probes < len(centroids) else \
+            np.arange(len(centroids))
+        rows = self._conn.execute(f"SELECT seqs, bits FROM {TABLE} WHERE cell IN (SELECT value FROM json_each(?))",
+                                  (json.dumps(nearest.tolist()),)).fetchall()
+        seqs = np.frombuffer(b"".join(bytes(r[0]) for r in rows), dtype="<i8")
+        if len(seqs) == 0:
+            return []
+        bits = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype=np.uint8).reshape(len(seqs), -1)
+        distance = _hamming(bits, _sign_bits(query[None, :])[0])
+        if len(seqs) > want:
+            seqs = seqs[np.argpartition(distance, want - 1)[:want]]
+        return sorted(set(seqs.tolist()))  # a reused seq may sit in two cells
+
+    def _load_centroids(self) -> Any:
+        import numpy as np
+
+        stamp = self._meta.get(_BUILT) or ""
+        if self._centroids is None or self._centroids[0] != stamp:
+            rows = self._conn.execute(f"SELECT centroid FROM {TABLE} ORDER BY cell").fetchall()
+            matrix = np.frombuffer(b"".join(bytes(r[0]) for r in rows), dtype="<f4").reshape(len(rows), -1)
+            self._centroids = (stamp, matrix)
+        return self._centroids[1]
+
+    def _read(self, seqs: Iterable[int], dims: int) -> Any:
+        import numpy as np
+
+        wanted = [int(s) for s in seqs]
+        blobs = [bytes(row[0]) for row in self._conn.execute(
+            "SELECT embedding FROM chunks_vec WHERE rowid IN (SELECT value FROM json_each(?)) ORDER BY rowid",
+            (json.dumps(wanted),))]
+        return np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), dims)
+
+
+def _kmeans(sample: Any, cells: int, rng: Any) -> Any:
+    """Spherical k-means (cosine): unit centroids; a cell left empty keeps its previous centroid."""
+    import numpy as np
+
+    centroids = sample[rng.choice(len(sample), size=cells, replace=False)].astype(np.float32)
+    for _ in range(TRAIN_ROUNDS):
+        owner = _nearest(sample, centroids)
+        order = np.argsort(owner, kind="stable")
+        used, starts = np.unique(owner[order], return_index=True)
+        sums = np.add.reduceat(sample[order], starts, axis=0)
+        norms = np.linalg.norm(sums, axis=1, keepdims=True)
+        keep = norms[:, 0] > 0
+        centroids[used[keep]] = sums[keep] / norms[keep]
+    return centroids
+
+
+def _bit_bytes(dims: int) -> int:
+    return -(-dims // 8)
+
+
+def _sign_bits(vectors: Any) -> Any:
+    """One bit a dimension, set where the value is positive: rows of packed bytes."""
+    import numpy as np
+
+    return np.packbits(vectors > 0, axis=1)
+
+
+def _hamming(bits: Any, query: Any) -> Any:
+    """Bits that differ between each row and the query, counted 64 at a time where the rows allow."""
+    import numpy as np
+
+    if bits.shape[1] % 8 == 0:
+        bits, query = bits.view(np.uint64), query.view(np.uint64)
+    return np.bitwise_count(np.bitwise_xor(bits, query)).sum(axis=1, dtype=np.int32)

@@ -1,0 +1,228 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import clawmem_index.vector_cells as vector_cells
+import clawmem_index.vector_index as vector_index
+from clawmem_index.store import ChunkFilter, Store
+
+CELL_MIN = 1000  # small enough that a test's index passes it; the product's is 131,072
+CELLS = "k-means cells of sign bits, exact cosine rescoring"
+BITS = "sqlite-vec binary-quantized KNN, exact cosine rescoring"
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    monkeypatch.setattr(vector_cells, "CELL_MIN", CELL_MIN)
+    monkeypatch.setattr(vector_cells, "PROBE_MIN_VECTORS", 0)  # read 1/PROBE_SHARE of the cells, as at 1M vectors
+    s = Store(tmp_path / "s.sqlite")
+    yield s
+    s.close()
+
+
+def clustered(seed: int, clusters: int, size: int, dims: int = 64) -> np.ndarray:
+    """Unit vectors around random centres, like real embeddings (uniform random vectors have no near neighbours)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((clusters, dims))
+    points = np.repeat(centres / np.linalg.norm(centres, axis=1, keepdims=True), size, axis=0)
+    points += 0.08 * rng.standard_normal(points.shape)
+    return (points / np.linalg.norm(points, axis=1, keepdims=True)).astype(np.float32)
+
+
+def fill(store: Store, vectors: np.ndarray, first: int = 0, paths: list[str] | None = None) -> list[int]:
+    store.ensure_vector_table(vectors.shape[1])
+    seqs = []
+    with store.transaction():
+        for i, vec in enumerate(vectors, start=first):
+            seq = store.insert_chunk(id=f"v{i}", path=paths[i - first] if paths else "memory/a.md", source="memory",
+                                     start_line=1, end_line=1, hash=f"v{i}", text=f"text {i}", fts_text=f"text {i}")
+            store.store_vector(seq, vec.tobytes(), "m")
+            seqs.append(seq)
+    return seqs
+
+
+def exact(by_seq: dict[int, np.ndarray], query: np.ndarray, k: int) -> list[int]:
+    return sorted(by_seq, key=lambda seq: (1.0 - float(by_seq[seq] @ query), seq))[:k]
+
+
+def near(vector: np.ndarray, seed: int, noise: float = 0.05) -> np.ndarray:
+    noisy = vector + noise * np.random.default_rng(seed).standard_normal(vector.shape)
+    return (noisy / np.linalg.norm(noisy)).astype(np.float32)
+
+
+def members(store: Store) -> list[int]:
+    return [seq for (blob,) in store.execute("SELECT seqs FROM chunks_vec_cells")
+            for seq in np.frombuffer(blob, dtype="<i8").tolist()]
+
+
+def test_past_cell_min_the_sign_bits_move_into_cells_that_find_the_exact_nearest(store: Store) -> None:
+    vectors = clustered(1, 100, 20)
+    by_seq = dict(zip(fill(store, vectors), vectors, strict=True))
+    assert store.vector_method() == BITS  # until the embedding pass ends
+    store.index_vectors()
+    assert store.vector_method() == CELLS
+    assert store.execute("SELECT name FROM sqlite_master WHERE name = 'chunks_vec_bits'") == []
+    assert store.execute("SELECT count(*) FROM chunks_vec_cells") == [(vector_cells.cell_count(2000),)]
+    assert sorted(members(store)) == sorted(by_seq)
+    found = 0
+    for i in range(0, 2000, 100):
+        query = near(vectors[i], i)
+        hits = store.vector_search(query.tobytes(), 10)
+        found += len({h.seq for h in hits} & set(exact(by_seq, query, 10)))
+        for hit in hits:  # float32 storage: exact up to rounding, not a hamming count
+            assert hit.distance == pytest.approx(1.0 - float(by_seq[hit.seq] @ query), abs=1e-5)
+        assert [h.distance for h in hits] == sorted(h.distance for h in hits)
+    assert found / (20 * 10) >= 0.95
+
+
+def cell_of(store: Store) -> dict[int, int]:
+    return {seq: cell for cell, blob in store.execute("SELECT cell, seqs FROM chunks_vec_cells")
+            for seq in np.frombuffer(blob, dtype="<i8").tolist()}
+
+
+def nearest_cells(store: Store, query: np.ndarray, count: int) -> set[int]:
+    rows = store.execute("SELECT cell, centroid FROM chunks_vec_cells")
+    return {cell for cell, _ in sorted(rows, key=lambda r: -float(np.frombuffer(r[1], dtype="<f4") @ query))[:count]}
+
+
+@pytest.mark.parametrize(("probe_min", "probes"), [(0, 128 // 32), (400, 26)], ids=["share", "minimum"])
+def test_a_query_reads_only_the_cells_nearest_it(store: Store, monkeypatch: pytest.MonkeyPatch, probe_min: int,
+                                                 probes: int) -> None:
+    monkeypatch.setattr(vector_cells, "PROBE_MIN_VECTORS", probe_min)
+    vectors = clustered(2, 100, 20)
+    fill(store, vectors)
+    store.index_vectors()
+    assert vector_cells.cell_count(2000) == 128
+    owner = cell_of(store)
+    for i in (0, 500, 1500):
+        query = near(vectors[i], i)
+        candidates = store.vectors._cells.candidates(query.tobytes(), 10_000)
+        read = nearest_cells(store, query, probes)
+        assert {owner[seq] for seq in candidates} <= read
+        assert len(candidates) == sum(1 for cell in owner.values() if cell in read)
+
+
+def test_below_cell_min_the_index_keeps_its_sign_bits(store: Store) -> None:
+    fill(store, clustered(3, 40, 20))
+    store.index_vectors()
+    assert store.vector_method() == BITS
+    assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(800,)]
+
+
+def test_vectors_stored_after_the_build_join_the_cell_of_their_nearest_centroid(store: Store) -> None:
+    fill(store, clustered(4, 100, 20))
+    store.index_vectors()
+    newcomers = clustered(5, 5, 1)
+    added = fill(store, newcomers, first=2000)
+    owner = cell_of(store)
+    assert len(owner) == 2005
+    for seq, vector in zip(added, newcomers, strict=True):
+        assert {owner[seq]} == nearest_cells(store, vector, 1)
+        assert store.vector_search(vector.tobytes(), 1)[0].seq == seq
+
+
+def test_removed_vectors_never_come_back_and_enough_removals_rebuild_the_cells(store: Store) -> None:
+    vectors = clustered(6, 100, 20)
+    seqs = fill(store, vectors)
+    store.index_vectors()
+    built = store.get_meta("vector_cells_built")
+    with store.transaction():
+        store.delete_chunks(seqs[:400])  # a fifth: kept in the cells, dead
+    assert len(members(store)) == 2000
+    for i in range(0, 400, 40):
+        hits = store.vector_search(vectors[i].tobytes(), 30)
+        assert hits and not {h.seq for h in hits} & set(seqs[:400])
+    store.index_vectors()
+    assert store.get_meta("vector_cells_built") == built  # 400 dead of 2,000 members: not yet
+    with store.transaction():
+        store.delete_chunks(seqs[400:600])
+    store.index_vectors()
+    assert store.get_meta("vector_cells_built") != built
+    assert sorted(members(store)) == sorted(seqs[600:])
+    assert store.get_meta("vector_cells_dead") == "0"
+
+
+def test_a_reused_seq_is_ranked_once_by_its_new_vector(store: Store) -> None:
+    vectors = clustered(7, 100, 20)
+    seqs = fill(store, vectors)
+    store.index_vectors()
+    with store.transaction():
+        store.delete_chunks([seqs[-1]])
+    newcomer = clustered(8, 1, 1)
+    (again,) = fill(store, newcomer, first=5000)
+    assert again == seqs[-1]  # SQLite gives the freed largest rowid out again
+    hits = store.vector_search(newcomer[0].tobytes(), 3)
+    assert hits[0].seq == again and [h.seq for h in hits].count(again) == 1
+    assert hits[0].distance == pytest.approx(0.0, abs=1e-5)
+    old = store.vector_search(vectors[-1].tobytes(), 20)
+    assert all(h.distance == pytest.approx(1.0 - float(newcomer[0] @ vectors[-1]), abs=1e-5)
+               for h in old if h.seq == again)
+
+
+def test_the_cells_go_when_the_index_shrinks_below_half_cell_min(store: Store) -> None:
+    seqs = fill(store, clustered(9, 100, 20))
+    store.index_vectors()
+    with store.transaction():
+        store.delete_chunks(seqs[:1600])
+    store.index_vectors()
+    assert store.vector_method() == BITS
+    assert store.execute("SELECT name FROM sqlite_master WHERE name = 'chunks_vec_cells'") == []
+    assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(400,)]
+    assert store.vector_search(store.execute("SELECT embedding FROM chunks_vec WHERE rowid = ?", (seqs[1700],))[0][0],
+                               1)[0].seq == seqs[1700]
+
+
+def test_a_path_prefix_keeps_only_its_chunks_through_the_cells(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vector_index, "PREFIX_SCAN_ROWS", 0)  # never ranked exactly: through the cells
+    vectors = clustered(10, 100, 20)
+    paths = [f"memory/{'ab'[i % 2]}/{i}.md" for i in range(2000)]
+    by_seq = dict(zip(fill(store, vectors, paths=paths), vectors, strict=True))
+    store.index_vectors()
+    inside = {seq: vec for (seq, vec), path in zip(by_seq.items(), paths, strict=True) if path.startswith("memory/a/")}
+    for i in range(0, 2000, 250):
+        query = near(vectors[i], i)
+        hits = store.vector_search(query.tobytes(), 5, ChunkFilter(path_prefix="memory/a/"))
+        assert all(h.path.startswith("memory/a/") for h in hits)
+        assert [h.seq for h in hits] == exact(inside, query, 5)
+
+
+def test_cells_are_kept_by_a_writer_without_sqlite_vec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import clawmem_index.store as store_module
+
+    monkeypatch.setattr(vector_cells, "CELL_MIN", CELL_MIN)
+    path = tmp_path / "s.sqlite"
+    with monkeypatch.context() as without:
+        without.setattr(store_module, "_load_sqlite_vec", lambda conn: (False, "not available"))
+        plain = Store(path)
+        fill(plain, clustered(11, 100, 20))
+        plain.index_vectors()
+        newcomers = clustered(12, 1, 3)
+        added = fill(plain, newcomers, first=2000)
+        plain.close()
+    loaded = Store(path, create=False)
+    assert loaded.vector_method() == CELLS
+    assert loaded.vector_search(newcomers[0].tobytes(), 1)[0].seq == added[0]
+    assert len(members(loaded)) == 2003
+    loaded.close()
+
+
+def test_a_model_switch_drops_the_cells_with_the_vectors(store: Store) -> None:
+    fill(store, clustered(13, 100, 20))
+    store.index_vectors()
+    with store.transaction():
+        store.vectors.drop_all()
+    assert store.execute("SELECT name FROM sqlite_master WHERE name LIKE 'chunks_vec%'") == []
+    assert store.get_meta("vector_cells") is None
+
+
+def test_the_cells_are_trained_again_when_the_index_has_grown_fourfold(store: Store) -> None:
+    fill(store, clustered(14, 60, 20))
+    store.index_vectors()
+    assert store.get_meta("vector_cells_trained") == "1200"
+    fill(store, clustered(15, 200, 20), first=1200)
+    store.index_vectors()
+    assert store.get_meta("vector_cells_trained") == "5200"
+    assert sorted(members(store)) == sorted(r[0] for r in store.execute("SELECT rowid FROM chunks_vec"))
