@@ -10,7 +10,7 @@ one of 1,024 partitions costs ~2 ms however few rows it holds.
 
 Removal is lazy: a removed vector's seq stays in its cell (its candidate finds no vector at the
 rescoring and drops out; a reused seq is rescored by its real vector) until `maintain` rebuilds the
-cells, when dead entries pass a quarter of the members or the index has grown 4x since training.
+cells, when dead entries pass a quarter of the members or the index has doubled since training.
 numpy only: no sqlite-vec needed to keep the cells, so writes never leave them stale.
 """
 
@@ -34,7 +34,8 @@ SAMPLE_PER_CELL = 40  # k-means trains on up to this many vectors a cell, never 
 SAMPLE_BYTES = 128 << 20  # and on at most this many bytes of them
 TRAIN_ROUNDS = 8
 READ_BATCH = 4_096  # vectors read (and scored against every centroid) at a time: memory stays bounded
-REBUILD_GROWTH = 4  # rebuild when the index is this many times the size the centroids were trained on
+REBUILD_GROWTH = 2  # rebuild when the index is this many times the size the centroids were trained on (new topics
+# land in the cells of old centroids: a query near them can miss members that fell across a boundary)
 DEAD_SHARE = 0.25  # or when this share of the members were removed
 TABLE = "chunks_vec_cells"
 _CELLS, _TRAINED, _MEMBERS, _DEAD, _BUILT = (

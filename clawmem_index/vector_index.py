@@ -45,7 +45,8 @@ class _VectorLayout:
     readable: bool  # chunks_vec exists and can be read (a schema-1 vec0 table needs sqlite-vec)
     legacy: bool  # chunks_vec is the vec0 float table of schema 1
     bits: bool  # chunks_vec_bits exists
-    cells: bool  # chunks_vec_cells exists: it, not chunks_vec_bits, finds the candidates
+    cells: bool  # chunks_vec_cells exists, chunks_vec_bits does not: the cells find the candidates
+    stale_cells: bool  # both exist: a writer that knows no cells (an older clawmem) wrote the bits since
     dims: int
     partitions: int
 
@@ -85,7 +86,8 @@ class VectorIndex:
             layout = _VectorLayout(
                 readable=floats is not None and (self.loaded or not legacy), legacy=legacy,
                 bits="chunks_vec_bits" in sql,
-                cells="chunks_vec_cells" in sql,
+                cells="chunks_vec_cells" in sql and "chunks_vec_bits" not in sql,
+                stale_cells="chunks_vec_cells" in sql and "chunks_vec_bits" in sql,
                 dims=int(self._meta.get("vector_dims") or 0),
                 partitions=int(self._meta.get("vector_partitions") or VECTOR_PARTITIONS))
             self._layout = (cookie, layout)
@@ -122,14 +124,17 @@ class VectorIndex:
     def maintain(self) -> None:
         """After an embedding pass: move the sign bits into cells past CELL_MIN vectors, rebuild or drop them.
 
-        Counted from the chunks' own indexes (a count of chunks_vec would read every vector).
+        Counted from the chunks' own indexes (a count of chunks_vec would read every vector). Cells
+        beside sign bits were missed by a writer that knows no cells: the bits answer until they are rebuilt.
         """
         layout = self.layout()
-        if not layout.readable or layout.legacy or not layout.dims:
-            return
+        if not layout.readable or layout.legacy or not layout.dims or (layout.bits and not self.loaded):
+            return  # a vec0 table can only be dropped with sqlite-vec loaded
         chunks = int(self._conn.execute("SELECT count(*) FROM chunks").fetchone()[0])
         pending = int(self._conn.execute("SELECT count(*) FROM chunks WHERE embedded = 0").fetchone()[0])
-        action = self._cells.due(chunks - pending, layout.cells)
+        action = self._cells.due(chunks - pending, layout.cells or layout.stale_cells)
+        if layout.stale_cells and action is None:
+            action = "build"
         if action == "build":
             self._cells.build(layout.dims)
             self._conn.execute("DROP TABLE IF EXISTS chunks_vec_bits")

@@ -222,3 +222,20 @@ def test_an_index_from_before_keeps_no_second_copy_once_it_embeds_again(workspac
     index.sync()
     assert index.reader().execute("SELECT count(*) FROM embedding_cache") == [(0,)]
     assert index.reader().execute("SELECT count(*) FROM chunks_vec") == [(4,)]
+
+
+def test_an_embedding_pass_past_cell_min_moves_the_vectors_into_cells_and_edits_join_them(
+        settings: Settings, write, monkeypatch: pytest.MonkeyPatch) -> None:
+    import clawmem_index.vector_cells as vector_cells
+
+    monkeypatch.setattr(vector_cells, "CELL_MIN", 200)
+    for i in range(250):
+        write(f"memory/n{i}.md", f"# Note {i}\nthe greenhouse log entry {i}, sensor {i * 7}\n")
+    index = MemoryIndex(settings, provider=FakeProvider())
+    index.sync()
+    assert index.reader().vector_method() == "k-means cells of sign bits, exact cosine rescoring"
+    write("memory/new.md", "# Orchids\nthe orchids bloomed in the north bed\n")
+    index.sync()
+    hits = index.search(SearchRequest("the orchids bloomed in the north bed", mode="vector", max_results=1,
+                                      min_score=0.0))
+    assert [r["path"] for r in hits["results"]] == ["memory/new.md"]  # type: ignore[index]

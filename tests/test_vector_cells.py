@@ -218,11 +218,35 @@ def test_a_model_switch_drops_the_cells_with_the_vectors(store: Store) -> None:
     assert store.get_meta("vector_cells") is None
 
 
-def test_the_cells_are_trained_again_when_the_index_has_grown_fourfold(store: Store) -> None:
+def test_the_cells_are_trained_again_when_the_index_has_doubled(store: Store) -> None:
     fill(store, clustered(14, 60, 20))
     store.index_vectors()
     assert store.get_meta("vector_cells_trained") == "1200"
-    fill(store, clustered(15, 200, 20), first=1200)
+    fill(store, clustered(15, 50, 20), first=1200)
     store.index_vectors()
-    assert store.get_meta("vector_cells_trained") == "5200"
+    assert store.get_meta("vector_cells_trained") == "1200"  # 2,200: not yet twice the size
+    fill(store, clustered(18, 10, 20), first=2200)
+    store.index_vectors()
+    assert store.get_meta("vector_cells_trained") == "2400"
     assert sorted(members(store)) == sorted(r[0] for r in store.execute("SELECT rowid FROM chunks_vec"))
+
+
+def test_vectors_an_older_writer_added_beside_the_cells_are_found_and_the_cells_rebuilt(store: Store) -> None:
+    """An older clawmem knows no cells: it makes the sign-bit table again and writes its vectors there."""
+    fill(store, clustered(16, 100, 20))
+    store.index_vectors()
+    newcomer = clustered(17, 1, 1)
+    with store.transaction():  # what the older writer's ensure_vector_table and put do
+        store.vectors._build_bits(64, replace=False)
+        seq = store.insert_chunk(id="old", path="memory/old.md", source="memory", start_line=1, end_line=1,
+                                 hash="old", text="old", fts_text="old")
+        store.execute("INSERT INTO chunks_vec(rowid, embedding) VALUES(?, ?)", (seq, newcomer[0].tobytes()))
+        store.execute("INSERT INTO chunks_vec_bits(rowid, part, embedding) VALUES(?, ?, vec_quantize_binary(vec_f32(?)))",
+                      (seq, seq % 32, newcomer[0].tobytes()))
+        store.execute("UPDATE chunks SET embedded = 1 WHERE seq = ?", (seq,))
+    assert store.vector_method() == BITS
+    assert store.vector_search(newcomer[0].tobytes(), 1)[0].seq == seq
+    store.index_vectors()
+    assert store.vector_method() == CELLS
+    assert seq in members(store)
+    assert store.vector_search(newcomer[0].tobytes(), 1)[0].seq == seq
