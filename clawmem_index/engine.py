@@ -589,8 +589,7 @@ class MemoryIndex:
             dims=int(meta.get("vector_dims") or fingerprint.get("dims", 0) or 0),
             configured_provider=provider,
             sqlite_vec_loaded=store.vec_loaded,
-            vector_search=store.vector_method() if self.backend.name != "sqlite" else
-            "sqlite-vec" if store.vec_loaded else "in-process cosine (sqlite-vec not loaded)",
+            vector_search=store.vector_method(),
             pending_files=pending_files,
             pending_embeddings=pending_embeddings,
             batch_jobs=store.job_count(),

@@ -4,8 +4,8 @@ Past CELL_MIN vectors, ranking every vector's sign bits costs what the index siz
 66 ms a query over 1M 384-d vectors, and numpy over the same bits in memory is no faster). Here the
 vectors are grouped into cells around k-means centroids; a cell is one row holding its centroid,
 its members' seqs and their sign bits, so a query reads only the cells whose centroids are nearest
-its own vector (1/PROBE_SHARE of them, and at least PROBE_MIN_VECTORS members), ranks those members by hamming distance in numpy, and hands
-the best to the exact cosine rescoring. sqlite-vec's partition keys cannot do this: a KNN within
+its own vector (1/PROBE_SHARE of them, and at least PROBE_MIN_VECTORS members), ranks those
+members by hamming distance in numpy, and hands the best to the exact cosine rescoring. sqlite-vec's partition keys cannot do this: a KNN within
 one of 1,024 partitions costs ~2 ms however few rows it holds.
 
 Removal is lazy: a removed vector's seq stays in its cell (its candidate finds no vector at the
@@ -82,11 +82,17 @@ class VectorCells:
             return "build"
         return None
 
-    def build(self, dims: int) -> None:
-        """Train centroids on a sample of the stored vectors, then put every vector in its nearest cell."""
+    def build(self, dims: int) -> bool:
+        """Train centroids on a sample of the stored vectors, then put every vector in its nearest cell.
+
+        False, and nothing changed, when too few chunks hold a vector (embedded chunks whose provider
+        answered no usable vector are counted as embedded but store none).
+        """
         import numpy as np
 
         seqs = np.fromiter((row[0] for row in self._conn.execute("SELECT rowid FROM chunks_vec")), dtype=np.int64)
+        if len(seqs) < CELL_MIN // 2:
+            return False
         cells = cell_count(len(seqs))
         rng = np.random.default_rng(len(seqs))  # deterministic for a given index
         size = min(len(seqs), SAMPLE_PER_CELL * cells, SAMPLE_BYTES // (4 * dims))
@@ -117,6 +123,7 @@ class VectorCells:
         for key, value in ((_CELLS, len(centroids)), (_TRAINED, len(seqs)), (_MEMBERS, len(seqs)), (_DEAD, 0),
                            (_BUILT, stamp)):
             self._meta.set(key, str(value))
+        return True
 
     def drop(self) -> None:
         self._conn.execute(f"DROP TABLE IF EXISTS {TABLE}")

@@ -135,8 +135,7 @@ class VectorIndex:
         action = self._cells.due(chunks - pending, layout.cells or layout.stale_cells)
         if layout.stale_cells and action is None:
             action = "build"
-        if action == "build":
-            self._cells.build(layout.dims)
+        if action == "build" and self._cells.build(layout.dims):
             self._conn.execute("DROP TABLE IF EXISTS chunks_vec_bits")
             self._meta.delete(_BITS_STALE)
         elif action == "drop":

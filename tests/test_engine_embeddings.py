@@ -233,7 +233,7 @@ def test_an_embedding_pass_past_cell_min_moves_the_vectors_into_cells_and_edits_
         write(f"memory/n{i}.md", f"# Note {i}\nthe greenhouse log entry {i}, sensor {i * 7}\n")
     index = MemoryIndex(settings, provider=FakeProvider())
     index.sync()
-    assert index.reader().vector_method() == "k-means cells of sign bits, exact cosine rescoring"
+    assert index.status()["vector_search"] == "k-means cells of sign bits, exact cosine rescoring"
     write("memory/new.md", "# Orchids\nthe orchids bloomed in the north bed\n")
     index.sync()
     hits = index.search(SearchRequest("the orchids bloomed in the north bed", mode="vector", max_results=1,

@@ -250,3 +250,17 @@ def test_vectors_an_older_writer_added_beside_the_cells_are_found_and_the_cells_
     assert store.vector_method() == CELLS
     assert seq in members(store)
     assert store.vector_search(newcomer[0].tobytes(), 1)[0].seq == seq
+
+
+def test_chunks_embedded_without_a_usable_vector_build_no_cells(store: Store) -> None:
+    """A provider that answered zero vectors: the chunks count as embedded, but no vector is stored."""
+    store.ensure_vector_table(64)
+    with store.transaction():
+        for i in range(1200):
+            seq = store.insert_chunk(id=f"z{i}", path="memory/z.md", source="memory", start_line=1, end_line=1,
+                                     hash=f"z{i}", text=f"zero {i}", fts_text=f"zero {i}")
+            store.store_vector(seq, bytes(4 * 64), "m")
+    fill(store, clustered(19, 10, 20), first=5000)
+    store.index_vectors()
+    assert store.vector_method() == BITS
+    assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(200,)]
