@@ -15,6 +15,7 @@ business (the store's), so this module only stores, drops and ranks vectors.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ MIN_CANDIDATES = 512
 PREFIX_SCAN_ROWS = 8192  # a path prefix over at most this many chunks is ranked exactly (~1.6 us a vector)
 PREFIX_WIDEN = 4  # at most this many times the candidates to find enough under a prefix, else rank it exactly
 _KNN_MAX_K = 4096  # sqlite-vec refuses a larger k
+_SCAN_BATCH = 8192  # vectors decoded at a time by the scan without sqlite-vec
 _BITS_STALE = "vector_bits_stale"  # meta key: vectors were written without sqlite-vec, the bits miss them
 
 
@@ -214,6 +216,11 @@ class VectorIndex:
             return []
         where = where or None
         if not self.loaded:
+            if layout.cells and not (where and self._few_under(where)):
+                want = max(min(limit, candidates_for or limit) * OVERSAMPLE, MIN_CANDIDATES)
+                hits = self._vector_scan(query_blob, limit, where, self._cells.candidates(query_blob, want))
+                if len(hits) >= limit:
+                    return hits
             return self._vector_scan(query_blob, limit, where)
         if not layout.cells and (not layout.bits or self._meta.get(_BITS_STALE) is not None):
             return self._ranked(query_blob, limit, where)
@@ -306,25 +313,39 @@ class VectorIndex:
             f"SELECT c.seq FROM chunks AS c WHERE c.seq IN (SELECT value FROM json_each(:seqs)) AND {clause}",
             {**args, "seqs": json.dumps(seqs)})]
 
-    def _vector_scan(self, query_blob: bytes, limit: int, within: ChunkFilter | None) -> list[VectorHit]:
-        from clawmem_index.embeddings.base import unpack
+    def _vector_scan(self, query_blob: bytes, limit: int, within: ChunkFilter | None,
+                     among: list[int] | None = None) -> list[VectorHit]:
+        """Without sqlite-vec: cosine distances in numpy over every vector (or `among`), read a batch at a time."""
+        import numpy as np
 
-        query = unpack(query_blob)
-        scored: list[tuple[float, int]] = []
-        for seq, blob in self._conn.execute("SELECT rowid, embedding FROM chunks_vec"):
-            vec = unpack(blob)
-            scored.append((1.0 - sum(a * b for a, b in zip(query, vec, strict=False)), int(seq)))
-        scored.sort()
+        query = np.frombuffer(query_blob, dtype="<f4").astype(np.float64)
+        sql = "SELECT rowid, embedding FROM chunks_vec"
+        rows = self._conn.execute(sql) if among is None else self._conn.execute(
+            f"{sql} WHERE rowid IN (SELECT value FROM json_each(?))", (json.dumps(among),))
+        seqs: list[Any] = []
+        distances: list[Any] = []
+        while batch := list(itertools.islice(rows, _SCAN_BATCH)):
+            vectors = np.frombuffer(b"".join(bytes(blob) for _, blob in batch), dtype="<f4").reshape(len(batch), -1)
+            seqs.append(np.fromiter((seq for seq, _ in batch), dtype=np.int64, count=len(batch)))
+            distances.append(1.0 - vectors.astype(np.float64) @ query)
+        if not seqs:
+            return []
+        all_seqs, all_distances = np.concatenate(seqs), np.concatenate(distances)
+        order = np.lexsort((all_seqs, all_distances))
         clause, args = (within or ChunkFilter()).sql("c")
         hits: list[VectorHit] = []
-        for distance, seq in scored:
-            row = self._conn.execute(
-                f"SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, c.date FROM chunks AS c"
-                f" WHERE c.seq = :seq AND {clause}", {**args, "seq": seq}).fetchone()
-            if row:
-                hits.append(VectorHit(*row[:6], distance, row[6]))
-                if len(hits) >= limit:
-                    break
+        for start in range(0, len(order), max(4 * limit, 64)):  # nearest first, a slice at a time through the filter
+            picked = order[start:start + max(4 * limit, 64)]
+            found = {int(row[0]): row for row in self._conn.execute(
+                "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, c.date FROM chunks AS c"
+                f" WHERE c.seq IN (SELECT value FROM json_each(:seqs)) AND {clause}",
+                {**args, "seqs": json.dumps(all_seqs[picked].tolist())})}
+            for position in picked.tolist():
+                row = found.get(int(all_seqs[position]))
+                if row:
+                    hits.append(VectorHit(*row[:6], float(all_distances[position]), row[6]))
+                    if len(hits) >= limit:
+                        return hits
         return hits
 
 

@@ -264,3 +264,38 @@ def test_chunks_embedded_without_a_usable_vector_build_no_cells(store: Store) ->
     store.index_vectors()
     assert store.vector_method() == BITS
     assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(200,)]
+
+
+@pytest.mark.parametrize("cells", [False, True], ids=["scan", "through-cells"])
+def test_without_sqlite_vec_a_search_ranks_by_exact_cosine_in_numpy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   cells: bool) -> None:
+    import clawmem_index.store as store_module
+
+    monkeypatch.setattr(vector_cells, "CELL_MIN", CELL_MIN if cells else 10**9)
+    monkeypatch.setattr(vector_cells, "PROBE_MIN_VECTORS", 0)
+    monkeypatch.setattr(vector_index, "PREFIX_SCAN_ROWS", 0)
+    monkeypatch.setattr(store_module, "_load_sqlite_vec", lambda conn: (False, "not available"))
+    plain = Store(tmp_path / "s.sqlite")
+    vectors = clustered(20, 100, 20)
+    paths = [f"memory/{'ab'[i % 2]}/{i}.md" for i in range(2000)]
+    by_seq = dict(zip(fill(plain, vectors, paths=paths), vectors, strict=True))
+    plain.index_vectors()
+    assert plain.vector_method() == "in-process cosine (sqlite-vec not loaded)"
+    assert (plain.execute("SELECT count(*) FROM sqlite_master WHERE name = 'chunks_vec_cells'") == [(1,)]) == cells
+    inside = {seq: vec for (seq, vec), path in zip(by_seq.items(), paths, strict=True) if path.startswith("memory/b/")}
+    asked: list[int] = []
+    real = plain.vectors._cells.candidates
+    monkeypatch.setattr(plain.vectors._cells, "candidates", lambda blob, want: asked.append(want) or real(blob, want))
+    found = 0
+    for i in range(0, 2000, 200):
+        query = near(vectors[i], i)
+        hits = plain.vector_search(query.tobytes(), 10)
+        found += len({h.seq for h in hits} & set(exact(by_seq, query, 10)))
+        for hit in hits:
+            assert hit.distance == pytest.approx(1.0 - float(by_seq[hit.seq] @ query), abs=1e-6)
+        assert [h.distance for h in hits] == sorted(h.distance for h in hits)
+        prefixed = plain.vector_search(query.tobytes(), 5, ChunkFilter(path_prefix="memory/b/"))
+        assert [h.seq for h in prefixed] == exact(inside, query, 5)
+    assert found / 100 >= (0.95 if cells else 1.0)
+    assert bool(asked) == cells  # with cells, only their candidates are ranked
+    plain.close()
