@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -37,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_vectors import SHARED, FixedQueries, log, synthesize  # noqa: E402
+from bench_vectors import SHARED, FixedQueries, log, synthesize, timed  # noqa: E402
 
 from clawmem_index.config import load_settings  # noqa: E402
 from clawmem_index.search import SearchRequest, run_search  # noqa: E402
@@ -90,22 +89,6 @@ def build(path: Path, vectors: np.ndarray, sentences: list[str],
     return figures
 
 
-def timed(fn: Any, n: int, rounds: int) -> dict[str, float]:
-    for i in range(n):  # the first pass: every word's list read once, the pages brought in
-        fn(i)
-    p50s, p95s = [], []
-    for _ in range(rounds):
-        times = []
-        for i in range(n):
-            started = time.perf_counter()
-            fn(i)
-            times.append(time.perf_counter() - started)
-        times.sort()
-        p50s.append(statistics.median(times))
-        p95s.append(times[int(0.95 * len(times))])
-    return {"p50_ms": round(1000 * statistics.median(p50s), 2), "p95_ms": round(1000 * statistics.median(p95s), 2)}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=int, default=1_000_000)
@@ -133,7 +116,7 @@ def main() -> None:
         found = sum(1 for qi in range(n) for h in store.vector_search(blobs[qi], 10)
                     if sims[qi, position[h.seq]] >= kth[qi] - 1e-6)
         return {"method": store.vector_method(), "recall@10": round(found / (10 * n), 4),
-                "vector_24": timed(lambda i: store.vector_search(blobs[i], 24), n, args.rounds)}
+                "vector_24": timed(lambda i: store.vector_search(blobs[i], 24), n, args.rounds, tail=0.95, warm_passes=1)}
 
     if not path.exists():
         result["build"] = build(path, vectors, sentences, vector_figures if args.compare else None)
@@ -144,9 +127,10 @@ def main() -> None:
     log(f"{result['method']}: recall@10 {result['recall@10']}, vector {result['vector_24']}")
     settings = load_settings(workspace=work, overrides={"index": str(work / "unused.sqlite")}, environ={}).search
     provider = FixedQueries(texts, queries)
-    result["hybrid"] = timed(lambda i: run_search(store, provider, SearchRequest(texts[i]), settings), n, args.rounds)
+    result["hybrid"] = timed(lambda i: run_search(store, provider, SearchRequest(texts[i]), settings), n, args.rounds,
+                             tail=0.95, warm_passes=1)
     result["bm25"] = timed(lambda i: run_search(store, None, SearchRequest(texts[i], mode="bm25"), settings),
-                           n, args.rounds)
+                           n, args.rounds, tail=0.95, warm_passes=1)
     store.close()
     out = Path(args.out or ROOT / "bench" / "out" / f"vectors-scale-{args.size}-{args.dims}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,9 @@ Past CELL_MIN vectors, ranking every vector's sign bits costs what the index siz
 vectors are grouped into cells around k-means centroids; a cell is one row holding its centroid,
 its members' seqs and their sign bits, so a query reads only the cells whose centroids are nearest
 its own vector (1/PROBE_SHARE of them, and at least PROBE_MIN_VECTORS members), ranks those
-members by hamming distance in numpy, and hands the best to the exact cosine rescoring. sqlite-vec's partition keys cannot do this: a KNN within
-one of 1,024 partitions costs ~2 ms however few rows it holds.
+members by hamming distance in numpy, and hands the best to the exact cosine rescoring.
+sqlite-vec's partition keys cannot do this: a KNN within one of 1,024 partitions costs ~2 ms
+however few rows it holds.
 
 Removal is lazy: a removed vector's seq stays in its cell (its candidate finds no vector at the
 rescoring and drops out; a reused seq is rescored by its real vector) until `maintain` rebuilds the
@@ -56,7 +57,7 @@ def _nearest(vectors: Any, centroids: Any) -> Any:
     import numpy as np
 
     return np.concatenate([np.argmax(vectors[i:i + READ_BATCH] @ centroids.T, axis=1)
-                           for i in range(0, len(vectors), READ_BATCH)] or [np.zeros(0, dtype=np.int64)])
+                           for i in range(0, len(vectors), READ_BATCH)])
 
 
 class VectorCells:
@@ -110,9 +111,7 @@ class VectorCells:
         self.drop()
         self._conn.execute(f"CREATE TABLE {TABLE}(cell INTEGER PRIMARY KEY, centroid BLOB NOT NULL,"
                            " seqs BLOB NOT NULL, bits BLOB NOT NULL)")
-        owner = np.concatenate(member_cells) if member_cells else np.zeros(0, dtype=np.int64)
-        all_seqs = np.concatenate(member_seqs) if member_seqs else np.zeros(0, dtype=np.int64)
-        all_bits = np.concatenate(member_bits) if member_bits else np.zeros((0, _bit_bytes(dims)), dtype=np.uint8)
+        owner, all_seqs, all_bits = (np.concatenate(parts) for parts in (member_cells, member_seqs, member_bits))
         order = np.argsort(owner, kind="stable")
         bounds = np.searchsorted(owner[order], np.arange(len(centroids) + 1))
         self._conn.executemany(f"INSERT INTO {TABLE}(cell, centroid, seqs, bits) VALUES(?, ?, ?, ?)", (
@@ -210,10 +209,6 @@ def _kmeans(sample: Any, cells: int, rng: Any) -> Any:
         keep = norms[:, 0] > 0
         centroids[used[keep]] = sums[keep] / norms[keep]
     return centroids
-
-
-def _bit_bytes(dims: int) -> int:
-    return -(-dims // 8)
 
 
 def _sign_bits(vectors: Any) -> Any:
