@@ -169,9 +169,10 @@ def _index(ctx: Context, progress: bool | None, *, force: bool) -> None:
     memory = ctx.index()
     show = sys.stderr.isatty() if progress is None else progress
     try:
-        with _ProgressBar(show, "indexing", "files") as bar, _ProgressBar(show, "embedding", "chunks") as ebar:
+        with (_ProgressBar(show, "indexing", "files") as bar, _ProgressBar(show, "embedding", "chunks") as ebar,
+              _ProgressBar(show, "clustering vectors", "vectors") as vbar):
             run = memory.reindex if force else memory.sync
-            report = run(progress=bar.update, embed_progress=ebar.update,
+            report = run(progress=bar.update, embed_progress=ebar.update, vectors_progress=vbar.update,
                          notify=lambda message: click.echo(f"clawmem: {message}", err=True))
         waiting = memory.reader().pending_embeddings() if report.embed_error else 0
     finally:

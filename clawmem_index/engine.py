@@ -186,24 +186,28 @@ class MemoryIndex:
 
     def sync(self, *, progress: Progress | None = None, embed: bool = True,
              embed_progress: Progress | None = None, paths: Iterable[str] | None = None,
-             notify: Callable[[str], None] | None = None) -> SyncReport:
+             notify: Callable[[str], None] | None = None, vectors_progress: Progress | None = None) -> SyncReport:
         """Bring the index in step with the files, rebuilding first if the fingerprint changed.
 
         `paths` limits the pass to those index keys (what a watcher saw change), so one edit costs
         the same in a workspace of any size. The report's duration covers the whole run, embedding
-        included. `notify` hears about batch jobs as they are submitted and waited for.
+        included. `notify` hears about batch jobs as they are submitted and waited for;
+        `vectors_progress` about the vector index's upkeep after embedding (a cells build, at 1M
+        chunks 30-65 s).
         """
-        return self._write(lambda fingerprint, store: self._sync_or_rebuild(fingerprint, store, progress, paths),
-                           embed, embed_progress, notify)
+        return self._write(lambda fingerprint, store: self._sync_or_rebuild(
+            fingerprint, store, progress, paths, vectors_progress), embed, embed_progress, notify, vectors_progress)
 
     def reindex(self, *, progress: Progress | None = None, embed: bool = True,
-                embed_progress: Progress | None = None, notify: Callable[[str], None] | None = None) -> SyncReport:
+                embed_progress: Progress | None = None, notify: Callable[[str], None] | None = None,
+                vectors_progress: Progress | None = None) -> SyncReport:
         """Rebuild from scratch whatever the fingerprint says (old index serves until the swap)."""
-        return self._write(lambda fingerprint, store: self._rebuild(fingerprint, progress, store), embed,
-                           embed_progress, notify)
+        return self._write(lambda fingerprint, store: self._rebuild(fingerprint, progress, store, vectors_progress),
+                           embed, embed_progress, notify, vectors_progress)
 
     def _write(self, work: Callable[[str, Store | None], SyncReport], embed: bool,
-               embed_progress: Progress | None, notify: Callable[[str], None] | None = None) -> SyncReport:
+               embed_progress: Progress | None, notify: Callable[[str], None] | None = None,
+               vectors_progress: Progress | None = None) -> SyncReport:
         """Run `work` under the writer lock, embed what is pending, and record how it went in `meta`."""
         if self.read_only:
             raise IndexUnavailable(f"the index {self.backend.describe()} is open read-only here: `clawmem index` (or the daemon)"
@@ -221,7 +225,7 @@ class MemoryIndex:
             assert store is not None
             try:
                 if embed and self.provider is not None:
-                    self._embed(store, self.provider, fingerprint, report, embed_progress, notify)
+                    self._embed(store, self.provider, fingerprint, report, embed_progress, notify, vectors_progress)
                 report.duration = time.perf_counter() - started
                 self._record(store, report)
             finally:
@@ -229,7 +233,8 @@ class MemoryIndex:
         return report
 
     def _embed(self, store: Store, provider: EmbeddingProvider, fingerprint: str, report: SyncReport,
-               progress: Progress | None, notify: Callable[[str], None] | None) -> None:
+               progress: Progress | None, notify: Callable[[str], None] | None,
+               vectors_progress: Progress | None = None) -> None:
         """Vectors for what waits: batch jobs for a large backfill (waited for if `batch.wait`), then requests."""
         batch = self.settings.batch
         jobs = advance(store, provider, batch)
@@ -244,11 +249,11 @@ class MemoryIndex:
         report.batch_jobs, report.batch_chunks = jobs.running, jobs.waiting_chunks
         embedded, report.embed_error = embed_pending(
             store, provider, cache_max_entries=self.settings.embedding.cache_max_entries, progress=progress,
-            fingerprint=fingerprint, exclude=covered(store, provider))
+            fingerprint=fingerprint, exclude=covered(store, provider), index_progress=vectors_progress)
         report.embedded += embedded
 
     def _sync_or_rebuild(self, fingerprint: str, store: Store | None, progress: Progress | None,
-                         paths: Iterable[str] | None) -> SyncReport:
+                         paths: Iterable[str] | None, vectors_progress: Progress | None = None) -> SyncReport:
         if store is not None and store.get_meta("fingerprint") == fingerprint:
             try:
                 return sync_workspace(store, self.settings, progress=progress, paths=paths)
@@ -256,10 +261,10 @@ class MemoryIndex:
                 store.close()
         if store is not None and _same_chunking(store.get_meta("fingerprint"), fingerprint):
             try:
-                return self._switch_vectors(fingerprint, store, progress)
+                return self._switch_vectors(fingerprint, store, progress, vectors_progress)
             except apsw.Error:
                 pass  # rolled back (a schema-1 vector table, say): rebuild from the files instead
-        report = self._rebuild(fingerprint, progress, store)
+        report = self._rebuild(fingerprint, progress, store, vectors_progress)
         live = self._open_live()
         assert live is not None
         try:
@@ -301,7 +306,8 @@ class MemoryIndex:
         """A connection that may write the live index (the embedder's), None when there is none."""
         return self._open_live()
 
-    def _switch_vectors(self, fingerprint: str, store: Store, progress: Progress | None) -> SyncReport:
+    def _switch_vectors(self, fingerprint: str, store: Store, progress: Progress | None,
+                        vectors_progress: Progress | None = None) -> SyncReport:
         """A new provider or model over the same chunks: new vectors (from the cache) in place, in one transaction.
 
         Readers see the old index until the commit and the new one after it, never a mix; only
@@ -316,13 +322,14 @@ class MemoryIndex:
                 report = sync_workspace(store, self.settings, progress=progress)
                 if self.provider is not None:
                     report.from_cache, _ = embed_pending(store, self.provider, cache_only=True,
-                                                         cache_max_entries=0)
+                                                         cache_max_entries=0, index_progress=vectors_progress)
         finally:
             store.close()
         report.chunks_kept = chunks - report.chunks_removed
         return report
 
-    def _rebuild(self, fingerprint: str, progress: Progress | None, replacing: Store | None) -> SyncReport:
+    def _rebuild(self, fingerprint: str, progress: Progress | None, replacing: Store | None,
+                 vectors_progress: Progress | None = None) -> SyncReport:
         """Build a new index privately (keyword rows, and the vectors the cache has) and swap it in."""
         if replacing is not None:
             replacing.close()
@@ -331,7 +338,8 @@ class MemoryIndex:
             fresh.set_meta("fingerprint", fingerprint)
             report = sync_workspace(fresh, self.settings, progress=progress, bulk=True)
             if self.provider is not None:
-                report.from_cache, _ = embed_pending(fresh, self.provider, cache_only=True, cache_max_entries=0)
+                report.from_cache, _ = embed_pending(fresh, self.provider, cache_only=True, cache_max_entries=0,
+                                                     index_progress=vectors_progress)
             self.backend.swap_in(fresh)
         report.duration = time.perf_counter() - started
         return report

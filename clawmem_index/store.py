@@ -293,10 +293,10 @@ class Store:
     def ensure_vector_table(self, dims: int) -> None:
         self.vectors.ensure(dims)
 
-    def index_vectors(self) -> None:
+    def index_vectors(self, progress: Callable[[int, int], None] | None = None) -> None:
         """After an embedding pass: past CELL_MIN vectors, (re)build the cells searches read (vector_cells)."""
         with self.transaction():
-            self.vectors.maintain()
+            self.vectors.maintain(progress)
 
     def release_vector_index(self) -> None:
         """Before every vector is replaced in place: nothing to drop here (no graph is kept)."""

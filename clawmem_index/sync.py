@@ -432,7 +432,7 @@ class _Batch:
 def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entries: int, batch: int = EMBED_BATCH,
                   progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
                   fingerprint: str | None = None, cache_only: bool = False,
-                  exclude: Collection[str] = ()) -> tuple[int, str | None]:
+                  exclude: Collection[str] = (), index_progress: Progress | None = None) -> tuple[int, str | None]:
     """Give every chunk without a vector one, cache first. Returns (embedded, error or None).
 
     The provider is called outside any transaction (on a thread of its own, one batch ahead of the
@@ -444,7 +444,8 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
     keyword search is unaffected. `cache_only` fills what the embedding cache knows and makes no
     provider call; chunks whose hash is in `exclude` (a batch job embeds them) are only filled from
     the cache. `progress` is told after each batch: EMBED_BATCH chunks, or the provider's
-    `preferred_batch` when larger (a remote provider's requests in flight at once).
+    `preferred_batch` when larger (a remote provider's requests in flight at once); `index_progress`
+    about the vector index's upkeep at the end (a cells build past 131k vectors takes 30-65 s at 1M).
     """
     info = provider.info
     key = info.provider_key
@@ -511,7 +512,7 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
     except ProviderError as exc:
         error = str(exc)
     if not (should_stop and should_stop()):
-        store.index_vectors()  # a backend that indexes vectors whole (pgvector's HNSW) does it now, once
+        store.index_vectors(index_progress)  # a backend that indexes vectors whole (pgvector's HNSW) does it now
     if cache_max_entries:
         with store.transaction():
             store.prune_cache(cache_max_entries)

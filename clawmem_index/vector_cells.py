@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import apsw
@@ -83,11 +83,13 @@ class VectorCells:
             return "build"
         return None
 
-    def build(self, dims: int) -> bool:
+    def build(self, dims: int, progress: Callable[[int, int], None] | None = None) -> bool:
         """Train centroids on a sample of the stored vectors, then put every vector in its nearest cell.
 
         False, and nothing changed, when too few chunks hold a vector (embedded chunks whose provider
-        answered no usable vector are counted as embedded but store none).
+        answered no usable vector are counted as embedded but store none). `progress` is told
+        (done, total) in vectors scored against every centroid: each training round's sample, then
+        each vector once (a build at 1M takes 30-65 s, so a user needs to see it move).
         """
         import numpy as np
 
@@ -99,7 +101,10 @@ class VectorCells:
         size = min(len(seqs), SAMPLE_PER_CELL * cells, SAMPLE_BYTES // (4 * dims))
         sample = np.concatenate([self._read(part, dims) for part in np.array_split(
             np.sort(rng.choice(seqs, size=size, replace=False)), max(1, size // READ_BATCH))])
-        centroids = _kmeans(sample, min(cells, len(sample)), rng)
+        total = TRAIN_ROUNDS * size + len(seqs)
+        report = progress or (lambda done, total: None)
+        report(0, total)
+        centroids = _kmeans(sample, min(cells, len(sample)), rng, lambda rounds: report(rounds * size, total))
         del sample
         member_cells, member_seqs, member_bits = [], [], []
         for start in range(0, len(seqs), READ_BATCH):
@@ -108,6 +113,7 @@ class VectorCells:
             member_cells.append(_nearest(vectors, centroids))
             member_seqs.append(batch)
             member_bits.append(_sign_bits(vectors))
+            report(TRAIN_ROUNDS * size + start + len(batch), total)
         self.drop()
         self._conn.execute(f"CREATE TABLE {TABLE}(cell INTEGER PRIMARY KEY, centroid BLOB NOT NULL,"
                            " seqs BLOB NOT NULL, bits BLOB NOT NULL)")
@@ -195,12 +201,12 @@ class VectorCells:
         return np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), dims)
 
 
-def _kmeans(sample: Any, cells: int, rng: Any) -> Any:
+def _kmeans(sample: Any, cells: int, rng: Any, rounds_done: Callable[[int], None]) -> Any:
     """Spherical k-means (cosine): unit centroids; a cell left empty keeps its previous centroid."""
     import numpy as np
 
     centroids = sample[rng.choice(len(sample), size=cells, replace=False)].astype(np.float32)
-    for _ in range(TRAIN_ROUNDS):
+    for done in range(1, TRAIN_ROUNDS + 1):
         owner = _nearest(sample, centroids)
         order = np.argsort(owner, kind="stable")
         used, starts = np.unique(owner[order], return_index=True)
@@ -208,6 +214,7 @@ def _kmeans(sample: Any, cells: int, rng: Any) -> Any:
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
         keep = norms[:, 0] > 0
         centroids[used[keep]] = sums[keep] / norms[keep]
+        rounds_done(done)
     return centroids
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,8 +123,10 @@ class VectorIndex:
         if self.loaded and not layout.cells and (not layout.bits or self._meta.get(_BITS_STALE) is not None):
             self._build_bits(dims, replace=layout.bits)
 
-    def maintain(self) -> None:
+    def maintain(self, progress: Callable[[int, int], None] | None = None) -> None:
         """After an embedding pass: move the sign bits into cells past CELL_MIN vectors, rebuild or drop them.
+
+        `progress`: told how a cells build goes (VectorCells.build); nothing else here takes long.
 
         Counted from the chunks' own indexes (a count of chunks_vec would read every vector). Cells
         beside sign bits were missed by a writer that knows no cells: the bits answer until they are rebuilt.
@@ -137,7 +139,7 @@ class VectorIndex:
         action = self._cells.due(chunks - pending, layout.cells or layout.stale_cells)
         if layout.stale_cells and action is None:
             action = "build"
-        if action == "build" and self._cells.build(layout.dims):
+        if action == "build" and self._cells.build(layout.dims, progress):
             self._conn.execute("DROP TABLE IF EXISTS chunks_vec_bits")
             self._meta.delete(_BITS_STALE)
         elif action == "drop":

@@ -232,10 +232,14 @@ def test_an_embedding_pass_past_cell_min_moves_the_vectors_into_cells_and_edits_
     for i in range(250):
         write(f"memory/n{i}.md", f"# Note {i}\nthe greenhouse log entry {i}, sensor {i * 7}\n")
     index = MemoryIndex(settings, provider=FakeProvider())
-    index.sync()
+    building: list[tuple[int, int]] = []
+    index.sync(vectors_progress=lambda done, total: building.append((done, total)))
     assert index.status()["vector_search"] == "k-means cells of sign bits, exact cosine rescoring"
+    assert building and building[-1][0] == building[-1][1] > 250  # `clawmem index` shows the build's bar
     write("memory/new.md", "# Orchids\nthe orchids bloomed in the north bed\n")
-    index.sync()
+    building.clear()
+    index.sync(vectors_progress=lambda done, total: building.append((done, total)))
+    assert building == []  # one more vector joins its cell: no build
     hits = index.search(SearchRequest("the orchids bloomed in the north bed", mode="vector", max_results=1,
                                       min_score=0.0))
     assert [r["path"] for r in hits["results"]] == ["memory/new.md"]  # type: ignore[index]

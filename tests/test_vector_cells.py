@@ -299,3 +299,18 @@ def test_without_sqlite_vec_a_search_ranks_by_exact_cosine_in_numpy(tmp_path: Pa
     assert found / 100 >= (0.95 if cells else 1.0)
     assert bool(asked) == cells  # with cells, only their candidates are ranked
     plain.close()
+
+
+def test_a_cells_build_reports_its_progress_to_the_end(store: Store) -> None:
+    vectors = clustered(12, 100, 20)
+    fill(store, vectors)
+    seen: list[tuple[int, int]] = []
+    store.index_vectors(lambda done, total: seen.append((done, total)))
+    sample = min(len(vectors), vector_cells.SAMPLE_PER_CELL * vector_cells.cell_count(len(vectors)))
+    total = vector_cells.TRAIN_ROUNDS * sample + len(vectors)
+    assert seen[0] == (0, total) and seen[-1] == (total, total)
+    assert len(seen) > vector_cells.TRAIN_ROUNDS + 1  # every round and every batch, not only the ends
+    assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:], strict=False))
+    seen.clear()
+    store.index_vectors(lambda done, total: seen.append((done, total)))
+    assert seen == []  # nothing to build: nothing to report

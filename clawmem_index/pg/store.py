@@ -20,7 +20,7 @@ import math
 import struct
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -904,9 +904,10 @@ class PgStore:
         if self.get_meta("vector_dims") != str(int(dims)):
             self.set_meta("vector_dims", str(int(dims)))
 
-    def index_vectors(self) -> None:
+    def index_vectors(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Build this generation's HNSW index from the vectors stored, if it has none yet (each
         generation and size of vector has its own: a rebuild's is made before its switch).
+        One statement in the server: no `progress` to report.
 
         Through `cm_index_vectors`, which runs as the tables' owner for any role that may write the
         workspace, with memory for the graph. The build holds writes to this workspace's rows
