@@ -1,7 +1,8 @@
 """Vector and hybrid search over a million chunks: the k-means cells (clawmem_index.vector_cells) at scale.
 
-    python bench/bench_vectors_scale.py [--size 1000000] [--dims 384|1536] [--work DIR] [--rounds 3] [--compare]
-                                        [--out bench/out/vectors-scale-<size>-<dims>.json]
+    python bench/bench_vectors_scale.py [--size 1000000] [--dims 384|1536] [--precision float32|float16]
+                                        [--work DIR] [--rounds 3] [--compare]
+                                        [--out bench/out/vectors-scale-<size>-<dims>[-float16].json]
 
 Needs ../shared (the SciFact corpus and queries) and the MiniLM vectors of every SciFact sentence
 and of the 300 test queries that `bench_vectors.py --sentences` caches under --work: 44,941 real
@@ -11,7 +12,8 @@ bench_vectors.py) up to --size, each chunk with its sentence's text. --dims 1536
 approximately, at the width of OpenAI's models (no 1,536-d model runs here).
 
 Reports: the time to store the chunks and to build the cells (`Store.index_vectors`, what the end
-of an embedding pass runs), the file's size, recall@10 of `vector_search` against exact cosine
+of an embedding pass runs), the file's size and the bytes of its float vector table (`embedding.precision`
+float16 stores them in half), recall@10 of `vector_search` against exact cosine of the float32 vectors
 (numpy) on the 300 queries, and p50/p95 of vector search (24 rows, what a default search asks
 for), hybrid search and BM25 search through `run_search` on one long-lived Store, as the daemon
 answers them (its keyword lists kept; the median of --rounds passes, the first pass apart). With
@@ -64,12 +66,12 @@ def widen(vectors: np.ndarray, dims: int) -> np.ndarray:
     return out
 
 
-def build(path: Path, vectors: np.ndarray, sentences: list[str],
+def build(path: Path, vectors: np.ndarray, sentences: list[str], precision: str,
           before: Callable[[Store], dict[str, Any]] | None = None) -> dict[str, Any]:
     """The index; `before` measures it with the sign bits alone, before the embedding pass's end makes cells."""
     started = time.perf_counter()
     store = Store(path, fast_unsafe=True)
-    store.ensure_vector_table(vectors.shape[1])
+    store.ensure_vector_table(vectors.shape[1], precision)
     for start in range(0, len(vectors), 5000):
         with store.transaction():
             for i in range(start, min(start + 5000, len(vectors))):
@@ -93,6 +95,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=int, default=1_000_000)
     parser.add_argument("--dims", type=int, default=384)
+    parser.add_argument("--precision", choices=("float32", "float16"), default="float32")
     parser.add_argument("--work", default="/tmp/clawmem-bench-vectors")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--compare", action="store_true",
@@ -103,8 +106,9 @@ def main() -> None:
     real, sentences, queries, texts = corpus(work)
     vectors = widen(synthesize(real, args.size), args.dims)
     queries = widen(queries, args.dims)
-    path = work / f"scale-{args.size}-{args.dims}.sqlite"
-    result: dict[str, Any] = {"size": args.size, "dims": args.dims}
+    name = f"{args.size}-{args.dims}" + ("" if args.precision == "float32" else f"-{args.precision}")
+    path = work / f"scale-{name}.sqlite"
+    result: dict[str, Any] = {"size": args.size, "dims": args.dims, "precision": args.precision}
     sims = queries @ vectors.T
     kth = -np.sort(-sims, axis=1)[:, 9]
     blobs = [q.tobytes() for q in queries]
@@ -119,10 +123,11 @@ def main() -> None:
                 "vector_24": timed(lambda i: store.vector_search(blobs[i], 24), n, args.rounds, tail=0.95, warm_passes=1)}
 
     if not path.exists():
-        result["build"] = build(path, vectors, sentences, vector_figures if args.compare else None)
+        result["build"] = build(path, vectors, sentences, args.precision, vector_figures if args.compare else None)
         log(f"built: {result['build']}")
     result["file_bytes"] = path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(path.name + "-*"))
     store = Store(path, create=False)
+    result["vector_table_bytes"] = store.execute("SELECT sum(pgsize) FROM dbstat WHERE name = 'chunks_vec'")[0][0]
     result.update(vector_figures(store))
     log(f"{result['method']}: recall@10 {result['recall@10']}, vector {result['vector_24']}")
     settings = load_settings(workspace=work, overrides={"index": str(work / "unused.sqlite")}, environ={}).search
@@ -132,7 +137,7 @@ def main() -> None:
     result["bm25"] = timed(lambda i: run_search(store, None, SearchRequest(texts[i], mode="bm25"), settings),
                            n, args.rounds, tail=0.95, warm_passes=1)
     store.close()
-    out = Path(args.out or ROOT / "bench" / "out" / f"vectors-scale-{args.size}-{args.dims}.json")
+    out = Path(args.out or ROOT / "bench" / "out" / f"vectors-scale-{name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

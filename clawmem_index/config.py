@@ -68,8 +68,10 @@ class EmbeddingSettings:
     threads: int = 0
     isolate_local: bool = True  # the daemon runs a local model in a child process (embeddings.isolated)
     concurrency: int = 4  # remote requests in flight at once
+    precision: str = "float32"  # or "float16": the SQLite index stores each vector in half the bytes
 
     def validate(self) -> None:
+        _require(self.precision in ("float32", "float16"), "embedding.precision", "must be float32 or float16")
         _require(self.provider in PROVIDERS, "embedding.provider", f"must be one of {', '.join(PROVIDERS)}")
         _require(self.fallback in ("", *PROVIDERS), "embedding.fallback",
                  f"must be empty or one of {', '.join(PROVIDERS)}")
@@ -226,6 +228,8 @@ class Settings:
         _require(self.index_backend in INDEX_BACKENDS, "index_backend", f"must be one of {', '.join(INDEX_BACKENDS)}")
         _require(self.index_backend != "postgres" or self.index_url.startswith(("postgresql://", "postgres://")),
                  "index_url", "must be a postgresql:// URL when index_backend is postgres")
+        _require(self.index_backend != "postgres" or self.embedding.precision == "float32", "embedding.precision",
+                 "float16 is for the SQLite index; the shared PostgreSQL index stores float32 vectors")
         _require(bool(workspace_id(self.workspace_name or self.workspace.name)), "workspace_name",
                  "must hold a letter or digit")
         for section in (self.chunking, self.embedding, self.search, self.batch, self.daemon):

@@ -162,7 +162,8 @@ class Embedder:
                 self._log.info("batch_job", submitted=jobs.submitted, chunks=jobs.waiting_chunks)
             run.embedded, error = embed_pending(
                 store, provider, cache_max_entries=index.settings.embedding.cache_max_entries,
-                fingerprint=fingerprint, should_stop=lambda: self._stopping, exclude=covered(store, provider))
+                fingerprint=fingerprint, should_stop=lambda: self._stopping, exclude=covered(store, provider),
+                precision=index.settings.embedding.precision)
             run.pending_embeddings = store.pending_embeddings()
             if jobs.busy:
                 run.poll_in = index.settings.batch.poll_interval

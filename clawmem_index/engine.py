@@ -131,6 +131,7 @@ class MemoryIndex:
             "tokenizer": chunking.tokenizer,
             "chunk_tokens": chunking.tokens,
             "chunk_overlap": chunking.overlap,
+            **({"precision": precision} if (precision := self.settings.embedding.precision) != "float32" else {}),
         }
 
     def fingerprint_json(self) -> str:
@@ -249,7 +250,8 @@ class MemoryIndex:
         report.batch_jobs, report.batch_chunks = jobs.running, jobs.waiting_chunks
         embedded, report.embed_error = embed_pending(
             store, provider, cache_max_entries=self.settings.embedding.cache_max_entries, progress=progress,
-            fingerprint=fingerprint, exclude=covered(store, provider), index_progress=vectors_progress)
+            fingerprint=fingerprint, exclude=covered(store, provider), index_progress=vectors_progress,
+            precision=self.settings.embedding.precision)
         report.embedded += embedded
 
     def _sync_or_rebuild(self, fingerprint: str, store: Store | None, progress: Progress | None,
@@ -322,7 +324,8 @@ class MemoryIndex:
                 report = sync_workspace(store, self.settings, progress=progress)
                 if self.provider is not None:
                     report.from_cache, _ = embed_pending(store, self.provider, cache_only=True,
-                                                         cache_max_entries=0, index_progress=vectors_progress)
+                                                         cache_max_entries=0, index_progress=vectors_progress,
+                                                         precision=self.settings.embedding.precision)
         finally:
             store.close()
         report.chunks_kept = chunks - report.chunks_removed
@@ -339,7 +342,8 @@ class MemoryIndex:
             report = sync_workspace(fresh, self.settings, progress=progress, bulk=True)
             if self.provider is not None:
                 report.from_cache, _ = embed_pending(fresh, self.provider, cache_only=True, cache_max_entries=0,
-                                                     index_progress=vectors_progress)
+                                                     index_progress=vectors_progress,
+                                                     precision=self.settings.embedding.precision)
             self.backend.swap_in(fresh)
         report.duration = time.perf_counter() - started
         return report

@@ -290,8 +290,8 @@ class Store:
         """How `vector_search` answers on this connection (for diagnostics and benchmarks)."""
         return self.vectors.method()
 
-    def ensure_vector_table(self, dims: int) -> None:
-        self.vectors.ensure(dims)
+    def ensure_vector_table(self, dims: int, precision: str = "float32") -> None:
+        self.vectors.ensure(dims, precision)
 
     def index_vectors(self, progress: Callable[[int, int], None] | None = None) -> None:
         """After an embedding pass: past CELL_MIN vectors, (re)build the cells searches read (vector_cells)."""
@@ -374,7 +374,7 @@ class Store:
         if touch:
             self.touch_cached(provider, model, key, found)
         if self._vector_owner() == (provider, model, key):
-            found.update((str(h), bytes(blob)) for h, blob in self.conn.execute(
+            found.update((str(h), self.vectors.float32(bytes(blob))) for h, blob in self.conn.execute(
                 "SELECT c.hash, v.embedding FROM chunks AS c JOIN chunks_vec AS v ON v.rowid = c.seq"
                 " WHERE c.hash IN (SELECT value FROM json_each(?))", (wanted,)))
         return found
@@ -410,9 +410,10 @@ class Store:
         kept = "" if seqs is None else (
             " HAVING count(*) = (SELECT count(*) FROM chunks AS o JOIN chunks_vec AS ov ON ov.rowid = o.seq"
             " WHERE o.hash = c.hash)")
+        vector = self.vectors.sql_float32("v.embedding")
         self.conn.execute(
             "INSERT OR REPLACE INTO embedding_cache(provider, model, provider_key, hash, embedding, dims, updated_at)"
-            " SELECT :provider, :model, :key, c.hash, v.embedding, length(v.embedding) / 4, :now"
+            f" SELECT :provider, :model, :key, c.hash, {vector}, length({vector}) / 4, :now"
             f" FROM chunks AS c JOIN chunks_vec AS v ON v.rowid = c.seq{among} GROUP BY c.hash{kept}",
             {"provider": owner[0], "model": owner[1], "key": owner[2], "now": time.time(),
              "seqs": json.dumps(list(seqs or ()))})
@@ -448,9 +449,11 @@ class Store:
             owner = self.conn.execute("SELECT value FROM old.meta WHERE key = 'vector_owner'").fetchone()
             if owner is not None and "chunks_vec" in tables:
                 provider, model, key = json.loads(owner[0])
+                half = self.conn.execute("SELECT 1 FROM old.meta WHERE key = 'vector_precision' AND value = 'float16'")
+                vector = self.vectors.sql_float32("v.embedding", half=half.fetchone() is not None)
                 self.conn.execute(
                     "INSERT OR IGNORE INTO embedding_cache(provider, model, provider_key, hash, embedding, dims,"
-                    " updated_at) SELECT ?, ?, ?, c.hash, v.embedding, length(v.embedding) / 4, ?"
+                    f" updated_at) SELECT ?, ?, ?, c.hash, {vector}, length({vector}) / 4, ?"
                     " FROM old.chunks AS c JOIN old.chunks_vec AS v ON v.rowid = c.seq",
                     (provider, model, key, time.time()))
             if "embedding_jobs" in tables:

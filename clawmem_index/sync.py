@@ -432,7 +432,8 @@ class _Batch:
 def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entries: int, batch: int = EMBED_BATCH,
                   progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
                   fingerprint: str | None = None, cache_only: bool = False,
-                  exclude: Collection[str] = (), index_progress: Progress | None = None) -> tuple[int, str | None]:
+                  exclude: Collection[str] = (), index_progress: Progress | None = None,
+                  precision: str = "float32") -> tuple[int, str | None]:
     """Give every chunk without a vector one, cache first. Returns (embedded, error or None).
 
     The provider is called outside any transaction (on a thread of its own, one batch ahead of the
@@ -446,6 +447,7 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
     the cache. `progress` is told after each batch: EMBED_BATCH chunks, or the provider's
     `preferred_batch` when larger (a remote provider's requests in flight at once); `index_progress`
     about the vector index's upkeep at the end (a cells build past 131k vectors takes 30-65 s at 1M).
+    `precision`: how a new vector table stores its vectors (`embedding.precision`).
     """
     info = provider.info
     key = info.provider_key
@@ -495,7 +497,7 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
                     break  # replaced by a rebuild for another model: these vectors belong to no chunk of it
                 dims = next((len(blob) // 4 for blob in known.values() if blob is not None), 0)
                 if dims:
-                    store.ensure_vector_table(dims)
+                    store.ensure_vector_table(dims, precision)
                     store.set_vector_owner(info.provider, info.model, key)
                 given = store.store_vectors([(seq, h, known[h]) for seq, h, _ in item.pending if h in known],
                                             info.model)

@@ -63,9 +63,10 @@ def _nearest(vectors: Any, centroids: Any) -> Any:
 class VectorCells:
     """The cells table of one connection; its centroids are read once per build and kept."""
 
-    def __init__(self, conn: apsw.Connection, meta: Meta) -> None:
+    def __init__(self, conn: apsw.Connection, meta: Meta, stored_dtype: Callable[[], str]) -> None:
         self._conn = conn
         self._meta = meta
+        self._stored_dtype = stored_dtype  # numpy dtype of chunks_vec's blobs: "<f4", or "<f2" at half precision
         self._centroids: tuple[str, Any] | None = None  # (build stamp, cells x dims float32)
 
     # -- upkeep -----------------------------------------------------------------------------------
@@ -198,7 +199,8 @@ class VectorCells:
         blobs = [bytes(row[0]) for row in self._conn.execute(
             "SELECT embedding FROM chunks_vec WHERE rowid IN (SELECT value FROM json_each(?)) ORDER BY rowid",
             (json.dumps(wanted),))]
-        return np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), dims)
+        stored = np.frombuffer(b"".join(blobs), dtype=self._stored_dtype()).reshape(len(blobs), dims)
+        return stored.astype(np.float32, copy=False)
 
 
 def _kmeans(sample: Any, cells: int, rng: Any, rounds_done: Callable[[int], None]) -> Any:

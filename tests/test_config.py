@@ -49,6 +49,9 @@ def test_fixed_environment_names(tmp_path: Path) -> None:
     ("[search]\nmin_score = 3.0\n", "search.min_score"),
     ("[chunking]\noverlap = 500\n", "chunking.overlap"),
     ("[embedding]\nprovider = 'skynet'\n", "embedding.provider"),
+    ("[embedding]\nprecision = 'int4'\n", "embedding.precision"),
+    ("index_backend = 'postgres'\nindex_url = 'postgresql://u@h/db'\n[embedding]\nprecision = 'float16'\n",
+     "embedding.precision"),
     ("[nosuch]\nx = 1\n", "nosuch"),
     ("search = 5\n", "search"),
 ])

@@ -891,13 +891,15 @@ class PgStore:
             return "pgvector exact cosine scan (the HNSW index is built when the embedding pass ends)"
         return "pgvector HNSW (cosine), exact distances"
 
-    def ensure_vector_table(self, dims: int) -> None:
+    def ensure_vector_table(self, dims: int, precision: str = "float32") -> None:
         """Note that this generation holds vectors of `dims` dimensions (`vector_dims`, as SQLite's store).
 
         Their HNSW index is not made here: pgvector keeps one up to date row by row, which cost a
         cold index nine tenths of its vector writes. `index_vectors` builds it whole at the end of
-        the embedding pass.
+        the embedding pass. Vectors are float32 here (`precision` float16 is refused by the settings).
         """
+        if precision != "float32":
+            raise ValueError("the shared PostgreSQL index stores float32 vectors only")
         if dims in self._vector_dims:
             return
         self._vector_dims.add(dims)

@@ -1,0 +1,120 @@
+"""Half-precision vectors (`embedding.precision = "float16"`): stored in half the bytes, ranked exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_vector_cells import clustered, exact, fill, near
+
+import clawmem_index.store as store_module
+import clawmem_index.vector_cells as vector_cells
+import clawmem_index.vector_index as vector_index
+from clawmem_index.config import Settings
+from clawmem_index.embeddings.fake import FakeProvider
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.search import SearchRequest
+from clawmem_index.store import ChunkFilter, Store
+
+
+def halved(vectors: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    return {seq: vec.astype(np.float16).astype(np.float32) for seq, vec in vectors.items()}
+
+
+@pytest.mark.parametrize(("cells", "loaded"), [(False, True), (True, True), (False, False), (True, False)])
+def test_half_precision_stores_two_bytes_a_dimension_and_ranks_them_exactly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cells: bool, loaded: bool) -> None:
+    monkeypatch.setattr(vector_cells, "CELL_MIN", 1000 if cells else 10**9)
+    monkeypatch.setattr(vector_cells, "PROBE_MIN_VECTORS", 0)
+    monkeypatch.setattr(vector_index, "PREFIX_SCAN_ROWS", 0)  # a prefix goes through the candidates too
+    if not loaded:
+        monkeypatch.setattr(store_module, "_load_sqlite_vec", lambda conn: (False, "not available"))
+    store = Store(tmp_path / "s.sqlite")
+    store.ensure_vector_table(64, "float16")
+    vectors = clustered(30, 100, 20)
+    paths = [f"memory/{'ab'[i % 2]}/{i}.md" for i in range(2000)]
+    stored = halved(dict(zip(fill(store, vectors, paths=paths), vectors, strict=True)))
+    store.index_vectors()
+    assert ("float16" in store.vector_method()) == loaded
+    assert ("cells" in store.vector_method()) == (cells and loaded)
+    assert store.execute("SELECT DISTINCT length(embedding) FROM chunks_vec") == [(2 * 64,)]
+    inside = {seq: vec for (seq, vec), path in zip(stored.items(), paths, strict=True) if path.startswith("memory/b/")}
+    found = 0
+    for i in range(0, 2000, 200):
+        query = near(vectors[i], i)
+        hits = store.vector_search(query.tobytes(), 10)
+        found += len({h.seq for h in hits} & set(exact(stored, query, 10)))
+        for hit in hits:
+            assert hit.distance == pytest.approx(1.0 - float(stored[hit.seq] @ query), abs=1e-6)
+        assert [h.distance for h in hits] == sorted(h.distance for h in hits)
+        assert store.vectors.distances_of(query.tobytes(), [h.seq for h in hits]) == pytest.approx(
+            {h.seq: h.distance for h in hits}, abs=1e-9)  # what `search` gave, as the fusion reads them
+        prefixed = store.vector_search(query.tobytes(), 5, ChunkFilter(path_prefix="memory/b/"))
+        assert [h.seq for h in prefixed] == exact(inside, query, 5)
+    assert found / 100 >= 0.95
+    store.close()
+
+
+def test_a_half_precision_table_gives_its_vectors_out_as_float32(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.ensure_vector_table(64, "float16")
+    vectors = clustered(31, 2, 3)
+    seqs = fill(store, vectors)
+    with store.transaction():
+        store.set_vector_owner("fake", "m", "k")
+    hashes = [f"v{i}" for i in range(len(seqs))]
+    given = store.cached_embeddings("fake", "m", "k", hashes)
+    for i, h in enumerate(hashes):
+        assert np.frombuffer(given[h], dtype="<f4").tolist() == vectors[i].astype(np.float16).astype(np.float32).tolist()
+    with store.transaction():
+        store.reset_vectors()  # a model switch moves the chunks' vectors into the cache
+    cached = store.execute("SELECT hash, embedding, dims FROM embedding_cache ORDER BY hash")
+    assert {(h, len(blob), dims) for h, blob, dims in cached} == {(h, 4 * 64, 64) for h in hashes}
+    assert store.execute("SELECT value FROM meta WHERE key = 'vector_precision'") == []  # the next table chooses
+    store.close()
+
+
+def test_an_existing_table_keeps_its_precision_until_its_vectors_go(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.ensure_vector_table(8, "float32")
+    store.ensure_vector_table(8, "float16")
+    fill(store, clustered(32, 1, 2, dims=8))
+    assert store.execute("SELECT DISTINCT length(embedding) FROM chunks_vec") == [(32,)]
+    with pytest.raises(ValueError, match="precision"):
+        Store(tmp_path / "t.sqlite").ensure_vector_table(8, "int4")
+    store.close()
+
+
+def with_precision(settings: Settings, precision: str) -> Settings:
+    return dataclasses.replace(settings, embedding=dataclasses.replace(settings.embedding, precision=precision))
+
+
+def test_changing_the_precision_re_stores_every_vector_from_the_cache_without_the_provider(
+        settings: Settings, write) -> None:
+    for i in range(30):
+        write(f"memory/n{i}.md", f"# Note {i}\nthe greenhouse log entry {i}, sensor {i * 7}\n")
+    write("memory/orchids.md", "# Orchids\nthe orchids bloomed in the north bed\n")
+    provider = FakeProvider()
+    MemoryIndex(settings, provider=provider).sync()
+    made = provider.document_calls
+    query = SearchRequest("the orchids bloomed in the north bed", mode="vector", max_results=3, min_score=0.0)
+
+    def stored_bytes(index: MemoryIndex) -> set[int]:
+        return {int(n) for (n,) in index.reader().execute("SELECT DISTINCT length(embedding) FROM chunks_vec")}
+
+    for precision, width in (("float16", 2), ("float32", 4)):
+        index = MemoryIndex(with_precision(settings, precision), provider=provider)
+        index.sync()
+        assert provider.document_calls == made  # every vector came from the index itself
+        assert stored_bytes(index) == {width * 64}
+        assert index.reader().pending_embeddings() == 0
+        assert [r["path"] for r in index.search(query)["results"]][0] == "memory/orchids.md"  # type: ignore[index]
+        assert ("float16" in str(index.status()["vector_search"])) == (precision == "float16")
+        index.close()
+    half = MemoryIndex(with_precision(settings, "float16"), provider=provider)
+    half.sync()
+    half.reindex()  # a rebuild copies a half-precision index's vectors as float32 into the new file's cache
+    assert provider.document_calls == made and stored_bytes(half) == {2 * 64}
+    half.close()
