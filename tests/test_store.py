@@ -284,6 +284,27 @@ def test_zero_and_nan_vectors_are_never_stored(store: Store) -> None:
     assert store.vector_search(pack([1.0, 0.0, 0.0, 0.0]), 3) == []
 
 
+def test_in_one_batch_only_the_vectors_with_a_direction_are_stored(store: Store) -> None:
+    store.ensure_vector_table(4)
+    vectors = ([0.0, 0.0, 0.0, 0.0], [0.6, 0.8, 0.0, 0.0], [math.nan, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0],
+               [math.inf, 0.0, 0.0, 0.0], [-math.inf, 0.0, 0.0, 0.0])
+    seqs = [add(store, f"b{i}", f"batch {i}") for i in range(len(vectors))]
+    with store.transaction():
+        given = store.store_vectors([(seq, f"b{i}", pack(vec)) for i, (seq, vec) in enumerate(zip(seqs, vectors,
+                                                                                                   strict=True))], "m")
+    assert len(given) == len(vectors)  # every chunk has its answer: no usable vector is an answer too
+    assert store.execute("SELECT rowid FROM chunks_vec ORDER BY rowid") == [(seqs[1],), (seqs[3],)]
+    assert store.pending_embeddings() == 0
+
+
+def test_a_vector_too_large_for_half_precision_is_not_stored_as_one(store: Store) -> None:
+    store.ensure_vector_table(4, "float16")
+    big, fine = add(store, "big", "big"), add(store, "fine", "fine")
+    with store.transaction():
+        store.store_vectors([(big, "big", pack([1e6, 1.0, 0.0, 0.0])), (fine, "fine", pack([0.0, 1.0, 0.0, 0.0]))], "m")
+    assert store.execute("SELECT rowid FROM chunks_vec") == [(fine,)]  # 1e6 is infinite in float16
+
+
 def test_a_limit_beyond_sqlite_vecs_k_ranks_every_vector_exactly(store: Store) -> None:
     rng = random.Random(6)
     vectors = [unit(rng, 8) for _ in range(300)]
