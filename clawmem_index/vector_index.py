@@ -396,7 +396,8 @@ def _pad8(blob: bytes) -> bytes:
 def _usable(blobs: Sequence[bytes], dtype: str) -> list[bool]:
     """Whether each vector has a direction as it will be stored: a zero, NaN or infinite one must never match.
 
-    Checked a batch at a time (one vector at a time cost ~30 us each, a tenth of a cold hybrid index).
+    Checked a batch at a time on the stored values (one vector at a time cost ~30 us each, a tenth
+    of a cold hybrid index): every value finite and one not zero.
     """
     import numpy as np  # writers only: a CLI search never stores a vector
 
@@ -404,10 +405,8 @@ def _usable(blobs: Sequence[bytes], dtype: str) -> list[bool]:
         return [_usable([blob], dtype)[0] for blob in blobs]
     if not blobs:
         return []
-    values = np.frombuffer(_stored(b"".join(blobs), dtype), dtype=dtype).reshape(len(blobs), -1).astype(np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):  # float64 squares of float32 values never overflow; NaN stays NaN
-        totals = np.einsum("ij,ij->i", values, values)
-    return (np.isfinite(totals) & (totals > 0.0)).tolist()
+    values = np.frombuffer(_stored(b"".join(blobs), dtype), dtype=dtype).reshape(len(blobs), -1)
+    return (np.isfinite(values).all(axis=1) & (values != 0).any(axis=1)).tolist()
 
 
 def _stored(blob: bytes, dtype: str) -> bytes:
