@@ -21,7 +21,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import apsw
@@ -54,6 +54,16 @@ PENDING_CHECK_SECONDS = 0.025  # a query answered without a daemon checks files 
 CACHED_RESULTS = 50  # answers with more results are not kept by the query cache
 _UNRESOLVED: Any = object()
 _REPORTED_PROBLEMS = 20  # per sync, kept in meta for `status`
+
+
+@dataclass(frozen=True, slots=True)
+class Reporters:
+    """Where a write tells how it goes: files synced, chunks given a vector (from the provider or the
+    cache), and the vector index's upkeep after them (a cells build)."""
+
+    files: Progress | None = None
+    chunks: Progress | None = None
+    vectors: Progress | None = None
 
 
 class MemoryIndex:
@@ -196,19 +206,19 @@ class MemoryIndex:
         `vectors_progress` about the vector index's upkeep after embedding (a cells build, at 1M
         chunks 30-65 s).
         """
-        return self._write(lambda fingerprint, store: self._sync_or_rebuild(
-            fingerprint, store, progress, paths, vectors_progress), embed, embed_progress, notify, vectors_progress)
+        bars = Reporters(progress, embed_progress, vectors_progress)
+        return self._write(lambda fingerprint, store: self._sync_or_rebuild(fingerprint, store, bars, paths), embed,
+                           bars, notify)
 
     def reindex(self, *, progress: Progress | None = None, embed: bool = True,
                 embed_progress: Progress | None = None, notify: Callable[[str], None] | None = None,
                 vectors_progress: Progress | None = None) -> SyncReport:
         """Rebuild from scratch whatever the fingerprint says (old index serves until the swap)."""
-        return self._write(lambda fingerprint, store: self._rebuild(fingerprint, progress, store, vectors_progress),
-                           embed, embed_progress, notify, vectors_progress)
+        bars = Reporters(progress, embed_progress, vectors_progress)
+        return self._write(lambda fingerprint, store: self._rebuild(fingerprint, bars, store), embed, bars, notify)
 
-    def _write(self, work: Callable[[str, Store | None], SyncReport], embed: bool,
-               embed_progress: Progress | None, notify: Callable[[str], None] | None = None,
-               vectors_progress: Progress | None = None) -> SyncReport:
+    def _write(self, work: Callable[[str, Store | None], SyncReport], embed: bool, bars: Reporters,
+               notify: Callable[[str], None] | None = None) -> SyncReport:
         """Run `work` under the writer lock, embed what is pending, and record how it went in `meta`."""
         if self.read_only:
             raise IndexUnavailable(f"the index {self.backend.describe()} is open read-only here: `clawmem index` (or the daemon)"
@@ -226,7 +236,7 @@ class MemoryIndex:
             assert store is not None
             try:
                 if embed and self.provider is not None:
-                    self._embed(store, self.provider, fingerprint, report, embed_progress, notify, vectors_progress)
+                    self._embed(store, self.provider, fingerprint, report, bars, notify)
                 report.duration = time.perf_counter() - started
                 self._record(store, report)
             finally:
@@ -234,8 +244,7 @@ class MemoryIndex:
         return report
 
     def _embed(self, store: Store, provider: EmbeddingProvider, fingerprint: str, report: SyncReport,
-               progress: Progress | None, notify: Callable[[str], None] | None,
-               vectors_progress: Progress | None = None) -> None:
+               bars: Reporters, notify: Callable[[str], None] | None) -> None:
         """Vectors for what waits: batch jobs for a large backfill (waited for if `batch.wait`), then requests."""
         batch = self.settings.batch
         jobs = advance(store, provider, batch)
@@ -249,24 +258,24 @@ class MemoryIndex:
         report.batch_notes += jobs.failed
         report.batch_jobs, report.batch_chunks = jobs.running, jobs.waiting_chunks
         embedded, report.embed_error = embed_pending(
-            store, provider, cache_max_entries=self.settings.embedding.cache_max_entries, progress=progress,
-            fingerprint=fingerprint, exclude=covered(store, provider), index_progress=vectors_progress,
+            store, provider, cache_max_entries=self.settings.embedding.cache_max_entries, progress=bars.chunks,
+            fingerprint=fingerprint, exclude=covered(store, provider), index_progress=bars.vectors,
             precision=self.settings.embedding.precision)
         report.embedded += embedded
 
-    def _sync_or_rebuild(self, fingerprint: str, store: Store | None, progress: Progress | None,
-                         paths: Iterable[str] | None, vectors_progress: Progress | None = None) -> SyncReport:
+    def _sync_or_rebuild(self, fingerprint: str, store: Store | None, bars: Reporters,
+                         paths: Iterable[str] | None) -> SyncReport:
         if store is not None and store.get_meta("fingerprint") == fingerprint:
             try:
-                return sync_workspace(store, self.settings, progress=progress, paths=paths)
+                return sync_workspace(store, self.settings, progress=bars.files, paths=paths)
             finally:
                 store.close()
         if store is not None and _same_chunking(store.get_meta("fingerprint"), fingerprint):
             try:
-                return self._switch_vectors(fingerprint, store, progress, vectors_progress)
+                return self._switch_vectors(fingerprint, store, bars)
             except apsw.Error:
                 pass  # rolled back (a schema-1 vector table, say): rebuild from the files instead
-        report = self._rebuild(fingerprint, progress, store, vectors_progress)
+        report = self._rebuild(fingerprint, bars, store)
         live = self._open_live()
         assert live is not None
         try:
@@ -308,8 +317,7 @@ class MemoryIndex:
         """A connection that may write the live index (the embedder's), None when there is none."""
         return self._open_live()
 
-    def _switch_vectors(self, fingerprint: str, store: Store, progress: Progress | None,
-                        vectors_progress: Progress | None = None) -> SyncReport:
+    def _switch_vectors(self, fingerprint: str, store: Store, bars: Reporters) -> SyncReport:
         """A new provider or model over the same chunks: new vectors (from the cache) in place, in one transaction.
 
         Readers see the old index until the commit and the new one after it, never a mix; only
@@ -321,28 +329,28 @@ class MemoryIndex:
             with store.transaction():
                 chunks = store.reset_vectors()
                 store.set_meta("fingerprint", fingerprint)
-                report = sync_workspace(store, self.settings, progress=progress)
+                report = sync_workspace(store, self.settings, progress=bars.files)
                 if self.provider is not None:
                     report.from_cache, _ = embed_pending(store, self.provider, cache_only=True,
-                                                         cache_max_entries=0, index_progress=vectors_progress,
+                                                         cache_max_entries=0, progress=bars.chunks,
+                                                         index_progress=bars.vectors,
                                                          precision=self.settings.embedding.precision)
         finally:
             store.close()
         report.chunks_kept = chunks - report.chunks_removed
         return report
 
-    def _rebuild(self, fingerprint: str, progress: Progress | None, replacing: Store | None,
-                 vectors_progress: Progress | None = None) -> SyncReport:
+    def _rebuild(self, fingerprint: str, bars: Reporters, replacing: Store | None) -> SyncReport:
         """Build a new index privately (keyword rows, and the vectors the cache has) and swap it in."""
         if replacing is not None:
             replacing.close()
         started = time.perf_counter()
         with self.backend.fresh() as fresh:
             fresh.set_meta("fingerprint", fingerprint)
-            report = sync_workspace(fresh, self.settings, progress=progress, bulk=True)
+            report = sync_workspace(fresh, self.settings, progress=bars.files, bulk=True)
             if self.provider is not None:
                 report.from_cache, _ = embed_pending(fresh, self.provider, cache_only=True, cache_max_entries=0,
-                                                     index_progress=vectors_progress,
+                                                     progress=bars.chunks, index_progress=bars.vectors,
                                                      precision=self.settings.embedding.precision)
             self.backend.swap_in(fresh)
         report.duration = time.perf_counter() - started

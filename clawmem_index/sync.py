@@ -509,7 +509,7 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
                     # or every one when the cache is the fleet's (caches_stored_vectors)
                     (h, blob) for h, blob in fresh.items()
                     if blob is not None and (store.caches_stored_vectors or h not in held)))
-            if progress:
+            if progress and (given or not cache_only):  # a cache-only pass that found nothing has not moved
                 progress(done, total)
     except ProviderError as exc:
         error = str(exc)

@@ -82,10 +82,13 @@ def test_switching_models_rebuilds_and_switching_back_embeds_nothing(workspace: 
     settings = load_settings(workspace=workspace, overrides={"embedding.provider": "none", **backend})
     notes(write)
 
+    filled: list[tuple[int, int]] = []
+
     def sync(provider: FakeProvider) -> tuple[SyncReport, str]:
         index = MemoryIndex(settings, provider=provider)
         try:
-            return index.sync(), index.reader().get_meta("fingerprint") or ""
+            report = index.sync(embed_progress=lambda done, total: filled.append((done, total)))
+            return report, index.reader().get_meta("fingerprint") or ""
         finally:
             index.close()
 
@@ -94,8 +97,10 @@ def test_switching_models_rebuilds_and_switching_back_embeds_nothing(workspace: 
     assert a.documents_embedded == 5
     report, _ = sync(b)
     assert b.documents_embedded == 5 and report.chunks_kept == 5
+    filled.clear()
     report, fingerprint = sync(again)
     assert again.documents_embedded == 0 and report.from_cache == 5
+    assert filled and filled[-1] == (5, 5)  # vectors from the cache move the embedding bar too
     assert '"model": "fake-a"' in fingerprint
 
 
