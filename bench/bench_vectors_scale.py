@@ -115,7 +115,7 @@ def main() -> None:
     n = len(queries)
 
     def vector_figures(store: Store) -> dict[str, Any]:
-        seqs = np.array([row[0] for row in store.execute("SELECT rowid FROM chunks_vec ORDER BY rowid")])
+        seqs = np.array([row[0] for row in store.execute(f"SELECT rowid FROM {store.vectors.table()} ORDER BY rowid")])
         position = {int(s): i for i, s in enumerate(seqs)}
         found = sum(1 for qi in range(n) for h in store.vector_search(blobs[qi], 10)
                     if sims[qi, position[h.seq]] >= kth[qi] - 1e-6)
@@ -127,7 +127,8 @@ def main() -> None:
         log(f"built: {result['build']}")
     result["file_bytes"] = path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(path.name + "-*"))
     store = Store(path, create=False)
-    result["vector_table_bytes"] = store.execute("SELECT sum(pgsize) FROM dbstat WHERE name = 'chunks_vec'")[0][0]
+    result["vector_table_bytes"] = store.execute("SELECT sum(pgsize) FROM dbstat WHERE name = ?",
+                                                 (store.vectors.table(),))[0][0]
     result.update(vector_figures(store))
     log(f"{result['method']}: recall@10 {result['recall@10']}, vector {result['vector_24']}")
     settings = load_settings(workspace=work, overrides={"index": str(work / "unused.sqlite")}, environ={}).search

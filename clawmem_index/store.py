@@ -29,7 +29,7 @@ from clawmem_index.filters import ChunkFilter
 from clawmem_index.keyword_index import KeywordIndex, TextHit
 from clawmem_index.schema import MIGRATIONS, SCHEMA_VERSION, Meta, check_migrated, migrate
 from clawmem_index.storable import storable
-from clawmem_index.vector_index import VectorHit, VectorIndex
+from clawmem_index.vector_index import FLOATS, HALVES, VectorHit, VectorIndex
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ChunkFilter", "ChunkRow", "FileRow", "JobRow", "Store", "TextHit", "VectorHit",
            "make_private_dirs", "make_private_file"]
@@ -352,7 +352,8 @@ class Store:
         self.meta.set("vector_owner", owner)
         self.conn.execute(
             "DELETE FROM embedding_cache WHERE provider = ? AND model = ? AND provider_key = ? AND hash IN"
-            " (SELECT c.hash FROM chunks AS c JOIN chunks_vec AS v ON v.rowid = c.seq)", (provider, model, key))
+            f" (SELECT c.hash FROM chunks AS c JOIN {self.vectors.table()} AS v ON v.rowid = c.seq)",
+            (provider, model, key))
 
     def _vector_owner(self) -> tuple[str, str, str] | None:
         raw = self.meta.get("vector_owner")
@@ -375,7 +376,7 @@ class Store:
             self.touch_cached(provider, model, key, found)
         if self._vector_owner() == (provider, model, key):
             found.update((str(h), self.vectors.float32(bytes(blob))) for h, blob in self.conn.execute(
-                "SELECT c.hash, v.embedding FROM chunks AS c JOIN chunks_vec AS v ON v.rowid = c.seq"
+                f"SELECT c.hash, v.embedding FROM chunks AS c JOIN {self.vectors.table()} AS v ON v.rowid = c.seq"
                 " WHERE c.hash IN (SELECT value FROM json_each(?))", (wanted,)))
         return found
 
@@ -407,14 +408,15 @@ class Store:
             return
         # Per text, once: cached if the chunks going are all the chunks holding it (k copies cost O(k log k)).
         among = "" if seqs is None else " WHERE c.seq IN (SELECT value FROM json_each(:seqs))"
+        table = self.vectors.table()
         kept = "" if seqs is None else (
-            " HAVING count(*) = (SELECT count(*) FROM chunks AS o JOIN chunks_vec AS ov ON ov.rowid = o.seq"
+            f" HAVING count(*) = (SELECT count(*) FROM chunks AS o JOIN {table} AS ov ON ov.rowid = o.seq"
             " WHERE o.hash = c.hash)")
         vector = self.vectors.sql_float32("v.embedding")
         self.conn.execute(
             "INSERT OR REPLACE INTO embedding_cache(provider, model, provider_key, hash, embedding, dims, updated_at)"
             f" SELECT :provider, :model, :key, c.hash, {vector}, length({vector}) / 4, :now"
-            f" FROM chunks AS c JOIN chunks_vec AS v ON v.rowid = c.seq{among} GROUP BY c.hash{kept}",
+            f" FROM chunks AS c JOIN {table} AS v ON v.rowid = c.seq{among} GROUP BY c.hash{kept}",
             {"provider": owner[0], "model": owner[1], "key": owner[2], "now": time.time(),
              "seqs": json.dumps(list(seqs or ()))})
 
@@ -447,14 +449,14 @@ class Store:
             if "embedding_cache" in tables:
                 self.conn.execute("INSERT OR IGNORE INTO embedding_cache SELECT * FROM old.embedding_cache")
             owner = self.conn.execute("SELECT value FROM old.meta WHERE key = 'vector_owner'").fetchone()
-            if owner is not None and "chunks_vec" in tables:
+            table = next((t for t in (FLOATS, HALVES) if t in tables), None)  # FLOATS first: see VectorIndex
+            if owner is not None and table is not None:
                 provider, model, key = json.loads(owner[0])
-                half = self.conn.execute("SELECT 1 FROM old.meta WHERE key = 'vector_precision' AND value = 'float16'")
-                vector = self.vectors.sql_float32("v.embedding", half=half.fetchone() is not None)
+                vector = self.vectors.sql_float32("v.embedding", half=table == HALVES)
                 self.conn.execute(
                     "INSERT OR IGNORE INTO embedding_cache(provider, model, provider_key, hash, embedding, dims,"
                     f" updated_at) SELECT ?, ?, ?, c.hash, {vector}, length({vector}) / 4, ?"
-                    " FROM old.chunks AS c JOIN old.chunks_vec AS v ON v.rowid = c.seq",
+                    f" FROM old.chunks AS c JOIN old.{table} AS v ON v.rowid = c.seq",
                     (provider, model, key, time.time()))
             if "embedding_jobs" in tables:
                 self.conn.execute("INSERT OR IGNORE INTO embedding_jobs SELECT * FROM old.embedding_jobs")
@@ -494,7 +496,8 @@ class Store:
                          exclude: Collection[str] = ()) -> dict[str, str]:
         """Texts of the chunks waiting for a vector that no cached or chunk's vector gives, by hash (what a batch job would embed)."""
         live = "" if self._vector_owner() != (provider, model, key) else (
-            " AND NOT EXISTS (SELECT 1 FROM chunks AS o JOIN chunks_vec AS v ON v.rowid = o.seq WHERE o.hash = c.hash)")
+            f" AND NOT EXISTS (SELECT 1 FROM chunks AS o JOIN {self.vectors.table()} AS v ON v.rowid = o.seq"
+            " WHERE o.hash = c.hash)")
         rows = self.conn.execute(
             "SELECT c.hash, c.text FROM chunks AS c WHERE c.embedded = 0 AND NOT EXISTS (SELECT 1 FROM"
             " embedding_cache AS e WHERE e.provider = ? AND e.model = ? AND e.provider_key = ? AND e.hash = c.hash)"

@@ -63,10 +63,10 @@ def _nearest(vectors: Any, centroids: Any) -> Any:
 class VectorCells:
     """The cells table of one connection; its centroids are read once per build and kept."""
 
-    def __init__(self, conn: apsw.Connection, meta: Meta, stored_dtype: Callable[[], str]) -> None:
+    def __init__(self, conn: apsw.Connection, meta: Meta, stored: Callable[[], tuple[str, str]]) -> None:
         self._conn = conn
         self._meta = meta
-        self._stored_dtype = stored_dtype  # numpy dtype of chunks_vec's blobs: "<f4", or "<f2" at half precision
+        self._stored = stored  # the vector table's name and numpy dtype: float32, or float16 at half precision
         self._centroids: tuple[str, Any] | None = None  # (build stamp, cells x dims float32)
 
     # -- upkeep -----------------------------------------------------------------------------------
@@ -94,7 +94,8 @@ class VectorCells:
         """
         import numpy as np
 
-        seqs = np.fromiter((row[0] for row in self._conn.execute("SELECT rowid FROM chunks_vec")), dtype=np.int64)
+        table = self._stored()[0]
+        seqs = np.fromiter((row[0] for row in self._conn.execute(f"SELECT rowid FROM {table}")), dtype=np.int64)
         if len(seqs) < CELL_MIN // 2:
             return False
         cells = cell_count(len(seqs))
@@ -195,11 +196,12 @@ class VectorCells:
     def _read(self, seqs: Iterable[int], dims: int) -> Any:
         import numpy as np
 
+        table, dtype = self._stored()
         wanted = [int(s) for s in seqs]
         blobs = [bytes(row[0]) for row in self._conn.execute(
-            "SELECT embedding FROM chunks_vec WHERE rowid IN (SELECT value FROM json_each(?)) ORDER BY rowid",
+            f"SELECT embedding FROM {table} WHERE rowid IN (SELECT value FROM json_each(?)) ORDER BY rowid",
             (json.dumps(wanted),))]
-        stored = np.frombuffer(b"".join(blobs), dtype=self._stored_dtype()).reshape(len(blobs), dims)
+        stored = np.frombuffer(b"".join(blobs), dtype=dtype).reshape(len(blobs), dims)
         return stored.astype(np.float32, copy=False)
 
 

@@ -9,10 +9,11 @@ so several small-k KNNs beat one large one) and ranks them by exact cosine.
 Past CELL_MIN vectors the sign bits move into k-means cells instead (clawmem_index.vector_cells): a
 query reads the cells nearest it, not every vector's bits, so its cost stops growing with the index.
 
-At half precision (`embedding.precision = "float16"`, meta `vector_precision`) chunks_vec holds
-float16 blobs: half the bytes for no measured loss of recall (1M vectors: recall@10 0.9667 against
-0.9670), ranked exactly in numpy since sqlite-vec has no float16 distance. Vectors come in and go
-out (to the embedding cache) as float32 whatever the table holds.
+At half precision (`embedding.precision = "float16"`) the table is `chunks_vec_half`, of float16
+blobs: half the bytes for no measured loss of recall (1M vectors: recall@10 0.965 against 0.967),
+ranked exactly in numpy since sqlite-vec has no float16 distance. Vectors come in and go out (to the
+embedding cache) as float32 whatever the table holds. Its own name, not a flag: a clawmem that
+knows no half precision sees no vectors there (and embeds again) instead of reading float16 as float32.
 
 Rows are keyed by the chunk's `seq`; whether a chunk waits for a vector is the chunks table's
 business (the store's), so this module only stores, drops and ranks vectors.
@@ -35,7 +36,8 @@ from clawmem_index.vector_cells import VectorCells
 __all__ = ["MIN_CANDIDATES", "OVERSAMPLE", "PRECISIONS", "PREFIX_SCAN_ROWS", "VECTOR_PARTITIONS", "VectorHit",
            "VectorIndex"]
 
-PRECISIONS = {"float32": "<f4", "float16": "<f2"}  # how chunks_vec stores a vector, and its numpy dtype
+PRECISIONS = {"float32": "<f4", "float16": "<f2"}  # how the vector table stores a vector, and its numpy dtype
+FLOATS, HALVES = "chunks_vec", "chunks_vec_half"  # the vector table at float32 and at float16
 
 VECTOR_PARTITIONS = 32
 # Hamming candidates per wanted hit: recall@k >= 99.4% on real MiniLM vectors, 8k SciFact chunks and 53k
@@ -47,7 +49,6 @@ PREFIX_WIDEN = 4  # at most this many times the candidates to find enough under 
 _KNN_MAX_K = 4096  # sqlite-vec refuses a larger k
 _SCAN_BATCH = 8192  # vectors decoded at a time by the scan without sqlite-vec
 _BITS_STALE = "vector_bits_stale"  # meta key: vectors were written without sqlite-vec, the bits miss them
-_PRECISION = "vector_precision"  # meta key: "float16" when chunks_vec holds half-precision blobs (absent: float32)
 FLOAT32_SQL = "clawmem_float32"  # SQL function: a stored blob as float32 (registered on every connection)
 
 
@@ -60,11 +61,16 @@ class _VectorLayout:
     stale_cells: bool  # both exist: a writer that knows no cells (an older clawmem) wrote the bits since
     dims: int
     partitions: int
-    half: bool = False  # chunks_vec holds float16 blobs
+    half: bool = False  # the vectors are float16, in chunks_vec_half
+    stray_half: bool = False  # chunks_vec_half beside chunks_vec: left by a switch an older clawmem made, dropped
 
     @property
     def dtype(self) -> str:
         return PRECISIONS["float16" if self.half else "float32"]
+
+    @property
+    def table(self) -> str:
+        return HALVES if self.half else FLOATS
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +95,7 @@ class VectorIndex:
         self._meta = meta
         self.loaded = loaded
         self._layout: tuple[int, _VectorLayout] | None = None
-        self._cells = VectorCells(conn, meta, lambda: self.layout().dtype)
+        self._cells = VectorCells(conn, meta, lambda: (self.layout().table, self.layout().dtype))
         conn.create_scalar_function(FLOAT32_SQL, _float32_of_half, 1, deterministic=True)
 
     def layout(self) -> _VectorLayout:
@@ -97,17 +103,19 @@ class VectorIndex:
         cookie = int(self._conn.execute("PRAGMA schema_version").fetchone()[0])
         if self._layout is None or self._layout[0] != cookie:
             sql = {str(name): str(text) for name, text in self._conn.execute(
-                "SELECT name, sql FROM sqlite_master WHERE name IN ('chunks_vec', 'chunks_vec_bits', 'chunks_vec_cells')")}
-            floats = sql.get("chunks_vec")
+                "SELECT name, sql FROM sqlite_master"
+                " WHERE name IN ('chunks_vec', 'chunks_vec_half', 'chunks_vec_bits', 'chunks_vec_cells')")}
+            floats = sql.get(FLOATS)
             legacy = floats is not None and floats.upper().startswith("CREATE VIRTUAL")
+            half = floats is None and HALVES in sql
             layout = _VectorLayout(
-                readable=floats is not None and (self.loaded or not legacy), legacy=legacy,
+                readable=half or (floats is not None and (self.loaded or not legacy)), legacy=legacy,
                 bits="chunks_vec_bits" in sql,
                 cells="chunks_vec_cells" in sql and "chunks_vec_bits" not in sql,
                 stale_cells="chunks_vec_cells" in sql and "chunks_vec_bits" in sql,
                 dims=int(self._meta.get("vector_dims") or 0),
                 partitions=int(self._meta.get("vector_partitions") or VECTOR_PARTITIONS),
-                half=self._meta.get(_PRECISION) == "float16")
+                half=half, stray_half=floats is not None and HALVES in sql)
             self._layout = (cookie, layout)
         return self._layout[1]
 
@@ -138,13 +146,14 @@ class VectorIndex:
         layout = self.layout()
         if layout.legacy:
             return  # a schema-1 index: the fingerprint rebuilds it, so it is never written
+        if layout.stray_half:
+            self._conn.execute(f"DROP TABLE {HALVES}")
         if not layout.readable:
             if precision not in PRECISIONS:
                 raise ValueError(f"unknown vector precision {precision!r}")
-            self._conn.execute("CREATE TABLE chunks_vec(rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL)")
+            table = HALVES if precision == "float16" else FLOATS
+            self._conn.execute(f"CREATE TABLE {table}(rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL)")
             self._meta.set("vector_dims", str(int(dims)))
-            if precision != "float32":
-                self._meta.set(_PRECISION, precision)
         if self.loaded and not layout.cells and (not layout.bits or self._meta.get(_BITS_STALE) is not None):
             self._build_bits(dims, replace=layout.bits)
 
@@ -179,7 +188,7 @@ class VectorIndex:
         self._conn.execute("CREATE VIRTUAL TABLE chunks_vec_bits USING vec0("
                            f"part INTEGER PARTITION KEY, embedding bit[{_padded_dims(int(dims))}])")
         self._meta.set("vector_partitions", str(VECTOR_PARTITIONS))
-        for seq, blob in self._conn.execute(f"SELECT rowid, {self.sql_float32('embedding')} FROM chunks_vec"):
+        for seq, blob in self._conn.execute(f"SELECT rowid, {self.sql_float32('embedding')} FROM {self.table()}"):
             self._insert_bits(int(seq), bytes(blob), VECTOR_PARTITIONS)
         self._meta.delete(_BITS_STALE)
 
@@ -193,7 +202,7 @@ class VectorIndex:
         layout = self.layout()
         if not layout.readable:
             return
-        self._conn.execute("DELETE FROM chunks_vec WHERE rowid = ?", (seq,))
+        self._conn.execute(f"DELETE FROM {layout.table} WHERE rowid = ?", (seq,))
         if layout.cells:
             self._cells.removed(self._conn.changes())
         elif layout.bits and self._conn.changes():
@@ -206,7 +215,7 @@ class VectorIndex:
         """Store each chunk's vector in place of any it had (None, zero or not finite: dropped, never stored)."""
         layout = self.layout()
         if layout.readable:  # a vector left by an older version (or an earlier answer) is replaced
-            stale = self._conn.execute("SELECT rowid FROM chunks_vec WHERE rowid IN (SELECT value FROM json_each(?))",
+            stale = self._conn.execute(f"SELECT rowid FROM {layout.table} WHERE rowid IN (SELECT value FROM json_each(?))",
                                        (json.dumps([seq for seq, _ in items]),)).fetchall()
             for (seq,) in stale:
                 self.remove(int(seq))
@@ -215,7 +224,7 @@ class VectorIndex:
                    if usable]
         if layout.dims and any(len(blob) != 4 * layout.dims for _, blob in vectors):
             raise ValueError(f"a vector of another size than the index's {layout.dims} dimensions")
-        self._conn.executemany("INSERT INTO chunks_vec(rowid, embedding) VALUES(?, ?)",
+        self._conn.executemany(f"INSERT INTO {layout.table}(rowid, embedding) VALUES(?, ?)",
                                [(seq, _stored(blob, layout.dtype)) for seq, blob in vectors])
         if layout.cells:
             self._cells.add(vectors)
@@ -231,8 +240,13 @@ class VectorIndex:
         """Forget every vector and the layout (a new model's vectors go in their place)."""
         self._conn.execute("DROP TABLE IF EXISTS chunks_vec_bits")
         self._cells.drop()
-        self._conn.execute("DROP TABLE IF EXISTS chunks_vec")
-        self._meta.delete("vector_dims", "vector_partitions", _BITS_STALE, _PRECISION)
+        self._conn.execute(f"DROP TABLE IF EXISTS {FLOATS}")
+        self._conn.execute(f"DROP TABLE IF EXISTS {HALVES}")
+        self._meta.delete("vector_dims", "vector_partitions", _BITS_STALE)
+
+    def table(self) -> str:
+        """The name of the table that holds the vectors (FLOATS or HALVES)."""
+        return self.layout().table
 
     def float32(self, blob: bytes) -> bytes:
         """A stored vector as float32 (what providers give and the embedding cache keeps)."""
@@ -270,8 +284,8 @@ class VectorIndex:
         layout = self.layout()
         if not layout.readable or not seqs:
             return {}
-        rows = self._conn.execute("SELECT rowid, embedding FROM chunks_vec WHERE rowid IN (SELECT value FROM json_each(?))",
-                                  (json.dumps(list(seqs)),)).fetchall()
+        rows = self._conn.execute(f"SELECT rowid, embedding FROM {layout.table} WHERE rowid IN"
+                                  " (SELECT value FROM json_each(?))", (json.dumps(list(seqs)),)).fetchall()
         if self.loaded and not layout.half:
             return {int(seq): float(self._conn.execute("SELECT vec_distance_cosine(?, ?)", (blob, query_blob))
                                     .fetchone()[0]) for seq, blob in rows}
@@ -354,7 +368,7 @@ class VectorIndex:
         dtype = self.layout().dtype
 
         query = np.frombuffer(query_blob, dtype="<f4").astype(np.float64)
-        sql = "SELECT rowid, embedding FROM chunks_vec"
+        sql = f"SELECT rowid, embedding FROM {self.table()}"
         rows = self._conn.execute(sql) if among is None else self._conn.execute(
             f"{sql} WHERE rowid IN (SELECT value FROM json_each(?))", (json.dumps(among),))
         seqs: list[Any] = []
@@ -410,7 +424,7 @@ def _usable(blobs: Sequence[bytes], dtype: str) -> list[bool]:
 
 
 def _stored(blob: bytes, dtype: str) -> bytes:
-    """A float32 vector as chunks_vec stores it."""
+    """A float32 vector as the vector table stores it (`dtype`)."""
     if dtype == "<f4":
         return blob
     import numpy as np

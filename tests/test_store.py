@@ -302,7 +302,7 @@ def test_a_vector_too_large_for_half_precision_is_not_stored_as_one(store: Store
     big, fine = add(store, "big", "big"), add(store, "fine", "fine")
     with store.transaction():
         store.store_vectors([(big, "big", pack([1e6, 1.0, 0.0, 0.0])), (fine, "fine", pack([0.0, 1.0, 0.0, 0.0]))], "m")
-    assert store.execute("SELECT rowid FROM chunks_vec") == [(fine,)]  # 1e6 is infinite in float16
+    assert store.execute("SELECT rowid FROM chunks_vec_half") == [(fine,)]  # 1e6 is infinite in float16
 
 
 def test_a_limit_beyond_sqlite_vecs_k_ranks_every_vector_exactly(store: Store) -> None:

@@ -39,7 +39,7 @@ def test_half_precision_stores_two_bytes_a_dimension_and_ranks_them_exactly(
     store.index_vectors()
     assert ("float16" in store.vector_method()) == loaded
     assert ("cells" in store.vector_method()) == (cells and loaded)
-    assert store.execute("SELECT DISTINCT length(embedding) FROM chunks_vec") == [(2 * 64,)]
+    assert store.execute("SELECT DISTINCT length(embedding) FROM chunks_vec_half") == [(2 * 64,)]
     inside = {seq: vec for (seq, vec), path in zip(stored.items(), paths, strict=True) if path.startswith("memory/b/")}
     found = 0
     for i in range(0, 2000, 200):
@@ -72,7 +72,7 @@ def test_a_half_precision_table_gives_its_vectors_out_as_float32(tmp_path: Path)
         store.reset_vectors()  # a model switch moves the chunks' vectors into the cache
     cached = store.execute("SELECT hash, embedding, dims FROM embedding_cache ORDER BY hash")
     assert {(h, len(blob), dims) for h, blob, dims in cached} == {(h, 4 * 64, 64) for h in hashes}
-    assert store.execute("SELECT value FROM meta WHERE key = 'vector_precision'") == []  # the next table chooses
+    assert store.execute("SELECT name FROM sqlite_master WHERE name LIKE 'chunks_vec%'") == []  # the next one chooses
     store.close()
 
 
@@ -102,7 +102,8 @@ def test_changing_the_precision_re_stores_every_vector_from_the_cache_without_th
     query = SearchRequest("the orchids bloomed in the north bed", mode="vector", max_results=3, min_score=0.0)
 
     def stored_bytes(index: MemoryIndex) -> set[int]:
-        return {int(n) for (n,) in index.reader().execute("SELECT DISTINCT length(embedding) FROM chunks_vec")}
+        table = "chunks_vec_half" if index.settings.embedding.precision == "float16" else "chunks_vec"
+        return {int(n) for (n,) in index.reader().execute(f"SELECT DISTINCT length(embedding) FROM {table}")}
 
     for precision, width in (("float16", 2), ("float32", 4)):
         index = MemoryIndex(with_precision(settings, precision), provider=provider)
@@ -118,3 +119,24 @@ def test_changing_the_precision_re_stores_every_vector_from_the_cache_without_th
     half.reindex()  # a rebuild copies a half-precision index's vectors as float32 into the new file's cache
     assert provider.document_calls == made and stored_bytes(half) == {2 * 64}
     half.close()
+
+
+def test_an_older_clawmem_sees_no_float16_vectors_and_what_it_leaves_is_read_right(tmp_path: Path) -> None:
+    """float16 vectors live in their own table: a version that knows only float32 finds no vectors
+    there (it embeds again) rather than reading two bytes as four; the float32 table it then makes
+    is the live one, and the half table it left beside it goes at the next write."""
+    store = Store(tmp_path / "s.sqlite")
+    store.ensure_vector_table(8, "float16")
+    vectors = clustered(33, 2, 3, dims=8)
+    seqs = fill(store, vectors)
+    assert store.execute("SELECT name FROM sqlite_master WHERE name = 'chunks_vec'") == []  # what older versions read
+    with store.transaction():  # an older version's switch: its own float32 table, the half one left alone
+        store.execute("CREATE TABLE chunks_vec(rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL)")
+        for seq, vec in zip(seqs, vectors, strict=True):
+            store.execute("INSERT INTO chunks_vec(rowid, embedding) VALUES(?, ?)", (seq, vec.tobytes()))
+    assert store.vector_search(vectors[0].tobytes(), 1)[0].distance == pytest.approx(0.0, abs=1e-6)  # read as float32
+    with store.transaction():
+        store.ensure_vector_table(8, "float16")
+    assert store.execute("SELECT name FROM sqlite_master WHERE name IN ('chunks_vec', 'chunks_vec_half')") == [
+        ("chunks_vec",)]
+    store.close()
