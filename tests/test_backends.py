@@ -187,6 +187,39 @@ def test_a_rebuild_switches_whole_and_a_failed_one_leaves_the_live_index(backend
         index.close()
 
 
+def test_the_wal_a_rebuild_wrote_through_is_cut_back_while_readers_stay_open(settings: Settings, write,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import clawmem_index.store as store_module
+
+    monkeypatch.setattr(store_module, "WAL_LIMIT", 32 << 10)
+    for i in range(500):  # an index past SQLite's automatic checkpoint (1,000 pages), as any large one is
+        write(f"memory/n{i}.md", f"# Note {i}\n" + f"the greenhouse log {i} holds many words today " * 160 + "\n")
+    index = MemoryIndex(settings)
+    index.sync()
+    assert index.search(SearchRequest("greenhouse", mode="bm25"))["results"]  # a reader stays open, as a daemon's
+    index.reindex()
+    wal = Path(f"{settings.index_path}-wal")
+    swapped = wal.stat().st_size
+    assert swapped > 1 << 20  # the swap wrote the whole index through the WAL
+    write("memory/n0.md", "# Note 0\nedited\n")
+    index.sync()  # its commit starts the WAL over, cut back to the limit, then adds its own pages
+    assert index.search(SearchRequest("edited", mode="bm25"))["results"]
+    assert wal.stat().st_size < swapped // 8
+    index.close()
+
+
+def test_every_pragma_of_a_connection_takes_effect(tmp_path: Path) -> None:
+    """apsw stops a many-statement `execute` at the first row (journal_mode answers one)."""
+    from clawmem_index.store import WAL_LIMIT, Store
+
+    live, fresh = Store(tmp_path / "live.sqlite"), Store(tmp_path / "fresh.sqlite", fast_unsafe=True)
+    assert [live.execute(f"PRAGMA {p}")[0][0] for p in ("journal_mode", "synchronous", "journal_size_limit")] == [
+        "wal", 1, WAL_LIMIT]
+    assert [fresh.execute(f"PRAGMA {p}")[0][0] for p in ("journal_mode", "synchronous")] == ["off", 0]
+    live.close()
+    fresh.close()
+
+
 def test_the_hostile_corpus_is_indexed_and_searched(backend: dict[str, str], workspace: Path, write) -> None:
     for n, (name, text) in enumerate(FIXED_TEXTS.items()):
         write(f"memory/h{n}.md", f"# {name}\n{text}\nmarker{n}\n".encode("utf-8", "surrogatepass"))
