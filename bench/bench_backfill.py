@@ -1,7 +1,7 @@
 """Backfill benchmarks: a hybrid index against an instant provider, and a rebuild from the cache.
 
     python bench/bench_backfill.py [--notes 2001] [--reindex-notes 3003] [--dims 1536] [--latency 0]
-                                   [--out bench/out/backfill.json]
+                                   [--precision float32|float16] [--out bench/out/backfill.json]
 
 An OpenAI-compatible embeddings server runs in its own process on 127.0.0.1 and answers at once
 (`--latency` adds a fixed delay per request, to see what concurrency buys against a real service):
@@ -9,7 +9,9 @@ every vector it sends is the same precomputed base64 float32 unit vector, so the
 clawmem's cost, not the server's. Measured in process, with the real `openai` SDK:
 
 - the keyword index of `--notes` generated notes (provider none), for scale;
-- the hybrid index of the same notes (OpenAI provider, `--dims` dimensions), cold;
+- the hybrid index of the same notes (OpenAI provider, `--dims` dimensions, `--precision`), cold,
+  and its state: bytes a chunk after a checkpoint, by table (`dbstat`), and the file against text +
+  FTS + one float32 copy of the vectors (the issue's "state" ratio);
 - `reindex` of `--reindex-notes` notes whose every vector is already in the embedding cache
   (every file read and chunked again), and that workspace's keyword index, for scale;
 - a switch to another model and back: the rebuild back finds every vector in the cache and
@@ -119,12 +121,34 @@ def timed_sync(workspace: Path, index: Path, overrides: dict[str, Any], *, reind
             "embed_error": report.embed_error}
 
 
+def state(index: Path, dims: int) -> dict[str, Any]:
+    """The index file's size after a checkpoint, by table, and against text + FTS + float32 vectors."""
+    import apsw
+
+    conn = apsw.Connection(str(index))
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    tables = {str(name): int(size) for name, size in conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name")}
+    chunks, text = conn.execute("SELECT count(*), sum(length(CAST(text AS BLOB))) FROM chunks").fetchone()
+    conn.close()
+    size = index.stat().st_size
+    fts = sum(v for k, v in tables.items() if k.startswith("chunks_fts"))
+    floats = int(chunks) * dims * 4
+
+    def mb(*names: str, prefix: str = "") -> float:
+        return round(sum(v for k, v in tables.items() if k in names or (prefix and k.startswith(prefix))) / 1e6, 1)
+
+    return {"file_mb": round(size / 1e6, 1), "bytes_per_chunk": round(size / max(1, int(chunks))),
+            "vectors_mb": mb("chunks_vec", "chunks_vec_half"), "sign_bits_mb": mb(prefix="chunks_vec_bits"),
+            "chunks_mb": mb("chunks"), "fts_mb": round(fts / 1e6, 1), "cache_mb": mb("embedding_cache"),
+            "over_text_fts_float32": round(size / (int(text or 0) + fts + floats), 2)}
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--notes", type=int, default=2001)
     parser.add_argument("--reindex-notes", type=int, default=3003)
     parser.add_argument("--dims", type=int, default=1536)
     parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--precision", choices=("float32", "float16"), default="float32")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "backfill.json")
     args = parser.parse_args()
     os.environ["NO_PROXY"] = "127.0.0.1,localhost"
@@ -133,11 +157,13 @@ def main() -> None:
     server.start()
     url = f"http://127.0.0.1:{ports.get(timeout=30)}/v1"
     openai = {"embedding.provider": "openai", "embedding.base_url": url, "embedding.api_key": "sk-bench",
-              "embedding.model": "text-embedding-3-small" if args.dims == 1536 else "bench-model"}
+              "embedding.model": "text-embedding-3-small" if args.dims == 1536 else "bench-model",
+              "embedding.precision": args.precision}
     from clawmem_index.tokens import get_encoding
 
     get_encoding()  # loaded once, as in a running daemon
-    results: dict[str, Any] = {"notes": args.notes, "dims": args.dims, "latency_s": args.latency}
+    results: dict[str, Any] = {"notes": args.notes, "dims": args.dims, "latency_s": args.latency,
+                               "precision": args.precision}
     try:
         with tempfile.TemporaryDirectory(prefix="clawmem-backfill-") as tmp:
             root = Path(tmp)
@@ -146,6 +172,7 @@ def main() -> None:
             results["hybrid_index"] = timed_sync(workspace, root / "hybrid.sqlite", openai)
             results["hybrid_over_keyword"] = round(results["hybrid_index"]["seconds"]
                                                    / results["keyword_index"]["seconds"], 2)
+            results["hybrid_state"] = state(root / "hybrid.sqlite", args.dims)
             big = generate(root / "big", args.reindex_notes, seed=11)
             results["reindex_cold_index"] = timed_sync(big, root / "big.sqlite", openai)
             results["reindex_from_cache"] = timed_sync(big, root / "big.sqlite", openai, reindex=True)
