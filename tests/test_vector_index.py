@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_vector_cells import clustered, exact, fill, near
+from test_vector_cells import clustered, fill, ranked_as_stored
 
 import clawmem_index.store as store_module
 import clawmem_index.vector_cells as vector_cells
@@ -16,7 +16,7 @@ from clawmem_index.config import Settings
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.engine import MemoryIndex
 from clawmem_index.search import SearchRequest
-from clawmem_index.store import ChunkFilter, Store
+from clawmem_index.store import Store
 
 
 def halved(vectors: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
@@ -41,19 +41,7 @@ def test_half_precision_stores_two_bytes_a_dimension_and_ranks_them_exactly(
     assert ("cells" in store.vector_method()) == (cells and loaded)
     assert store.execute("SELECT DISTINCT length(embedding) FROM chunks_vec_half") == [(2 * 64,)]
     inside = {seq: vec for (seq, vec), path in zip(stored.items(), paths, strict=True) if path.startswith("memory/b/")}
-    found = 0
-    for i in range(0, 2000, 200):
-        query = near(vectors[i], i)
-        hits = store.vector_search(query.tobytes(), 10)
-        found += len({h.seq for h in hits} & set(exact(stored, query, 10)))
-        for hit in hits:
-            assert hit.distance == pytest.approx(1.0 - float(stored[hit.seq] @ query), abs=1e-6)
-        assert [h.distance for h in hits] == sorted(h.distance for h in hits)
-        assert store.vectors.distances_of(query.tobytes(), [h.seq for h in hits]) == pytest.approx(
-            {h.seq: h.distance for h in hits}, abs=1e-9)  # what `search` gave, as the fusion reads them
-        prefixed = store.vector_search(query.tobytes(), 5, ChunkFilter(path_prefix="memory/b/"))
-        assert [h.seq for h in prefixed] == exact(inside, query, 5)
-    assert found / 100 >= 0.95
+    assert ranked_as_stored(store, vectors, stored, inside) >= 0.95
     store.close()
 
 
