@@ -1,0 +1,149 @@
+"""FTS5's BM25 of one term over the whole table, computed from reads cheaper than `bm25()`.
+
+Reading a common word's matches with FTS5's `bm25()` costs ~0.8 µs a row, most of it the function
+looking up the row's token count (one B-tree read a row). The same numbers can be read in bulk: the
+term's instances from an fts5vocab table (~0.1 µs each, all rows in one string) and every row's token
+count from `chunks_fts_docsize`, kept here in an array indexed by rowid. FTS5 gives each row it
+stores the `origin` its index's counter has then (the counter rises when rows are written out, and
+not otherwise: rows of later transactions can share the highest origin seen), so after a change the
+rows whose origin is at least the highest seen are read again; a deleted row's count stays behind,
+harmless, since FTS5 lists no instance of it. Another file put in place (a rebuild's swap) has its own `created_at` in `meta`, and
+its counts are all read again.
+
+The score is FTS5's formula (fts5_aux.c), operation for operation and in the same order, in numpy:
+equal bit for bit to what `bm25()` returns for the term alone (tests/test_bm25.py checks it on
+random tables, and `KeywordIndex` confirms a first answer against FTS5 on each connection).
+"""
+
+from __future__ import annotations
+
+import math
+
+import apsw
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["TermScorer"]
+
+K1 = 1.2  # FTS5's bm25() defaults
+B = 0.75
+TOKENIZER = ("porter", ["unicode61", "remove_diacritics", "2"])  # chunks_fts's tokenize option (schema.py)
+VOCAB = "temp.clawmem_fts_instances"
+AVERAGES_ROWID = 1
+SPARSE = 8  # rowids per row beyond which the counts are not kept in an array indexed by rowid  # FTS5's record of the row count and each column's total token count
+
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+
+
+class TermScorer:
+    """Per-term BM25 gains (−bm25) of `chunks_fts` on one connection; call `refresh` in each read
+    transaction whose data may differ from the last one's."""
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self._conn = conn
+        self._tokenize = conn.fts5_tokenizer(*TOKENIZER)
+        conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {VOCAB} USING fts5vocab(main, chunks_fts, instance)")
+        self._lengths = np.zeros(0, dtype=np.int64)
+        self._origin = -1
+        self._file: str | None = None
+        self._rows = 0
+        self._avgdl = 0.0
+
+    def refresh(self) -> bool:
+        """Read the token counts of the rows stored since the last refresh, and the table's totals.
+
+        False when the rowids are too sparse for an array indexed by rowid (then `bm25()` scores)."""
+        file = self._conn.execute("SELECT value FROM meta WHERE key = 'created_at'").fetchone()
+        if file != self._file:
+            self._lengths, self._origin, self._file = np.zeros(0, dtype=np.int64), -1, file
+        block = self._conn.execute("SELECT block FROM chunks_fts_data WHERE id = ?", (AVERAGES_ROWID,)).fetchone()
+        totals = _varints(block[0]) if block else [0]
+        self._rows = totals[0]
+        self._avgdl = float(sum(totals[1:])) / float(totals[0]) if totals[0] else 0.0
+        ids, sizes, lengths, top = self._conn.execute(
+            "SELECT group_concat(id), group_concat(length(sz)), group_concat(hex(sz), ''), max(origin)"
+            " FROM chunks_fts_docsize WHERE origin >= ?", (self._origin,)).fetchone()
+        if ids:
+            seqs = _ints(ids)
+            highest = int(seqs.max())
+            if highest > SPARSE * self._rows + (1 << 20):
+                self._lengths, self._origin = np.zeros(0, dtype=np.int64), -1
+                return False
+            if highest >= len(self._lengths):
+                grown = np.zeros(highest + 1, dtype=np.int64)
+                grown[:len(self._lengths)] = self._lengths
+                self._lengths = grown
+            self._lengths[seqs] = _varint_sums(bytes.fromhex(lengths), _ints(sizes))
+            self._origin = int(top)
+        return True
+
+    def term(self, phrase: str) -> str | None:
+        """The one token a quoted phrase (`"word"`) stands for; None for a prefix, several tokens or none."""
+        if not (phrase.startswith('"') and phrase.endswith('"')):
+            return None
+        tokens = self._tokenize(phrase[1:-1].replace('""', '"').encode(), apsw.FTS5_TOKENIZE_QUERY, None)
+        if len(tokens) != 1 or len(tokens[0]) != 3:
+            return None
+        return str(tokens[0][2])
+
+    def gains(self, token: str) -> tuple[Ints, Floats]:
+        """The rows holding `token` (ascending) and the relevance (−bm25) FTS5 gives each for it alone."""
+        docs = self._conn.execute(f"SELECT group_concat(doc) FROM {VOCAB} WHERE term = ?", (token,)).fetchone()[0]
+        if not docs or not self._rows:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        instances = _ints(docs)
+        if len(instances) > 1 and not bool(np.all(instances[1:] >= instances[:-1])):
+            instances = np.sort(instances, kind="stable")
+        starts = np.flatnonzero(np.concatenate(([True], instances[1:] != instances[:-1])))
+        seqs = instances[starts]
+        freq = np.diff(np.append(starts, len(instances))).astype(np.float64)
+        hits = len(seqs)
+        idf = math.log((self._rows - hits + 0.5) / (hits + 0.5))
+        if idf <= 0.0:
+            idf = 1e-6
+        size = self._lengths[seqs].astype(np.float64)
+        return seqs, idf * ((freq * (K1 + 1.0)) / (freq + K1 * ((1 - B) + B * size / self._avgdl)))
+
+
+def _ints(text: str) -> Ints:
+    """The integers of a `group_concat` (numpy's text parser: ~7x faster than splitting the string)."""
+    values = np.fromstring(text, dtype=np.int64, sep=",")
+    if len(values) != text.count(",") + 1:
+        raise ValueError(f"not a list of integers: {text[:80]!r}")
+    return values
+
+
+def _varints(blob: bytes) -> list[int]:
+    """SQLite's varints, one after another (FTS5's records of numbers)."""
+    values: list[int] = []
+    at = 0
+    while at < len(blob):
+        value = 0
+        for used in range(9):
+            byte = blob[at]
+            at += 1
+            if used == 8:
+                value = (value << 8) | byte
+                break
+            value = (value << 7) | (byte & 0x7F)
+            if byte < 0x80:
+                break
+        values.append(value)
+    return values
+
+
+def _varint_sums(data: bytes, sizes: Ints) -> Ints:
+    """Each record's sum of its varints (a docsize record: one token count a column), `sizes` bytes each.
+
+    Token counts never reach a 9-byte varint, so each byte adds its 7 low bits shifted by 7 for every
+    byte after it in its varint."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    last = raw < 0x80
+    position = np.arange(len(raw))
+    ends = np.flatnonzero(last)
+    varint = np.cumsum(last) - last  # which varint each byte belongs to
+    shift = 7 * (ends[varint] - position)
+    values = (raw & 0x7F).astype(np.int64) << shift
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    return np.add.reduceat(values, starts) if len(values) else np.zeros(len(sizes), dtype=np.int64)

@@ -1,0 +1,123 @@
+"""A word's BM25 computed from FTS5's statistics must be, bit for bit, what FTS5's `bm25()` gives it.
+
+The reference is FTS5 itself: the rows matching the quoted word and `bm25(chunks_fts)` of each, compared
+with == after inserts, deletes, rowids used again, other connections' commits and another file put in place.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clawmem_index.bm25 import TermScorer
+from clawmem_index.keywords import build_match
+from clawmem_index.store import Store
+
+WORDS = ["staging", "stage", "stages", "deploy", "deploys", "rollback", "server", "alpha", "the", "café", "CAFE",
+         "naïve", "数据"]
+
+
+def put(store: Store, seq: int, text: str) -> None:
+    store.keywords.add(seq, text, id=str(seq), path="memory/a.md", source="memory", model="", start_line=1,
+                       end_line=1)
+
+
+def reference(store: Store, word: str) -> tuple[list[int], list[float]]:
+    rows = store.conn.execute("SELECT rowid, bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ?"
+                              " ORDER BY rowid", ('"' + word + '"',)).fetchall()
+    return [r[0] for r in rows], [-r[1] for r in rows]
+
+
+def computed(scorer: TermScorer, word: str) -> tuple[list[int], list[float]]:
+    assert scorer.refresh()
+    token = scorer.term('"' + word + '"')
+    assert token is not None
+    seqs, gains = scorer.gains(token)
+    return seqs.tolist(), gains.tolist()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "b.sqlite")
+    yield s
+    s.close()
+
+
+texts = st.lists(st.sampled_from(WORDS), min_size=0, max_size=40).map(" ".join)
+
+
+@settings(max_examples=80, deadline=None)
+@given(first=st.lists(texts, min_size=1, max_size=40), deleted=st.sets(st.integers(1, 40)),
+       again=st.dictionaries(st.integers(1, 45), texts, max_size=10))
+def test_every_word_scores_exactly_what_fts5_gives_it(first: list[str], deleted: set[int],
+                                                      again: dict[int, str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "p.sqlite")
+        try:
+            scorer = TermScorer(store.conn)
+            for seq, text in enumerate(first, start=1):
+                put(store, seq, text)
+            for word in WORDS:
+                assert computed(scorer, word) == reference(store, word)
+            for seq in deleted:  # then rows removed, and some rowids used again with other text
+                store.keywords.remove(seq)
+            for seq, text in again.items():
+                store.keywords.remove(seq)
+                put(store, seq, text)
+            for word in WORDS:
+                assert computed(scorer, word) == reference(store, word)
+        finally:
+            store.close()
+
+
+def test_rows_another_connection_commits_are_read(store: Store, tmp_path: Path) -> None:
+    for seq in range(1, 6):
+        put(store, seq, "staging deploy")
+    scorer = TermScorer(store.conn)
+    assert computed(scorer, "staging") == reference(store, "staging")
+    other = Store(tmp_path / "b.sqlite")
+    other.keywords.remove(5)
+    put(other, 5, "staging staging staging rollback server alpha")
+    put(other, 6, "staging")
+    other.close()
+    assert computed(scorer, "staging") == reference(store, "staging")
+
+
+def test_another_file_put_in_place_is_read_again(store: Store, tmp_path: Path) -> None:
+    """A rebuild's swap copies a file whose rows carry the same rowids and origins, with other texts."""
+    for seq in range(1, 9):
+        put(store, seq, "staging deploy")
+    scorer = TermScorer(store.conn)
+    assert computed(scorer, "deploy") == reference(store, "deploy")
+    fresh = Store(tmp_path / "fresh.sqlite")
+    for seq in range(1, 9):
+        put(fresh, seq, "deploy " + "alpha " * seq)
+    live = Store(tmp_path / "b.sqlite")  # as SqliteBackend.swap_in copies it in
+    with live.conn.backup("main", fresh.conn, "main") as backup:
+        while not backup.done:
+            backup.step(-1)
+    live.close()
+    fresh.close()
+    assert computed(scorer, "deploy") == reference(store, "deploy")
+    assert len(set(reference(store, "deploy")[1])) == 8  # the new lengths matter to the scores
+
+
+def test_only_one_plain_token_is_scored(store: Store) -> None:
+    scorer = TermScorer(store.conn)
+    assert scorer.term('"Running"') == "run"
+    assert scorer.term('"Café"') == "cafe"
+    assert scorer.term('"say ""hi"""') is None  # two tokens: a phrase, FTS5 matches it by position
+    assert scorer.term('"stag"*') is None
+    assert scorer.term('"..."') is None
+
+
+def test_rowids_too_sparse_for_an_array_are_left_to_fts5(store: Store) -> None:
+    put(store, 1, "staging")
+    put(store, 10**12, "staging")
+    assert not TermScorer(store.conn).refresh()
+    store.keywords.search(build_match("staging") or "", 5)  # still answers
