@@ -6,9 +6,10 @@ term's instances from an fts5vocab table (~0.1 µs each, all rows in one string)
 count from `chunks_fts_docsize`, kept here in an array indexed by rowid. FTS5 gives each row it
 stores the `origin` its index's counter has then (the counter rises when rows are written out, and
 not otherwise: rows of later transactions can share the highest origin seen), so after a change the
-rows whose origin is at least the highest seen are read again; a deleted row's count stays behind,
-harmless, since FTS5 lists no instance of it. Another file put in place (a rebuild's swap) has its own `created_at` in `meta`, and
-its counts are all read again.
+rows whose origin is at least the highest seen are read again, and nothing when FTS5's structure
+record is unchanged (a commit that stored no row with a token, such as a batch of vectors); a
+deleted row's count stays behind, harmless, since FTS5 lists no instance of it. Another file put in
+place (a rebuild's swap) has its own `created_at` in `meta`, and its counts are all read again.
 
 The score is FTS5's formula (fts5_aux.c), operation for operation and in the same order, in numpy:
 equal bit for bit to what `bm25()` returns for the term alone (tests/test_bm25.py checks it on
@@ -29,8 +30,10 @@ K1 = 1.2  # FTS5's bm25() defaults
 B = 0.75
 TOKENIZER = ("porter", ["unicode61", "remove_diacritics", "2"])  # chunks_fts's tokenize option (schema.py)
 VOCAB = "temp.clawmem_fts_instances"
-AVERAGES_ROWID = 1
-SPARSE = 8  # rowids per row beyond which the counts are not kept in an array indexed by rowid  # FTS5's record of the row count and each column's total token count
+AVERAGES_ROWID = 1  # FTS5's record of the row count and each column's total token count
+STRUCTURE_ROWID = 10  # FTS5's record of its segments: rewritten whenever rows with tokens are stored
+BATCH = 1 << 17  # token counts read at once
+SPARSE = 8  # rowids per row beyond which the counts are not kept in an array indexed by rowid
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
@@ -46,36 +49,58 @@ class TermScorer:
         conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {VOCAB} USING fts5vocab(main, chunks_fts, instance)")
         self._lengths = np.zeros(0, dtype=np.int64)
         self._origin = -1
-        self._file: str | None = None
+        self._file: tuple[str] | None = None
+        self._structure: bytes | None = None
+        self._usable = True
         self._rows = 0
         self._avgdl = 0.0
 
     def refresh(self) -> bool:
-        """Read the token counts of the rows stored since the last refresh, and the table's totals.
+        """Read the table's totals, and the token counts of rows stored since the last refresh.
 
         False when the rowids are too sparse for an array indexed by rowid (then `bm25()` scores)."""
         file = self._conn.execute("SELECT value FROM meta WHERE key = 'created_at'").fetchone()
         if file != self._file:
-            self._lengths, self._origin, self._file = np.zeros(0, dtype=np.int64), -1, file
-        block = self._conn.execute("SELECT block FROM chunks_fts_data WHERE id = ?", (AVERAGES_ROWID,)).fetchone()
-        totals = _varints(block[0]) if block else [0]
+            self._lengths, self._origin, self._file, self._structure = np.zeros(0, dtype=np.int64), -1, file, None
+        averages = self._record(AVERAGES_ROWID)
+        totals = _varints(averages) if averages else [0]
         self._rows = totals[0]
         self._avgdl = float(sum(totals[1:])) / float(totals[0]) if totals[0] else 0.0
-        ids, sizes, lengths, top = self._conn.execute(
-            "SELECT group_concat(id), group_concat(length(sz)), group_concat(hex(sz), ''), max(origin)"
-            " FROM chunks_fts_docsize WHERE origin >= ?", (self._origin,)).fetchone()
-        if ids:
+        structure = self._record(STRUCTURE_ROWID)
+        if structure != self._structure:  # else no row with any token was stored since
+            self._usable = self._read_counts()
+            self._structure = structure
+        return self._usable
+
+    def _record(self, rowid: int) -> bytes | None:
+        row = self._conn.execute("SELECT block FROM chunks_fts_data WHERE id = ?", (rowid,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def _read_counts(self) -> bool:
+        """Read the counts of rows whose origin is at least the highest seen, BATCH rows at a time (the
+        strings and arrays of a million rows at once would take ~300 MB)."""
+        after, top = -1, self._origin
+        while True:
+            ids, sizes, records, highest_origin, rows = self._conn.execute(
+                "SELECT group_concat(id), group_concat(length(sz)), group_concat(hex(sz), ''), max(origin), count(*)"
+                " FROM (SELECT id, sz, origin FROM chunks_fts_docsize WHERE id > ? AND origin >= ? ORDER BY id"
+                " LIMIT ?)", (after, self._origin, BATCH)).fetchone()
+            if not rows:
+                break
             seqs = _ints(ids)
-            highest = int(seqs.max())
+            highest = int(seqs[-1])
             if highest > SPARSE * self._rows + (1 << 20):
                 self._lengths, self._origin = np.zeros(0, dtype=np.int64), -1
                 return False
             if highest >= len(self._lengths):
-                grown = np.zeros(highest + 1, dtype=np.int64)
+                grown = np.zeros(max(highest + 1, len(self._lengths) * 5 // 4), dtype=np.int64)
                 grown[:len(self._lengths)] = self._lengths
                 self._lengths = grown
-            self._lengths[seqs] = _varint_sums(bytes.fromhex(lengths), _ints(sizes))
-            self._origin = int(top)
+            self._lengths[seqs] = _varint_sums(bytes.fromhex(records), _ints(sizes))
+            after, top = highest, max(top, int(highest_origin))
+            if rows < BATCH:
+                break
+        self._origin = top
         return True
 
     def term(self, phrase: str) -> str | None:
@@ -136,14 +161,17 @@ def _varints(blob: bytes) -> list[int]:
 def _varint_sums(data: bytes, sizes: Ints) -> Ints:
     """Each record's sum of its varints (a docsize record: one token count a column), `sizes` bytes each.
 
-    Token counts never reach a 9-byte varint, so each byte adds its 7 low bits shifted by 7 for every
-    byte after it in its varint."""
+    A varint's byte is worth its 7 low bits shifted by 7 for each byte after it in the varint (token
+    counts never reach the 9-byte form); the few bytes with a byte after them are shifted in a loop."""
     raw = np.frombuffer(data, dtype=np.uint8)
-    last = raw < 0x80
-    position = np.arange(len(raw))
-    ends = np.flatnonzero(last)
-    varint = np.cumsum(last) - last  # which varint each byte belongs to
-    shift = 7 * (ends[varint] - position)
-    values = (raw & 0x7F).astype(np.int64) << shift
-    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    return np.add.reduceat(values, starts) if len(values) else np.zeros(len(sizes), dtype=np.int64)
+    values = (raw & 0x7F).astype(np.int64)
+    more = raw >= 0x80  # a byte of the same varint follows
+    shifted = np.flatnonzero(more)
+    following = 1
+    while len(shifted):
+        values[shifted] <<= 7
+        shifted = shifted[more[np.minimum(shifted + following, len(raw) - 1)]]
+        following += 1
+    if not len(values):
+        return np.zeros(len(sizes), dtype=np.int64)
+    return np.add.reduceat(values, np.concatenate(([0], np.cumsum(sizes)[:-1])))

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from clawmem_index import bm25
 from clawmem_index.bm25 import TermScorer
 from clawmem_index.keywords import build_match
 from clawmem_index.store import Store
@@ -75,6 +76,26 @@ def test_every_word_scores_exactly_what_fts5_gives_it(first: list[str], deleted:
             store.close()
 
 
+def test_long_rows_token_counts_take_several_bytes(store: Store) -> None:
+    """Counts from 128 (two-byte varints) and 16,384 tokens (three) are decoded as FTS5 wrote them."""
+    for seq, words in enumerate((5, 127, 128, 300, 16383, 16384, 20000), start=1):
+        put(store, seq, "staging " + "alpha " * (words - 1))
+    assert computed(TermScorer(store.conn), "staging") == reference(store, "staging")
+    assert len(set(reference(store, "staging")[1])) == 7
+
+
+def test_counts_read_in_batches_miss_no_row(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bm25, "BATCH", 2)
+    for seq in range(1, 8):
+        put(store, seq, "staging " + "alpha " * seq)
+    scorer = TermScorer(store.conn)
+    assert computed(scorer, "staging") == reference(store, "staging")
+    for seq in (3, 9, 10):  # a row stored again and new ones, read past the first batch
+        store.keywords.remove(seq)
+        put(store, seq, "staging deploy " * seq)
+    assert computed(scorer, "staging") == reference(store, "staging")
+
+
 def test_rows_another_connection_commits_are_read(store: Store, tmp_path: Path) -> None:
     for seq in range(1, 6):
         put(store, seq, "staging deploy")
@@ -86,6 +107,22 @@ def test_rows_another_connection_commits_are_read(store: Store, tmp_path: Path) 
     put(other, 6, "staging")
     other.close()
     assert computed(scorer, "staging") == reference(store, "staging")
+
+
+def test_a_commit_storing_no_tokens_reads_no_counts(store: Store) -> None:
+    """A batch of vectors or a meta write commits without touching FTS5: no scan of every row's count."""
+    for seq in range(1, 6):
+        put(store, seq, "staging deploy")
+    scorer = TermScorer(store.conn)
+    assert computed(scorer, "staging") == reference(store, "staging")
+    statements: list[str] = []
+    store.conn.exec_trace = lambda cursor, sql, bindings: statements.append(sql) or True
+    store.set_meta("last_sync", "{}")
+    assert computed(scorer, "staging") == reference(store, "staging")
+    put(store, 6, "staging")
+    assert computed(scorer, "staging") == reference(store, "staging")
+    store.conn.exec_trace = None
+    assert len([sql for sql in statements if "chunks_fts_docsize" in sql]) == 1  # for the row stored
 
 
 def test_another_file_put_in_place_is_read_again(store: Store, tmp_path: Path) -> None:
