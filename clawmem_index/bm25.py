@@ -47,7 +47,7 @@ class TermScorer:
         self._conn = conn
         self._tokenize = conn.fts5_tokenizer(*TOKENIZER)
         conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {VOCAB} USING fts5vocab(main, chunks_fts, instance)")
-        self._lengths = np.zeros(0, dtype=np.int64)
+        self._lengths = np.zeros(0, dtype=np.int32)  # token counts by rowid (4 MB a million rows)
         self._origin = -1
         self._file: tuple[str] | None = None
         self._structure: bytes | None = None
@@ -61,7 +61,7 @@ class TermScorer:
         False when the rowids are too sparse for an array indexed by rowid (then `bm25()` scores)."""
         file = self._conn.execute("SELECT value FROM meta WHERE key = 'created_at'").fetchone()
         if file != self._file:
-            self._lengths, self._origin, self._file, self._structure = np.zeros(0, dtype=np.int64), -1, file, None
+            self._lengths, self._origin, self._file, self._structure = np.zeros(0, dtype=np.int32), -1, file, None
         averages = self._record(AVERAGES_ROWID)
         totals = _varints(averages) if averages else [0]
         self._rows = totals[0]
@@ -90,10 +90,10 @@ class TermScorer:
             seqs = _ints(ids)
             highest = int(seqs[-1])
             if highest > SPARSE * self._rows + (1 << 20):
-                self._lengths, self._origin = np.zeros(0, dtype=np.int64), -1
+                self._lengths, self._origin = np.zeros(0, dtype=np.int32), -1
                 return False
             if highest >= len(self._lengths):
-                grown = np.zeros(max(highest + 1, len(self._lengths) * 5 // 4), dtype=np.int64)
+                grown = np.zeros(max(highest + 1, len(self._lengths) * 5 // 4), dtype=np.int32)
                 grown[:len(self._lengths)] = self._lengths
                 self._lengths = grown
             self._lengths[seqs] = _varint_sums(bytes.fromhex(records), _ints(sizes))

@@ -158,3 +158,9 @@ def test_rowids_too_sparse_for_an_array_are_left_to_fts5(store: Store) -> None:
     put(store, 10**12, "staging")
     assert not TermScorer(store.conn).refresh()
     store.keywords.search(build_match("staging") or "", 5)  # still answers
+
+
+def test_the_scorer_tokenizes_as_the_table_does(store: Store) -> None:
+    name, args = bm25.TOKENIZER
+    sql = store.conn.execute("SELECT sql FROM sqlite_master WHERE name = 'chunks_fts'").fetchone()[0]
+    assert f"tokenize='{' '.join([name, *args])}'" in sql
