@@ -284,11 +284,13 @@ class VectorIndex:
         layout = self.layout()
         if not layout.readable or not seqs:
             return {}
-        rows = self._conn.execute(f"SELECT rowid, embedding FROM {layout.table} WHERE rowid IN"
-                                  " (SELECT value FROM json_each(?))", (json.dumps(list(seqs)),)).fetchall()
+        among = json.dumps(list(seqs))
         if self.loaded and not layout.half:
-            return {int(seq): float(self._conn.execute("SELECT vec_distance_cosine(?, ?)", (blob, query_blob))
-                                    .fetchone()[0]) for seq, blob in rows}
+            return {int(seq): float(distance) for seq, distance in self._conn.execute(
+                f"SELECT rowid, vec_distance_cosine(embedding, ?) FROM {layout.table} WHERE rowid IN"
+                " (SELECT value FROM json_each(?))", (query_blob, among))}
+        rows = self._conn.execute(f"SELECT rowid, embedding FROM {layout.table} WHERE rowid IN"
+                                  " (SELECT value FROM json_each(?))", (among,)).fetchall()
         import numpy as np  # the same arithmetic as `_vector_scan`
 
         query = np.frombuffer(query_blob, dtype="<f4").astype(np.float64)
