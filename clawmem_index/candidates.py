@@ -59,6 +59,8 @@ class Sides:
     vector: Callable[[int], Sequence[VectorHit]] | None = None
     text_of: Callable[[list[int]], dict[int, float]] | None = None  # seq -> bm25 (negative: better is lower)
     vector_of: Callable[[list[int]], dict[int, float]] | None = None  # seq -> cosine distance
+    text_ahead: int = 0  # the text side's least read depth (reading it deeper costs less than the vector side)
+    text_ahead: int = 0  # how deep the text side is read whatever the depth asked (its ranking is known)
 
 
 @dataclass(frozen=True)
@@ -83,18 +85,19 @@ def gather(sides: Sides, *, weights: tuple[float, float], want: int, pool: int, 
            factor: Callable[[Candidate], float], min_score: float) -> Pools:
     """Candidates with both sides' scores and `score = (wt*text + wv*vector) * factor`, deep enough for `want`.
 
-    `weights` = (text, vector), summing to 1; `factor` (decay) is at most 1. Stops once `want`
+    `weights` = (text, vector), summing to 1; `factor` (decay) is at most 1. The text side is read at
+    least `sides.text_ahead` deep: its lower bound then lets the vector side stop sooner. Stops once `want`
     distinct citations score above what an unseen chunk could (or `min_score` bars every unseen
     chunk, or both lists are exhausted), or at depth `cap` (then `proven` is False).
     """
     wt, wv = weights
     depth = min(cap, max(1, pool, 2 * want))
     while True:
-        text_hits = list(sides.text(depth)) if sides.text is not None and wt > 0 else []
+        text_hits = list(sides.text(max(depth, sides.text_ahead))) if sides.text is not None and wt > 0 else []
         vector_hits = list(sides.vector(depth)) if sides.vector is not None and wv > 0 else []
         cands = _merge(text_hits, vector_hits)
         best = text_relevance(text_hits[0].bm25) if text_hits else 0.0
-        text_done = sides.text is None or wt == 0 or len(text_hits) < depth
+        text_done = sides.text is None or wt == 0 or len(text_hits) < max(depth, sides.text_ahead)
         vector_done = sides.vector is None or wv == 0 or len(vector_hits) < depth
         _fill(cands, sides, text_done=text_done, vector_done=vector_done, wt=wt, wv=wv)
         for c in cands:

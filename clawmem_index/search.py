@@ -240,6 +240,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         vector=None if vector_blob is None else _VectorSide(store, vector_blob, where).hits,
         text_of=None if keywords is None else keywords.scores_of,
         vector_of=None if vector_blob is None else lambda seqs: store.vector_distances_of(vector_blob, seqs),
+        text_ahead=TEXT_AHEAD if vector_blob is not None and store.vectors_in_cells() else 0,
     )
     factor = _decay(store, settings, today)
     want = max(limit, settings.mmr_pool if settings.mmr_lambda else 0)
@@ -324,6 +325,10 @@ class _KeywordSide:
         return found
 
 
+# Keyword hits a hybrid search over k-means cells reads at once: there a deeper vector read ranks
+# thousands of vectors fetched one by one (~40 ms at 1M chunks), while 256 keyword hits cost ~2 ms and
+# lower the bound on unseen chunks enough to spare most such reads (docs/benchmarks.md, stop 28).
+TEXT_AHEAD = 256
 READ_AHEAD = 4  # a vector read returns this many times the depth asked, so the proof's deeper reads are lookups
 
 

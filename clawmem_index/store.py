@@ -299,6 +299,11 @@ class Store:
         """How `vector_search` answers on this connection (for diagnostics and benchmarks)."""
         return self.vectors.method()
 
+    def vectors_in_cells(self) -> bool:
+        """Whether vector search reads k-means cells (a large index: a deeper read ranks thousands of
+        vectors fetched one by one, tens of milliseconds)."""
+        return self.vectors.layout().cells
+
     def ensure_vector_table(self, dims: int, precision: str = "float32") -> None:
         self.vectors.ensure(dims, precision)
 

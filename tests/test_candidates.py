@@ -33,7 +33,7 @@ class Corpus:
         self.chunks = chunks
         self.reads: list[tuple[str, int]] = []
 
-    def sides(self) -> Sides:
+    def sides(self, text_ahead: int = 0) -> Sides:
         by_text = sorted((c for c in self.chunks if c.bm25 is not None), key=lambda c: (c.bm25, c.seq))
         by_vector = sorted((c for c in self.chunks if c.distance is not None), key=lambda c: (c.distance, c.seq))
 
@@ -48,7 +48,8 @@ class Corpus:
         lookup = {c.seq: c for c in self.chunks}
         return Sides(text=text, vector=vector,
                      text_of=lambda seqs: {s: lookup[s].bm25 for s in seqs if lookup[s].bm25 is not None},
-                     vector_of=lambda seqs: {s: lookup[s].distance for s in seqs if lookup[s].distance is not None})
+                     vector_of=lambda seqs: {s: lookup[s].distance for s in seqs if lookup[s].distance is not None},
+                     text_ahead=text_ahead)
 
     def exact(self, weights: tuple[float, float], factor: Callable[[Chunk], float]) -> dict[int, float]:
         """Every chunk's fused score, computed from all of them."""
@@ -75,10 +76,10 @@ chunks_strategy = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(chunks=chunks_strategy, text_weight=st.sampled_from([0.0, 0.25, 0.4, 1.0]), pool=st.integers(1, 8),
        min_score=st.sampled_from([0.0, 0.1, 0.3, 0.6]), small=st.integers(1, 12), extra=st.integers(1, 40),
-       decayed=st.booleans())
+       decayed=st.booleans(), text_ahead=st.sampled_from([0, 3, 30]))
 def test_the_first_k_are_the_same_for_every_larger_answer_and_are_the_true_first_k(
         chunks: list[Chunk], text_weight: float, pool: int, min_score: float, small: int, extra: int,
-        decayed: bool) -> None:
+        decayed: bool, text_ahead: int) -> None:
     weights = (text_weight, 1.0 - text_weight)
     corpus = Corpus(chunks)
 
@@ -86,7 +87,7 @@ def test_the_first_k_are_the_same_for_every_larger_answer_and_are_the_true_first
         return float(c.date) if decayed and c.date is not None else 1.0
 
     def answer(want: int) -> list[int]:
-        pools = gather(corpus.sides(), weights=weights, want=want, pool=pool, cap=4096, factor=factor,
+        pools = gather(corpus.sides(text_ahead), weights=weights, want=want, pool=pool, cap=4096, factor=factor,
                        min_score=min_score)
         assert pools.proven
         return ordered(pools.candidates, min_score)[:want]
@@ -122,6 +123,18 @@ def test_the_first_read_is_twice_the_answer_when_that_is_deeper_than_the_pool() 
     corpus = Corpus([Chunk(i, -100.0 + i, 0.01 * i) for i in range(100)])
     gather(corpus.sides(), weights=(0.4, 0.6), want=20, pool=4, cap=4096, factor=lambda c: 1.0, min_score=0.0)
     assert corpus.reads[0][1] == 40
+
+
+def test_reading_the_text_side_ahead_lets_the_vector_side_stop_sooner() -> None:
+    """The best keyword chunks are the worst by vectors: at a shallow depth both bounds stay high."""
+    chunks = [Chunk(i, -(100.0 - i), 0.3 + 0.001 * (99 - i)) for i in range(100)]
+    for ahead, vector_depth in ((0, 16), (32, 4)):
+        corpus = Corpus(chunks)
+        pools = gather(corpus.sides(ahead), weights=(0.5, 0.5), want=2, pool=4, cap=4096, factor=lambda c: 1.0,
+                       min_score=0.0)
+        assert pools.proven and ordered(pools.candidates, 0.0)[:2] == [0, 1]
+        assert max(depth for side, depth in corpus.reads if side == "vector") == vector_depth
+        assert min(depth for side, depth in corpus.reads if side == "text") == max(4, ahead)
 
 
 def test_the_cap_bounds_the_reading_and_says_the_order_is_not_proven() -> None:

@@ -189,6 +189,29 @@ def test_hybrid_finds_paraphrases_and_exact_ids(settings: Settings, write) -> No
     assert (keyword["provider"], keyword["model"], keyword["mode"]) == ("fake", provider.info.model, "bm25")
 
 
+@pytest.mark.parametrize("cells", [False, True])
+def test_over_k_means_cells_a_hybrid_search_reads_the_keyword_side_ahead(settings: Settings, write,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        cells: bool) -> None:
+    """A deeper vector read over cells costs tens of ms; 256 keyword hits spare most of them."""
+    from clawmem_index import search
+    from clawmem_index.store import Store
+
+    for i in range(300):
+        write(f"memory/n{i}.md", f"# Note {i}\ndeploy staging server number {i}\n")
+    index = MemoryIndex(settings, provider=FakeProvider())
+    index.sync()
+    read: list[int] = []
+    real_hits = Store.text_hits
+    monkeypatch.setattr(Store, "vectors_in_cells", lambda self: cells)
+    monkeypatch.setattr(Store, "text_hits", lambda self, ranked: read.append(len(ranked)) or real_hits(self, ranked))
+    assert answer(index, "deploy staging", mode="hybrid")
+    if cells:
+        assert read[0] == search.TEXT_AHEAD
+    else:
+        assert max(read) < search.TEXT_AHEAD
+
+
 def test_query_vectors_from_another_model_are_never_compared(settings: Settings, write) -> None:
     write("memory/a.md", "# A\nthe automobile needs tyres")
     MemoryIndex(settings, provider=FakeProvider(model="fake-1")).sync()

@@ -878,6 +878,10 @@ class PgStore:
     def vec_table_exists(self) -> bool:
         return True
 
+    def vectors_in_cells(self) -> bool:
+        """Never: pgvector's HNSW graph answers deeper reads itself."""
+        return False
+
     def vector_method(self) -> str:
         """HNSW when every workspace in scope has its index for the vectors it holds; an exact scan
         (slower, never wrong) while one waits for its embedding pass to end (see `index_vectors`)."""
