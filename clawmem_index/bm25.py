@@ -107,7 +107,11 @@ class TermScorer:
         """The one token a quoted phrase (`"word"`) stands for; None for a prefix, several tokens or none."""
         if not (phrase.startswith('"') and phrase.endswith('"')):
             return None
-        tokens = self._tokenize(phrase[1:-1].replace('""', '"').encode(), apsw.FTS5_TOKENIZE_QUERY, None)
+        try:
+            text = phrase[1:-1].replace('""', '"').encode()
+        except UnicodeEncodeError:  # a lone surrogate: left to FTS5, which reports it
+            return None
+        tokens = self._tokenize(text, apsw.FTS5_TOKENIZE_QUERY, None)
         if len(tokens) != 1 or len(tokens[0]) != 3:
             return None
         return str(tokens[0][2])

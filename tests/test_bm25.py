@@ -151,6 +151,7 @@ def test_only_one_plain_token_is_scored(store: Store) -> None:
     assert scorer.term('"say ""hi"""') is None  # two tokens: a phrase, FTS5 matches it by position
     assert scorer.term('"stag"*') is None
     assert scorer.term('"..."') is None
+    assert scorer.term('"lone \ud800"') is None
 
 
 def test_rowids_too_sparse_for_an_array_are_left_to_fts5(store: Store) -> None:

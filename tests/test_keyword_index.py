@@ -20,6 +20,7 @@ from clawmem_index import keyword_index
 from clawmem_index.filters import ChunkFilter
 from clawmem_index.keywords import build_match, build_prefix_match, index_text
 from clawmem_index.store import Store
+from tests.hostile import FIXED_TEXTS, hostile_text
 
 WORDS = ["staging", "stage", "deploy", "deploys", "rollback", "server", "alpha", "beta", "gamma", "the", "café",
          "cafe", "数据", "库"]
@@ -137,6 +138,23 @@ def test_single_words_are_scored_from_fts5_statistics_not_row_by_row(store: Stor
         store.conn.exec_trace = None
     reads = [sql for sql in statements if "bm25(" in sql and "rowid = ?" not in sql]
     assert len([sql for sql in statements if "clawmem_fts_instances WHERE term" in sql]) == 3 and reads == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(query=hostile_text() | st.sampled_from(sorted(FIXED_TEXTS.values())), prefix=st.booleans())
+def test_hostile_queries_rank_as_fts5_does_when_scores_are_computed(query: str, prefix: bool) -> None:
+    """Every word goes through FTS5's tokenizer in clawmem_index.bm25; the texts are indexed too."""
+    match = (build_prefix_match if prefix else build_match)(query)
+    assume(match is not None)
+    assert match is not None
+    with tempfile.TemporaryDirectory() as tmp, summing():
+        store = Store(Path(tmp) / "h.sqlite")
+        try:
+            for text in [*FIXED_TEXTS.values(), query, query + " " + query]:
+                add(store, None, text.encode("utf-8", "replace").decode("utf-8"))
+            assert ranked(store, match, 10) == reference(store, match, 10)
+        finally:
+            store.close()
 
 
 def test_a_commit_from_another_connection_is_seen(store: Store, tmp_path: Path) -> None:
