@@ -37,6 +37,7 @@ _PHRASE = re.compile(r'"(?:[^"]|"")+"\*?')
 PLAIN_MAX = 2048  # matches (summed over the phrases) below which FTS5 ranks the query itself, as fast
 CACHE_POSTINGS = 1 << 20  # per-phrase scores kept per connection (16 bytes each), least recently used dropped
 FILTER_DEPTH = 1 << 16  # how deep the best matches are walked for a filter before FTS5 ranks the query instead
+COUNTS_KEPT = 1 << 16  # phrases whose match counts are kept per connection until the index changes
 CHECKED = 3  # hits FTS5 scores once per connection to confirm the sums (each rescans the phrases for their IDF)
 
 if TYPE_CHECKING:  # numpy is imported where the sums are made: a command that never sums does not load it
@@ -241,6 +242,8 @@ class KeywordIndex:
             else:
                 count = self._counts.get(phrase)
                 if count is None:
+                    if len(self._counts) >= COUNTS_KEPT:  # a daemon no write reaches for days: stay bounded
+                        self._counts.clear()
                     count = self._counts[phrase] = int(self._conn.execute(
                         "SELECT count(*) FROM (SELECT 1 FROM chunks_fts WHERE chunks_fts MATCH ? LIMIT ?)",
                         (phrase, PLAIN_MAX + 1)).fetchone()[0])

@@ -157,6 +157,14 @@ def test_hostile_queries_rank_as_fts5_does_when_scores_are_computed(query: str, 
             store.close()
 
 
+def test_match_counts_kept_between_writes_stay_bounded(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keyword_index, "COUNTS_KEPT", 4)
+    add(store, None, "staging deploy")
+    for i in range(20):
+        store.text_search(build_match(f"word{i} other{i}") or "", 5)
+        assert len(store.keywords._counts) <= 4
+
+
 def test_a_commit_from_another_connection_is_seen(store: Store, tmp_path: Path) -> None:
     for _ in range(5):
         add(store, None, "staging deploy")
