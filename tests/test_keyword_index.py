@@ -165,6 +165,34 @@ def test_match_counts_kept_between_writes_stay_bounded(store: Store, monkeypatch
         assert len(store.keywords._counts) <= 4
 
 
+def test_each_change_of_the_keyword_index_is_confirmed_against_fts5_again(store: Store, tmp_path: Path) -> None:
+    """FTS5 confirms the first answer after a change of its rows, not after a commit that left them alone."""
+    for _ in range(5):
+        add(store, None, "staging deploy")
+    match = build_match("staging deploy") or ""
+    checks: list[str] = []
+
+    def trace(cursor, sql, bindings):  # type: ignore[no-untyped-def]
+        if "rowid = ?" in sql and "bm25(" in sql:
+            checks.append(sql)
+        return True
+
+    with summing():
+        store.conn.exec_trace = trace
+        ranked(store, match, 3)
+        ranked(store, match, 3)
+        assert len(checks) == keyword_index.CHECKED  # once, not at every query
+        other = Store(tmp_path / "k.sqlite")
+        other.set_meta("last_sync", "{}")  # a commit that leaves the keyword index as it was
+        ranked(store, match, 3)
+        assert len(checks) == keyword_index.CHECKED
+        add(other, None, "staging staging")
+        other.close()
+        assert ranked(store, match, 3) == reference(store, match, 3)
+        assert len(checks) == 2 * keyword_index.CHECKED
+        store.conn.exec_trace = None
+
+
 def test_a_commit_from_another_connection_is_seen(store: Store, tmp_path: Path) -> None:
     for _ in range(5):
         add(store, None, "staging deploy")
