@@ -13,7 +13,7 @@ place (a rebuild's swap) has its own `created_at` in `meta`, and its counts are 
 
 The score is FTS5's formula (fts5_aux.c), operation for operation and in the same order, in numpy:
 equal bit for bit to what `bm25()` returns for the term alone (tests/test_bm25.py checks it on
-random tables, and `KeywordIndex` confirms a first answer against FTS5 on each connection).
+random tables, and `KeywordIndex` has FTS5 confirm the first answer after each change of its records).
 """
 
 from __future__ import annotations

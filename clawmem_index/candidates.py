@@ -60,7 +60,6 @@ class Sides:
     text_of: Callable[[list[int]], dict[int, float]] | None = None  # seq -> bm25 (negative: better is lower)
     vector_of: Callable[[list[int]], dict[int, float]] | None = None  # seq -> cosine distance
     text_ahead: int = 0  # the text side's least read depth (reading it deeper costs less than the vector side)
-    text_ahead: int = 0  # how deep the text side is read whatever the depth asked (its ranking is known)
 
 
 @dataclass(frozen=True)
@@ -93,11 +92,12 @@ def gather(sides: Sides, *, weights: tuple[float, float], want: int, pool: int, 
     wt, wv = weights
     depth = min(cap, max(1, pool, 2 * want))
     while True:
-        text_hits = list(sides.text(max(depth, sides.text_ahead))) if sides.text is not None and wt > 0 else []
+        text_depth = min(cap, max(depth, sides.text_ahead))
+        text_hits = list(sides.text(text_depth)) if sides.text is not None and wt > 0 else []
         vector_hits = list(sides.vector(depth)) if sides.vector is not None and wv > 0 else []
         cands = _merge(text_hits, vector_hits)
         best = text_relevance(text_hits[0].bm25) if text_hits else 0.0
-        text_done = sides.text is None or wt == 0 or len(text_hits) < max(depth, sides.text_ahead)
+        text_done = sides.text is None or wt == 0 or len(text_hits) < text_depth
         vector_done = sides.vector is None or wv == 0 or len(vector_hits) < depth
         _fill(cands, sides, text_done=text_done, vector_done=vector_done, wt=wt, wv=wv)
         for c in cands:

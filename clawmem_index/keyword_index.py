@@ -38,7 +38,7 @@ PLAIN_MAX = 2048  # matches (summed over the phrases) below which FTS5 ranks the
 CACHE_POSTINGS = 1 << 20  # per-phrase scores kept per connection (16 bytes each), least recently used dropped
 FILTER_DEPTH = 1 << 16  # how deep the best matches are walked for a filter before FTS5 ranks the query instead
 COUNTS_KEPT = 1 << 16  # phrases whose match counts are kept per connection until the index changes
-CHECKED = 3  # hits FTS5 scores once per connection to confirm the sums (each rescans the phrases for their IDF)
+CHECKED = 3  # hits FTS5 scores after each change of its records to confirm the sums (each rescans the phrases)
 
 if TYPE_CHECKING:  # numpy is imported where the sums are made: a command that never sums does not load it
     import numpy as np

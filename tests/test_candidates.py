@@ -137,6 +137,12 @@ def test_reading_the_text_side_ahead_lets_the_vector_side_stop_sooner() -> None:
         assert min(depth for side, depth in corpus.reads if side == "text") == max(4, ahead)
 
 
+def test_the_cap_bounds_the_text_side_read_ahead_too() -> None:
+    corpus = Corpus([Chunk(i, -(100.0 - i), 0.3 + 0.001 * (99 - i)) for i in range(100)])
+    pools = gather(corpus.sides(32), weights=(0.5, 0.5), want=2, pool=4, cap=8, factor=lambda c: 1.0, min_score=0.0)
+    assert max(depth for _, depth in corpus.reads) == 8 and not pools.proven
+
+
 def test_the_cap_bounds_the_reading_and_says_the_order_is_not_proven() -> None:
     corpus = Corpus([Chunk(i, -100.0 + i, 0.01 * i) for i in range(100)])
     pools = gather(corpus.sides(), weights=(0.4, 0.6), want=60, pool=4, cap=16, factor=lambda c: 1.0, min_score=0.0)
