@@ -16,7 +16,8 @@ of an embedding pass runs), the file's size and the bytes of its float vector ta
 float16 stores them in half), recall@10 of `vector_search` against exact cosine of the float32 vectors
 (numpy) on the 300 queries, and p50/p95 of vector search (24 rows, what a default search asks
 for), hybrid search and BM25 search through `run_search` on one long-lived Store, as the daemon
-answers them (its keyword lists kept; the median of --rounds passes, the first pass apart). With
+answers them (its keyword lists kept; the median of --rounds passes, the first pass apart), and how
+many hybrid queries needed a second, deeper vector read to prove their answer. With
 --compare, a new index is also measured before its cells are built (sign bits in sqlite-vec, as
 every index below 131,072 vectors is searched). An index file is reused by later runs.
 """
@@ -53,6 +54,30 @@ def corpus(work: Path) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:
     texts = [q["text"] for q in map(json.loads, (SHARED / "bench/scifact/queries.jsonl").open()) if q["_id"] in test]
     assert len(sentences) == len(vectors), "the cached sentence vectors are not of this corpus"
     return vectors, sentences, queries, texts[:len(queries)]
+
+
+def vector_reads(store: Store, search: Callable[[int], object], n: int) -> dict[str, int]:
+    """How many hybrid queries proved their answer on the first vector read, and how many read deeper
+    (a second search of the vector index: thousands of candidates more)."""
+    calls = 0
+    real = store.vector_search
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return real(*args, **kwargs)
+
+    store.vector_search = counted  # type: ignore[method-assign]
+    reads: dict[str, int] = {}
+    try:
+        for i in range(n):
+            calls = 0
+            search(i)
+            key = "one read" if calls <= 1 else "deeper reads"
+            reads[key] = reads.get(key, 0) + 1
+    finally:
+        del store.vector_search
+    return reads
 
 
 def widen(vectors: np.ndarray, dims: int) -> np.ndarray:
@@ -137,6 +162,8 @@ def main() -> None:
                              tail=0.95, warm_passes=1)
     result["bm25"] = timed(lambda i: run_search(store, None, SearchRequest(texts[i], mode="bm25"), settings),
                            n, args.rounds, tail=0.95, warm_passes=1)
+    result["hybrid_vector_reads"] = vector_reads(store, lambda i: run_search(store, provider, SearchRequest(texts[i]),
+                                                                           settings), n)
     store.close()
     out = Path(args.out or ROOT / "bench" / "out" / f"vectors-scale-{name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
