@@ -6,6 +6,7 @@ with == after inserts, deletes, rowids used again, other connections' commits an
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,9 +55,9 @@ texts = st.lists(st.sampled_from(WORDS), min_size=0, max_size=40).map(" ".join)
 
 @settings(max_examples=80, deadline=None)
 @given(first=st.lists(texts, min_size=1, max_size=40), deleted=st.sets(st.integers(1, 40)),
-       again=st.dictionaries(st.integers(1, 45), texts, max_size=10))
+       again=st.dictionaries(st.integers(1, 45), texts, max_size=10), together=st.booleans())
 def test_every_word_scores_exactly_what_fts5_gives_it(first: list[str], deleted: set[int],
-                                                      again: dict[int, str]) -> None:
+                                                      again: dict[int, str], together: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "p.sqlite")
         try:
@@ -65,11 +66,12 @@ def test_every_word_scores_exactly_what_fts5_gives_it(first: list[str], deleted:
                 put(store, seq, text)
             for word in WORDS:
                 assert computed(scorer, word) == reference(store, word)
-            for seq in deleted:  # then rows removed, and some rowids used again with other text
-                store.keywords.remove(seq)
-            for seq, text in again.items():
-                store.keywords.remove(seq)
-                put(store, seq, text)
+            with store.transaction() if together else contextlib.nullcontext():  # one origin, or one each
+                for seq in deleted:  # then rows removed, and some rowids used again with other text
+                    store.keywords.remove(seq)
+                for seq, text in again.items():
+                    store.keywords.remove(seq)
+                    put(store, seq, text)
             for word in WORDS:
                 assert computed(scorer, word) == reference(store, word)
         finally:
