@@ -43,6 +43,15 @@ def computed(scorer: TermScorer, word: str) -> tuple[list[int], list[float]]:
     return seqs.tolist(), gains.tolist()
 
 
+def checked_scorer(store: Store, rows: int, word: str) -> TermScorer:
+    """`rows` rows of "staging deploy", and a scorer that has scored `word` as FTS5 does."""
+    for seq in range(1, rows + 1):
+        put(store, seq, "staging deploy")
+    scorer = TermScorer(store.conn)
+    assert computed(scorer, word) == reference(store, word)
+    return scorer
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     s = Store(tmp_path / "b.sqlite")
@@ -99,10 +108,7 @@ def test_counts_read_in_batches_miss_no_row(store: Store, monkeypatch: pytest.Mo
 
 
 def test_rows_another_connection_commits_are_read(store: Store, tmp_path: Path) -> None:
-    for seq in range(1, 6):
-        put(store, seq, "staging deploy")
-    scorer = TermScorer(store.conn)
-    assert computed(scorer, "staging") == reference(store, "staging")
+    scorer = checked_scorer(store, 5, "staging")
     other = Store(tmp_path / "b.sqlite")
     other.keywords.remove(5)
     put(other, 5, "staging staging staging rollback server alpha")
@@ -113,10 +119,7 @@ def test_rows_another_connection_commits_are_read(store: Store, tmp_path: Path) 
 
 def test_a_commit_storing_no_tokens_reads_no_counts(store: Store) -> None:
     """A batch of vectors or a meta write commits without touching FTS5: no scan of every row's count."""
-    for seq in range(1, 6):
-        put(store, seq, "staging deploy")
-    scorer = TermScorer(store.conn)
-    assert computed(scorer, "staging") == reference(store, "staging")
+    scorer = checked_scorer(store, 5, "staging")
     statements: list[str] = []
     store.conn.exec_trace = lambda cursor, sql, bindings: statements.append(sql) or True
     store.set_meta("last_sync", "{}")
@@ -129,10 +132,7 @@ def test_a_commit_storing_no_tokens_reads_no_counts(store: Store) -> None:
 
 def test_another_file_put_in_place_is_read_again(store: Store, tmp_path: Path) -> None:
     """A rebuild's swap copies a file whose rows carry the same rowids and origins, with other texts."""
-    for seq in range(1, 9):
-        put(store, seq, "staging deploy")
-    scorer = TermScorer(store.conn)
-    assert computed(scorer, "deploy") == reference(store, "deploy")
+    scorer = checked_scorer(store, 8, "deploy")
     fresh = Store(tmp_path / "fresh.sqlite")
     for seq in range(1, 9):
         put(fresh, seq, "deploy " + "alpha " * seq)
