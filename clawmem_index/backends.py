@@ -23,6 +23,7 @@ import xxhash
 
 from clawmem_index.config import Settings
 from clawmem_index.errors import IndexBusy, IndexCorrupt
+from clawmem_index.keyword_index import SHARED_POSTINGS, PostingsCache
 from clawmem_index.store import Store, make_private_dirs, make_private_file
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class SqliteBackend:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.path = settings.index_path
+        self._postings = PostingsCache(SHARED_POSTINGS)  # the long-lived readers' keyword scores, kept together
 
     def describe(self) -> str:
         return str(self.path)
@@ -82,7 +84,8 @@ class SqliteBackend:
         return self.path.exists()
 
     def open_reader(self, *, read_only: bool, long_lived: bool) -> Store:
-        return Store(self.path, create=False, read_only=read_only, keep_keyword_scores=long_lived)
+        return Store(self.path, create=False, read_only=read_only, keep_keyword_scores=long_lived,
+                     keyword_postings=self._postings if long_lived else None)
 
     def refresh(self, store: Store) -> None:
         """Nothing to do: a reader of the file sees each commit (and a swapped-in rebuild) by itself."""

@@ -8,8 +8,9 @@ Ranking an OR of common words, FTS5 scores every chunk holding any of them (abou
 microsecond each, plus a scan of every word's doclist for its IDF) before it keeps the best few.
 FTS5's BM25 of an OR of phrases is, bit for bit, the sum in phrase order of what each phrase
 scores on its own (a missing phrase adds exactly 0.0), so each phrase's scores are read once per
-version of the index and kept; a query then adds them up with numpy and picks the top `limit`, the
-same rows, scores and order FTS5 would give. A single word's scores are computed from bulk reads of
+state of the keyword index and kept (`PostingsCache`, by token: "cells" and "cell" are one list; a
+daemon's query threads share one); a query then adds them up with numpy and picks the top `limit`,
+the same rows, scores and order FTS5 would give. A single word's scores are computed from bulk reads of
 FTS5's own statistics (clawmem_index.bm25, ~5x cheaper than reading `bm25()` row by row); other
 phrases are read from FTS5. Queries matching few chunks, other expressions, and searches inside a
 transaction go to FTS5 as before.
@@ -20,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,13 +31,14 @@ import apsw
 
 from clawmem_index.filters import ChunkFilter
 
-__all__ = ["KeywordIndex", "TextHit"]
+__all__ = ["KeywordIndex", "PostingsCache", "TextHit"]
 
 _OR_OF_PHRASES = re.compile(r'"(?:[^"]|"")+"\*?(?: OR "(?:[^"]|"")+"\*?)*')
 _PHRASE = re.compile(r'"(?:[^"]|"")+"\*?')
 
 PLAIN_MAX = 2048  # matches (summed over the phrases) below which FTS5 ranks the query itself, as fast
-CACHE_POSTINGS = 1 << 20  # per-phrase scores kept per connection (16 bytes each), least recently used dropped
+CACHE_POSTINGS = 1 << 20  # per-phrase scores a connection keeps on its own (16 bytes each), least recently used dropped
+SHARED_POSTINGS = 1 << 22  # those the connections of a long-lived process keep together (64 MB)
 FILTER_DEPTH = 1 << 16  # how deep the best matches are walked for a filter before FTS5 ranks the query instead
 COUNTS_KEPT = 1 << 16  # phrases whose match counts are kept per connection until the index changes
 CHECKED = 3  # hits FTS5 scores after each change of its records to confirm the sums (each rescans the phrases)
@@ -71,16 +74,66 @@ class _Postings:
     gains: Floats
 
 
+class PostingsCache:
+    """Phrases' scores (`_Postings`) for one state of the keyword index, least recently used dropped
+    past `budget` postings (None: CACHE_POSTINGS).
+
+    A phrase's scores depend on nothing but FTS5's rows, so any connection that sees the same state
+    (the file's `created_at`, FTS5's totals and segment records) may use the scores another read: one
+    cache serves all of a daemon's query threads, and survives commits that leave the keyword index as
+    it was (a batch of vectors). A state other than the held one's misses; storing for it drops the rest.
+    The costliest lists are the commonest words', which nearly every query holds, so a few dozen lists
+    spare most of the reading (1M chunks, 300 queries: 134k postings read a query without them, 27k
+    with 64 MB kept).
+    """
+
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._state: Hashable = None
+        self._entries: OrderedDict[Hashable, _Postings] = OrderedDict()
+        self._held = 0
+
+    def get(self, state: Hashable, key: Hashable) -> _Postings | None:
+        with self._lock:
+            if state != self._state:
+                return None
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+            return found
+
+    def put(self, state: Hashable, key: Hashable, postings: _Postings) -> None:
+        budget = CACHE_POSTINGS if self.budget is None else self.budget
+        with self._lock:
+            if state != self._state:
+                self._entries.clear()
+                self._state, self._held = state, 0
+            if key in self._entries:
+                return
+            self._entries[key] = postings
+            self._held += len(postings.seqs)
+            while self._held > budget and len(self._entries) > 1:
+                _, dropped = self._entries.popitem(last=False)
+                self._held -= len(dropped.seqs)
+
+    @property
+    def held(self) -> int:
+        """Postings held (each a seq and a score: 16 bytes)."""
+        return self._held
+
+
 class KeywordIndex:
     """chunks_fts on one connection."""
 
-    def __init__(self, conn: apsw.Connection, *, keep_scores: bool = True) -> None:
-        """`keep_scores`: sum kept per-phrase scores for common words (a long-lived process); else FTS5 ranks."""
+    def __init__(self, conn: apsw.Connection, *, keep_scores: bool = True, postings: PostingsCache | None = None) -> None:
+        """`keep_scores`: sum kept per-phrase scores for common words (a long-lived process); else FTS5 ranks.
+        `postings`: where they are kept (shared with other connections to the same file; else its own)."""
         self._conn = conn
         self._keep_scores = keep_scores
         self._version: tuple[int, int] | None = None
-        self._postings: OrderedDict[str, _Postings] = OrderedDict()
-        self._held = 0
+        self._state: Hashable = None  # the keyword index's state in this version (the postings' key)
+        self._postings = postings if postings is not None else PostingsCache()
         self._counts: dict[str, int] = {}
         self._ranked: tuple[str, Ints, Floats] | None = None
         self._sums_checked = False  # whether FTS5 has confirmed a summed ranking of this state of its records
@@ -225,13 +278,14 @@ class KeywordIndex:
         try:
             version = (int(self._conn.execute("PRAGMA data_version").fetchone()[0]), self._conn.total_changes())
             if version != self._version:
-                self._postings.clear()
                 self._counts.clear()
-                self._held, self._ranked, self._version = 0, None, version
+                self._ranked, self._version = None, version
                 self._scorer_fresh = None
                 records = self._conn.execute("SELECT id, block FROM chunks_fts_data WHERE id IN (1, 10)").fetchall()
                 if records != self._checked_records:  # FTS5's totals or segments changed: confirm again
                     self._sums_checked, self._checked_records = False, records
+                file = self._conn.execute("SELECT value FROM meta WHERE key = 'created_at'").fetchone()
+                self._state = (file, tuple((int(i), bytes(block)) for i, block in records))
             yield
         finally:
             self._conn.execute("COMMIT")
@@ -242,7 +296,7 @@ class KeywordIndex:
         Matches are counted up to PLAIN_MAX + 1 a phrase (counting all of a common word's costs ~33 ns a match)."""
         total = 0
         for phrase in dict.fromkeys(phrases):
-            kept = self._postings.get(phrase)
+            kept = self._postings.get(self._state, self._key(phrase))
             if kept is not None:
                 total += len(kept.seqs)
             else:
@@ -258,31 +312,35 @@ class KeywordIndex:
                 return True
         return False
 
+    def _key(self, phrase: str) -> Hashable:
+        """What a phrase's scores are kept under: its token when it is one (words with one stem share it)."""
+        scorer = self._term_scorer(fresh=False)
+        token = scorer.term(phrase) if scorer is not None else None
+        return phrase if token is None else ("token", token)
+
     def _phrase_postings(self, phrase: str) -> _Postings:
         import numpy as np
 
-        kept = self._postings.get(phrase)
+        key = self._key(phrase)
+        kept = self._postings.get(self._state, key)
         if kept is not None:
-            self._postings.move_to_end(phrase)
             return kept
         scorer = self._term_scorer()
-        token = scorer.term(phrase) if scorer is not None else None
-        if scorer is not None and token is not None:
-            postings = _Postings(*scorer.gains(token))
+        if scorer is not None and isinstance(key, tuple):
+            postings = _Postings(*scorer.gains(key[1]))
         else:
             rows = self._conn.execute("SELECT rowid, bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ?"
                                       " ORDER BY rowid", (phrase,)).fetchall()
             postings = _Postings(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)),
                                  -np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows)))
-        self._postings[phrase] = postings
-        self._held += len(postings.seqs)
-        while self._held > CACHE_POSTINGS and len(self._postings) > 1:
-            _, dropped = self._postings.popitem(last=False)
-            self._held -= len(dropped.seqs)
+        postings.seqs.flags.writeable = postings.gains.flags.writeable = False  # shared by threads
+        self._postings.put(self._state, key, postings)
         return postings
 
-    def _term_scorer(self) -> TermScorer | None:
-        """The scorer of single words, its token counts read for this version (None: FTS5's `bm25()` reads)."""
+    def _term_scorer(self, *, fresh: bool = True) -> TermScorer | None:
+        """The scorer of single words, its token counts read for this version (None: FTS5's `bm25()` reads).
+
+        `fresh=False`: only its tokenizer is wanted; the counts are not read."""
         if not self._scorer_tried:
             self._scorer_tried = True
             from clawmem_index.bm25 import TermScorer
@@ -291,8 +349,8 @@ class KeywordIndex:
                 self._scorer = TermScorer(self._conn)
             except apsw.Error:
                 self._scorer = None
-        if self._scorer is None:
-            return None
+        if self._scorer is None or not fresh:
+            return self._scorer
         if self._scorer_fresh is None:
             self._scorer_fresh = self._scorer.refresh()
         return self._scorer if self._scorer_fresh else None

@@ -268,5 +268,87 @@ def test_a_one_shot_index_lets_fts5_rank_and_the_daemons_keeps_scores(workspace:
         for index, kept in ((one_shot, False), (daemon, True)):
             store = index.reader()
             assert store.text_ranking(match, 5) == reference(store, match, 5)
-            assert bool(store.keywords._postings) is kept
+            assert (store.keywords._postings.held > 0) is kept
             index.close()
+
+
+def reads_of_lists(store: Store) -> list[str]:
+    """Trace the statements that read a phrase's matches (what kept scores spare); returns the list filled."""
+    statements: list[str] = []
+
+    def trace(cursor, sql, bindings):  # type: ignore[no-untyped-def]
+        if "clawmem_fts_instances WHERE term" in sql or ("bm25(" in sql and "ORDER BY rowid" in sql):
+            statements.append(sql)
+        return True
+
+    store.conn.exec_trace = trace
+    return statements
+
+
+def test_connections_sharing_kept_scores_read_each_list_once(tmp_path: Path) -> None:
+    shared = keyword_index.PostingsCache()
+    first, second = (Store(tmp_path / "k.sqlite", keyword_postings=shared) for _ in range(2))
+    for i in range(30):
+        add(first, None, ["staging deploy", "deploy rollback", "staging", "rollback server"][i % 4])
+    match = build_match("staging rollback") or ""
+    with summing():
+        assert ranked(first, match, 10) == reference(first, match, 10)
+        reads = reads_of_lists(second)
+        assert ranked(second, match, 10) == reference(second, match, 10)
+        assert reads == []
+        add(first, None, "rollback rollback staging")  # another state: nothing kept for it yet
+        assert ranked(second, match, 10) == reference(second, match, 10)
+        assert len(reads) == 2
+    first.close()
+    second.close()
+
+
+def test_words_with_one_stem_share_their_kept_scores(store: Store) -> None:
+    for i in range(20):
+        add(store, None, ["the cells divide", "a cell wall", "walls"][i % 3])
+    with summing():
+        assert ranked(store, build_match("cells") or "", 10) == reference(store, build_match("cells") or "", 10)
+        reads = reads_of_lists(store)
+        assert ranked(store, build_match("cell walls") or "", 10) == reference(store, build_match("cell walls") or "", 10)
+        assert len(reads) == 1  # "walls" only: "cell" is the token "cells" was read as
+
+
+def test_a_commit_leaving_the_keyword_index_as_it_was_keeps_the_scores(store: Store, tmp_path: Path) -> None:
+    for i in range(20):
+        add(store, None, ["staging deploy", "deploy"][i % 2])
+    match = build_match("staging deploy") or ""
+    with summing():
+        ranked(store, match, 5)
+        other = Store(tmp_path / "k.sqlite")
+        other.set_meta("last_sync", "{}")  # as a batch of vectors does: the version changes, FTS5's rows do not
+        other.close()
+        reads = reads_of_lists(store)
+        assert ranked(store, match, 5) == reference(store, match, 5)
+        assert reads == []
+
+
+def test_kept_scores_stay_within_their_budget(store: Store) -> None:
+    shared = keyword_index.PostingsCache(budget=25)
+    for i in range(20):
+        add(store, None, f"common word{i % 5} other{i % 3}")
+    reader = Store(store.path, keyword_postings=shared)
+    with summing():
+        for query in ("common", "word1", "other2", "word3 other1", "common other0"):
+            assert ranked(reader, build_match(query) or "", 10) == reference(reader, build_match(query) or "", 10)
+            assert shared.held <= 25 or len(shared._entries) == 1
+    reader.close()
+
+
+def test_daemon_readers_of_one_index_share_kept_scores(tmp_path: Path) -> None:
+    from clawmem_index.backends import SqliteBackend
+    from clawmem_index.config import load_settings
+
+    settings = load_settings(workspace=tmp_path, overrides={"index": str(tmp_path / "i.sqlite")}, environ={})
+    Store(settings.index_path).close()
+    backend = SqliteBackend(settings)
+    readers = [backend.open_reader(read_only=True, long_lived=True) for _ in range(2)]
+    one_shot = backend.open_reader(read_only=True, long_lived=False)
+    assert readers[0].keywords._postings is readers[1].keywords._postings
+    assert one_shot.keywords._postings is not readers[0].keywords._postings
+    for store in [*readers, one_shot]:
+        store.close()
