@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # numpy is imported where the sums are made: a command that n
     import numpy as np
     import numpy.typing as npt
 
-    from clawmem_index.bm25 import TermScorer
+    from clawmem_index.bm25 import SharedCounts, TermScorer
 
     Ints = npt.NDArray[np.int64]
     Floats = npt.NDArray[np.float64]
@@ -93,6 +93,16 @@ class PostingsCache:
         self._state: Hashable = None
         self._entries: OrderedDict[Hashable, _Postings] = OrderedDict()
         self._held = 0
+        self._counts: SharedCounts | None = None
+
+    def token_counts(self) -> SharedCounts:
+        """The rows' token counts (clawmem_index.bm25) the connections sharing this cache share too."""
+        with self._lock:
+            if self._counts is None:
+                from clawmem_index.bm25 import SharedCounts
+
+                self._counts = SharedCounts()
+            return self._counts
 
     def get(self, state: Hashable, key: Hashable) -> _Postings | None:
         with self._lock:
@@ -346,7 +356,7 @@ class KeywordIndex:
             from clawmem_index.bm25 import TermScorer
 
             try:
-                self._scorer = TermScorer(self._conn)
+                self._scorer = TermScorer(self._conn, self._postings.token_counts())
             except apsw.Error:
                 self._scorer = None
         if self._scorer is None or not fresh:

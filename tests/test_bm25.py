@@ -167,3 +167,29 @@ def test_the_scorer_tokenizes_as_the_table_does(store: Store) -> None:
     name, args = bm25.TOKENIZER
     sql = store.conn.execute("SELECT sql FROM sqlite_master WHERE name = 'chunks_fts'").fetchone()[0]
     assert f"tokenize='{' '.join([name, *args])}'" in sql
+
+
+def test_connections_share_counts_and_never_change_those_another_scores_with(store: Store, tmp_path: Path) -> None:
+    """The second connection takes the counts the first read; the first, reading a change, copies them
+    first, since the second may still score in a snapshot from before it (a rowid used again)."""
+    for seq in range(1, 6):
+        put(store, seq, "staging deploy")
+    shared = bm25.SharedCounts()
+    first, second = Store(tmp_path / "b.sqlite"), Store(tmp_path / "b.sqlite")
+    ahead, behind = TermScorer(first.conn, shared), TermScorer(second.conn, shared)
+    assert computed(ahead, "staging") == reference(first, "staging")
+    statements: list[str] = []
+    second.conn.exec_trace = lambda cursor, sql, bindings: statements.append(sql) or True
+    second.conn.execute("BEGIN")  # a snapshot from before the change below
+    assert computed(behind, "staging") == reference(second, "staging")
+    assert not [sql for sql in statements if "chunks_fts_docsize" in sql]
+    store.keywords.remove(3)
+    put(store, 3, "staging " + "alpha " * 30)
+    assert computed(ahead, "staging") == reference(first, "staging")
+    assert computed(behind, "staging") == reference(second, "staging")
+    second.conn.execute("COMMIT")
+    assert computed(behind, "staging") == reference(second, "staging")
+    assert not [sql for sql in statements if "chunks_fts_docsize" in sql]
+    second.conn.exec_trace = None
+    first.close()
+    second.close()

@@ -299,6 +299,12 @@ def test_connections_sharing_kept_scores_read_each_list_once(tmp_path: Path) -> 
         add(first, None, "rollback rollback staging")  # another state: nothing kept for it yet
         assert ranked(second, match, 10) == reference(second, match, 10)
         assert len(reads) == 2
+        add(first, None, "server staging")
+        assert ranked(first, match, 10) == reference(first, match, 10)
+        counts: list[str] = []
+        second.conn.exec_trace = lambda cursor, sql, bindings: counts.append(sql) or True
+        assert ranked(second, build_match("server") or "", 10) == reference(second, build_match("server") or "", 10)
+        assert not [sql for sql in counts if "chunks_fts_docsize" in sql]  # the rows' token counts: shared too
     first.close()
     second.close()
 
