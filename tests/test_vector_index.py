@@ -1,4 +1,5 @@
-"""Half-precision vectors (`embedding.precision = "float16"`): stored in half the bytes, ranked exactly."""
+"""The vector index: half-precision vectors (`embedding.precision = "float16"`) stored in half the bytes and
+ranked exactly; how many sign-bit candidates a search ranks for its width."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_vector_cells import clustered, fill, ranked_as_stored
+from test_vector_cells import clustered, exact, fill, near, ranked_as_stored
 
 import clawmem_index.store as store_module
 import clawmem_index.vector_cells as vector_cells
@@ -127,4 +128,44 @@ def test_an_older_clawmem_sees_no_float16_vectors_and_what_it_leaves_is_read_rig
         store.ensure_vector_table(8, "float16")
     assert store.execute("SELECT name FROM sqlite_master WHERE name IN ('chunks_vec', 'chunks_vec_half')") == [
         ("chunks_vec",)]
+    store.close()
+
+
+def test_wider_vectors_rank_fewer_sign_bit_candidates() -> None:
+    """One bit a dimension: the estimate's error falls as 1/sqrt(bits), and so does the share needed."""
+    share = vector_index.OVERSAMPLE
+    assert vector_index.candidate_count(32, 384) == 32 * share
+    assert vector_index.candidate_count(32, 1536) == 32 * share // 2
+    assert vector_index.candidate_count(1, 1536) == vector_index.MIN_CANDIDATES // 2
+    assert vector_index.candidate_count(32, 64) == 32 * share  # never more than at 384-d
+
+
+@pytest.mark.parametrize("cells", [False, True])
+def test_a_search_of_wide_vectors_ranks_its_share_of_candidates_and_finds_the_nearest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cells: bool) -> None:
+    monkeypatch.setattr(vector_cells, "CELL_MIN", 1000 if cells else 10**9)
+    monkeypatch.setattr(vector_cells, "PROBE_MIN_VECTORS", 0)
+    store = Store(tmp_path / "s.sqlite")
+    rng = np.random.default_rng(31)
+    centres = np.repeat(rng.standard_normal((60, 1536)), 40, axis=0)  # noise of the norm clustered() gives at 64-d
+    vectors = centres / np.linalg.norm(centres, axis=1, keepdims=True) + 0.08 * 8 / np.sqrt(1536) * \
+        rng.standard_normal(centres.shape)
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    stored = dict(zip(fill(store, vectors), vectors, strict=True))
+    store.index_vectors()
+    assert ("cells" in store.vector_method()) == cells
+    asked: list[int] = []
+    real = vector_index.VectorIndex._candidates
+
+    def counted(self: vector_index.VectorIndex, query_blob: bytes, want: int, partitions: int) -> list[int] | None:
+        asked.append(want)
+        return real(self, query_blob, want, partitions)
+
+    monkeypatch.setattr(vector_index.VectorIndex, "_candidates", counted)
+    found = 0
+    for i in range(0, len(vectors), len(vectors) // 10):
+        query = near(vectors[i], i, noise=0.05 * 8 / np.sqrt(1536))
+        found += len({h.seq for h in store.vector_search(query.tobytes(), 10)} & set(exact(stored, query, 10)))
+    assert set(asked) == {vector_index.candidate_count(10, 1536)} == {vector_index.MIN_CANDIDATES // 2}
+    assert found >= 95
     store.close()
