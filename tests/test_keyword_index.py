@@ -358,3 +358,43 @@ def test_daemon_readers_of_one_index_share_kept_scores(tmp_path: Path) -> None:
     assert one_shot.keywords._postings is not readers[0].keywords._postings
     for store in [*readers, one_shot]:
         store.close()
+
+
+def test_threads_sharing_kept_scores_answer_as_fts5_does_after_each_write(tmp_path: Path) -> None:
+    """Readers on threads of their own query the same words at once, between rounds of writes (rowids used again)."""
+    import random
+    import threading
+
+    writer = Store(tmp_path / "k.sqlite")
+    shared = keyword_index.PostingsCache(budget=64)  # small: lists are dropped and read again while others read
+    readers = [Store(tmp_path / "k.sqlite", keyword_postings=shared) for _ in range(4)]
+    rng = random.Random(5)
+    matches = [build_match(" ".join(rng.sample(WORDS, 3))) or "" for _ in range(12)]
+    wrong: list[str] = []
+
+    def ask(store: Store, start: threading.Barrier) -> None:
+        start.wait()
+        for match in matches:
+            if ranked(store, match, 8) != reference(store, match, 8):
+                wrong.append(match)
+
+    with summing():
+        for round_ in range(5):
+            with writer.transaction():
+                for seq in range(1, 40):
+                    there = writer.conn.execute("SELECT 1 FROM chunks WHERE seq = ?", (seq,)).fetchone()
+                    if there and rng.random() < 0.4:
+                        writer.delete_chunks([seq])
+                        there = None
+                    if not there and rng.random() < 0.7:
+                        add(writer, seq, " ".join(rng.choices(WORDS, k=rng.randint(1, 12))))
+            start = threading.Barrier(len(readers))
+            threads = [threading.Thread(target=ask, args=(store, start)) for store in readers]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    assert wrong == []
+    assert shared.held <= 64 or len(shared._entries) == 1
+    for store in [writer, *readers]:
+        store.close()
