@@ -101,25 +101,28 @@ class VectorCells:
         cells = cell_count(len(seqs))
         rng = np.random.default_rng(len(seqs))  # deterministic for a given index
         size = min(len(seqs), SAMPLE_PER_CELL * cells, SAMPLE_BYTES // (4 * dims))
-        sample = np.concatenate([self._read(part, dims) for part in np.array_split(
-            np.sort(rng.choice(seqs, size=size, replace=False)), max(1, size // READ_BATCH))])
+        sample = np.empty((size, dims), dtype=np.float32)
+        at = 0
+        for part in np.array_split(np.sort(rng.choice(seqs, size=size, replace=False)), max(1, size // READ_BATCH)):
+            sample[at:at + len(part)] = self._read(part, dims)
+            at += len(part)
         total = TRAIN_ROUNDS * size + len(seqs)
         report = progress or (lambda done, total: None)
         report(0, total)
         centroids = _kmeans(sample, min(cells, len(sample)), rng, lambda rounds: report(rounds * size, total))
         del sample
-        member_cells, member_seqs, member_bits = [], [], []
+        owner = np.empty(len(seqs), dtype=np.int64)  # filled a batch at a time: no list of parts beside the whole
+        all_bits = np.empty((len(seqs), -(-dims // 8)), dtype=np.uint8)
         for start in range(0, len(seqs), READ_BATCH):
             batch = seqs[start:start + READ_BATCH]
             vectors = self._read(batch, dims)
-            member_cells.append(_nearest(vectors, centroids))
-            member_seqs.append(batch)
-            member_bits.append(_sign_bits(vectors))
+            owner[start:start + len(batch)] = _nearest(vectors, centroids)
+            all_bits[start:start + len(batch)] = _sign_bits(vectors)
             report(TRAIN_ROUNDS * size + start + len(batch), total)
         self.drop()
         self._conn.execute(f"CREATE TABLE {TABLE}(cell INTEGER PRIMARY KEY, centroid BLOB NOT NULL,"
                            " seqs BLOB NOT NULL, bits BLOB NOT NULL)")
-        owner, all_seqs, all_bits = (np.concatenate(parts) for parts in (member_cells, member_seqs, member_bits))
+        all_seqs = seqs
         order = np.argsort(owner, kind="stable")
         bounds = np.searchsorted(owner[order], np.arange(len(centroids) + 1))
         self._conn.executemany(f"INSERT INTO {TABLE}(cell, centroid, seqs, bits) VALUES(?, ?, ?, ?)", (
@@ -211,13 +214,16 @@ def _kmeans(sample: Any, cells: int, rng: Any, rounds_done: Callable[[int], None
 
     centroids = sample[rng.choice(len(sample), size=cells, replace=False)].astype(np.float32)
     for done in range(1, TRAIN_ROUNDS + 1):
-        owner = _nearest(sample, centroids)
-        order = np.argsort(owner, kind="stable")
-        used, starts = np.unique(owner[order], return_index=True)
-        sums = np.add.reduceat(sample[order], starts, axis=0)
+        sums = np.zeros_like(centroids)
+        for start in range(0, len(sample), READ_BATCH):  # each cell's sum, READ_BATCH rows at a time: the
+            part = sample[start:start + READ_BATCH]  # sample sorted by cell at once would be a second copy of it
+            owner = np.argmax(part @ centroids.T, axis=1)
+            order = np.argsort(owner, kind="stable")
+            used, starts = np.unique(owner[order], return_index=True)
+            sums[used] += np.add.reduceat(part[order], starts, axis=0)
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
         keep = norms[:, 0] > 0
-        centroids[used[keep]] = sums[keep] / norms[keep]
+        centroids[keep] = sums[keep] / norms[keep]
         rounds_done(done)
     return centroids
 
