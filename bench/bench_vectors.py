@@ -180,11 +180,12 @@ def exact_hits(store: Store, query: bytes, k: int) -> list[tuple[Any, ...]]:
 
 
 def timed(fn: Callable[[int], object], n: int, rounds: int, *, tail: float = 0.99,
-          warm_passes: int = 0) -> dict[str, float]:
+          warm_passes: int = 0, cold: bool = False) -> dict[str, float]:
     """p50 and the `tail` percentile in ms: per round over n queries, then the median of the rounds.
 
-    Before the rounds: one call, or `warm_passes` whole passes (every word's list read once, the pages in)."""
-    for i in range(n * warm_passes or 1):
+    Before the rounds: one call, or `warm_passes` whole passes (every word's list read once, the pages
+    in); with `cold`, nothing (each query's first call is timed)."""
+    for i in range(0 if cold else n * warm_passes or 1):
         fn(i % n)
     p50s, tails = [], []
     for _ in range(rounds):

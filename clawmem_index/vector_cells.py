@@ -122,11 +122,10 @@ class VectorCells:
         self.drop()
         self._conn.execute(f"CREATE TABLE {TABLE}(cell INTEGER PRIMARY KEY, centroid BLOB NOT NULL,"
                            " seqs BLOB NOT NULL, bits BLOB NOT NULL)")
-        all_seqs = seqs
         order = np.argsort(owner, kind="stable")
         bounds = np.searchsorted(owner[order], np.arange(len(centroids) + 1))
         self._conn.executemany(f"INSERT INTO {TABLE}(cell, centroid, seqs, bits) VALUES(?, ?, ?, ?)", (
-            (cell, centroids[cell].tobytes(), all_seqs[order[lo:hi]].astype("<i8").tobytes(),
+            (cell, centroids[cell].tobytes(), seqs[order[lo:hi]].astype("<i8").tobytes(),
              all_bits[order[lo:hi]].tobytes())
             for cell, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))))
         stamp = str(int(self._meta.get(_BUILT) or 0) + 1)
