@@ -324,3 +324,16 @@ def test_a_cells_build_reports_its_progress_to_the_end(store: Store) -> None:
     seen.clear()
     store.index_vectors(lambda done, total: seen.append((done, total)))
     assert seen == []  # nothing to build: nothing to report
+
+
+@pytest.mark.parametrize("dims", [384, 1536, 100, 768, 1000])
+def test_hamming_distances_of_any_width_and_count_match_a_bit_by_bit_count(dims: int) -> None:
+    """Rows compared XOR_ROWS at a time, the rest one by one, and widths of whole words or not."""
+    from clawmem_index.vector_cells import XOR_ROWS, _hamming_in_place, _sign_bits
+
+    rng = np.random.default_rng(dims)
+    query = _sign_bits(rng.standard_normal((1, dims)).astype(np.float32))[0]
+    for rows in (0, 1, XOR_ROWS - 1, XOR_ROWS, XOR_ROWS + 1, 3 * XOR_ROWS + 7):
+        bits = _sign_bits(rng.standard_normal((rows, dims)).astype(np.float32))
+        expected = [int(np.unpackbits(row ^ query).sum()) for row in bits]
+        assert _hamming_in_place(bits.copy(), query).tolist() == expected
