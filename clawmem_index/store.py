@@ -347,8 +347,8 @@ class Store:
         if not current:
             return []
         self.vectors.put(current)
-        self.conn.executemany("UPDATE chunks SET embedded = 1, model = ? WHERE seq = ?",
-                              [(model, seq) for seq, _ in current])
+        self.conn.execute("UPDATE chunks SET embedded = 1, model = ? WHERE seq IN (SELECT value FROM json_each(?))",
+                          (model, json.dumps([seq for seq, _ in current])))
         return current
 
     def pending_chunks(self, limit: int, after: int = 0) -> list[tuple[int, str, str]]:

@@ -70,6 +70,55 @@ def test_batches_by_token_budget() -> None:
         assert sum(plan.pieces[i].tokens for i in batch) <= 64
 
 
+def exact_plan(texts: list[str], batch_size: int, batch_tokens: int, max_input_tokens: int) -> list[list[str]]:
+    """The batches when every text is counted first: what the bounds must never change."""
+    pieces = [(part or " ", max(count, 1)) for text in texts
+              for part, count in split_text(text, min(max_input_tokens, batch_tokens), ENC)]
+    batches: list[list[str]] = []
+    used = 0
+    for text, count in pieces:
+        if batches and batches[-1] and (len(batches[-1]) >= batch_size or used + count > batch_tokens):
+            batches.append([])
+            used = 0
+        if not batches:
+            batches.append([])
+        batches[-1].append(text)
+        used += count
+    return batches
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=st.lists(st.text(max_size=120) | st.sampled_from(["word " * 40, "日本語" * 30, "", "🙂" * 25]),
+                      max_size=30),
+       batch_size=st.integers(min_value=1, max_value=12), batch_tokens=st.integers(min_value=8, max_value=300),
+       max_input_tokens=st.integers(min_value=4, max_value=200))
+def test_texts_counted_by_their_bytes_are_batched_as_when_counted_exactly(
+        texts: list[str], batch_size: int, batch_tokens: int, max_input_tokens: int) -> None:
+    plan = plan_batches(texts, batch_size=batch_size, batch_tokens=batch_tokens, max_input_tokens=max_input_tokens,
+                        encoding=ENC)
+    assert [[plan.pieces[i].text for i in batch] for batch in plan.batches] == exact_plan(
+        texts, batch_size, batch_tokens, max_input_tokens)
+    for batch in plan.batches:  # counts or bounds: each request within the budget
+        assert sum(tokens(plan.pieces[i].text) for i in batch) <= batch_tokens or len(batch) == 1
+
+
+def test_texts_that_fit_by_their_bytes_are_not_tokenized_when_the_budget_is_far() -> None:
+    class Counting:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def encode_ordinary(self, text: str) -> list[int]:
+            self.calls += 1
+            return ENC.encode_ordinary(text)
+
+    encoding = Counting()
+    texts = [f"note {i} about the greenhouse " * 20 for i in range(64)]
+    plan = plan_batches(texts, batch_size=64, batch_tokens=300_000, max_input_tokens=8191, encoding=encoding)
+    assert encoding.calls == 0 and [p.text for p in plan.pieces] == texts
+    tight = plan_batches(texts, batch_size=64, batch_tokens=2_000, max_input_tokens=8191, encoding=encoding)
+    assert encoding.calls > 0 and len(tight.batches) > 1  # near the budget, counted
+
+
 def test_over_limit_text_is_split_and_tagged_with_its_source() -> None:
     long = " ".join(["beta"] * 100)
     plan = plan_batches(["short", long, "tail"], batch_size=10, batch_tokens=1000, max_input_tokens=30,

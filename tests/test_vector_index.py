@@ -169,3 +169,34 @@ def test_a_search_of_wide_vectors_ranks_its_share_of_candidates_and_finds_the_ne
     assert set(asked) == {vector_index.candidate_count(10, 1536)} == {vector_index.MIN_CANDIDATES // 2}
     assert found >= 95
     store.close()
+
+
+@pytest.mark.parametrize(("precision", "dims"), [("float32", 24), ("float16", 24), ("float32", 13)])
+def test_a_batch_of_vectors_is_stored_by_a_few_statements_not_one_a_vector(tmp_path: Path, precision: str,
+                                                                           dims: int) -> None:
+    """Each statement gives up the GIL and takes it back: behind a busy thread, one a vector stalls a backfill."""
+    store = Store(tmp_path / "s.sqlite")
+    store.ensure_vector_table(dims, precision)
+    vectors = np.random.default_rng(dims).standard_normal((200, dims)).astype(np.float32)
+    with store.transaction():
+        items = [(store.insert_chunk(id=f"v{i}", path="memory/a.md", source="memory", start_line=1, end_line=1,
+                                     hash=f"v{i}", text=f"text {i}", fts_text=f"text {i}"), f"v{i}", vec.tobytes())
+                 for i, vec in enumerate(vectors)]
+    statements: list[str] = []
+
+    def traced(cursor: object, sql: str, bindings: object) -> bool:
+        statements.append(sql)
+        return True
+
+    store.conn.exec_trace = traced
+    with store.transaction():
+        assert len(store.store_vectors(items, "m")) == 200
+    store.conn.exec_trace = None
+    assert len(statements) <= 12, statements
+    stored = {seq: np.frombuffer(store.vectors.float32(bytes(blob)), dtype="<f4") for seq, blob in store.execute(
+        f"SELECT rowid, embedding FROM {store.vectors.table()}")}
+    expected = vectors.astype(np.float16).astype(np.float32) if precision == "float16" else vectors
+    assert [stored[seq].tolist() for seq, _, _ in items] == expected.tolist()
+    assert store.execute("SELECT count(*) FROM chunks WHERE embedded = 1 AND model = 'm'")[0][0] == 200
+    query = vectors[7] / np.linalg.norm(vectors[7])
+    assert store.vector_search(query.astype(np.float32).tobytes(), 1)[0].seq == items[7][0]  # sign bits stored too
