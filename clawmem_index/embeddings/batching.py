@@ -69,7 +69,7 @@ def plan_batches(
     A token is at least one byte, so a text of at most `limit` bytes needs no split, and its bytes
     bound its tokens: it is only tokenized (`Piece.tokens` then exact) when that bound would take a
     request over `batch_tokens`, so the batches are those of exact counts. Chunks are ~400 tokens:
-    counting every one cost ~48 us a text, a sixth of a backfill's CPU beside an instant server.
+    counting every one cost ~48 us a text (~4 s of CPU for the 87k chunks of 20,000 notes).
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
