@@ -154,8 +154,7 @@ def main() -> None:
         result["build"] = build(path, vectors, sentences, args.precision, vector_figures if args.compare else None)
         log(f"built: {result['build']}")
     result["file_bytes"] = path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(path.name + "-*"))
-    store = Store(path, create=False, keyword_postings=PostingsCache(SHARED_POSTINGS),
-                  mapped=True)  # as a daemon's reader
+    store = Store(path, create=False, keyword_postings=PostingsCache(SHARED_POSTINGS))  # as a daemon's reader
     result["vector_table_bytes"] = store.execute("SELECT sum(pgsize) FROM dbstat WHERE name = ?",
                                                  (store.vectors.table(),))[0][0]
     result.update(vector_figures(store))

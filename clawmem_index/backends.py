@@ -85,7 +85,7 @@ class SqliteBackend:
 
     def open_reader(self, *, read_only: bool, long_lived: bool) -> Store:
         return Store(self.path, create=False, read_only=read_only, keep_keyword_scores=long_lived,
-                     keyword_postings=self._postings if long_lived else None, mapped=long_lived)
+                     keyword_postings=self._postings if long_lived else None)
 
     def refresh(self, store: Store) -> None:
         """Nothing to do: a reader of the file sees each commit (and a swapped-in rebuild) by itself."""

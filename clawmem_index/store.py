@@ -38,11 +38,6 @@ __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ChunkFilter", "ChunkRow", "FileRow",
 # index through the WAL, and without a limit the file keeps that size while any reader stays open
 # (a daemon's readers always do): 9 GB beside a 9 GB index at 1M 1,536-d vectors.
 WAL_LIMIT = 64 << 20
-# Bytes of the file a long-lived reader maps into memory (SQLite caps it at its compile-time limit): a
-# query reads the sign bits of the nearest cells, ~8 MB at 1M 1,536-d vectors, and its words' lists,
-# which through read() calls cost a syscall a 4 KB page beyond SQLite's 2 MB page cache (5.4 -> 2.8 ms
-# for those bits). Pages mapped are the OS's page cache, shared, not the process's own memory.
-MAPPED_BYTES = 1 << 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,15 +88,13 @@ class Store:
     caches_stored_vectors = False
 
     def __init__(self, path: Path, *, create: bool = True, fast_unsafe: bool = False, read_only: bool = False,
-                 keep_keyword_scores: bool = True, keyword_postings: PostingsCache | None = None,
-                 mapped: bool = False) -> None:
+                 keep_keyword_scores: bool = True, keyword_postings: PostingsCache | None = None) -> None:
         """`read_only`: a connection SQLite refuses every write on (a query client beside a writer).
 
         `keep_keyword_scores`: rank common-word queries from per-phrase scores kept on this
         connection (see keyword_index); worth it only in a long-lived process, since the first use
         of a phrase reads all its matches. `keyword_postings`: where they are kept, when the
-        connections to this file share them (else on this connection alone). `mapped`: read the file
-        through memory-mapped I/O (see MAPPED_BYTES), for a reader that queries it again and again.
+        connections to this file share them (else on this connection alone).
 
         It neither sets the journal mode nor migrates: an index that needs a migration is refused,
         for its writer (the daemon, `clawmem index`) to upgrade.
@@ -127,8 +120,6 @@ class Store:
                 _pragmas(self.conn, "journal_mode=OFF", "synchronous=OFF")
             else:
                 _pragmas(self.conn, "journal_mode=WAL", "synchronous=NORMAL", f"journal_size_limit={WAL_LIMIT}")
-            if mapped:
-                _pragmas(self.conn, f"mmap_size={MAPPED_BYTES}")
             self.vec_loaded, self.vec_error = _load_sqlite_vec(self.conn)
             if read_only:
                 check_migrated(self.conn, path)

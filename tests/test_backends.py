@@ -220,48 +220,6 @@ def test_every_pragma_of_a_connection_takes_effect(tmp_path: Path) -> None:
     fresh.close()
 
 
-def test_only_a_long_lived_reader_maps_the_file(settings: Settings) -> None:
-    from clawmem_index.backends import SqliteBackend
-    from clawmem_index.store import MAPPED_BYTES, Store
-
-    Store(settings.index_path).close()
-    backend = SqliteBackend(settings)
-    stores = {"daemon's": backend.open_reader(read_only=True, long_lived=True),
-              "one-shot": backend.open_reader(read_only=True, long_lived=False), "live": backend.open_live()}
-    mapped = {name: store.execute("PRAGMA mmap_size")[0][0] for name, store in stores.items()}
-    assert mapped["daemon's"] > 0 and mapped["daemon's"] <= MAPPED_BYTES
-    assert mapped["one-shot"] == mapped["live"] == 0  # a writer's pages are not held mapped through a cold index
-    for store in stores.values():
-        store.close()
-
-
-def test_a_mapped_reader_answers_from_a_rebuilt_file_that_shrank_under_it(settings: Settings, write,
-                                                                          workspace: Path) -> None:
-    from clawmem_index.store import Store
-
-    for i in range(300):
-        write(f"memory/n{i}.md", f"# Note {i}\n" + f"the greenhouse log {i} holds many words today " * 120 + "\n")
-    index = MemoryIndex(settings, long_lived=True)
-    index.sync()
-    assert len(index.search(SearchRequest("greenhouse", mode="bm25", max_results=50))["results"]) == 50
-    size = settings.index_path.stat().st_size
-    for i in range(1, 300):
-        (workspace / f"memory/n{i}.md").unlink()
-    write("memory/n0.md", "# Note 0\nthe orchard log\n")
-    index.reindex()
-    write("memory/extra.md", "# Extra\nthe orchard again\n")
-    index.sync()
-    checkpoint = Store(settings.index_path, create=False)  # the mapped reader is between queries: done whole
-    assert checkpoint.execute("PRAGMA wal_checkpoint(TRUNCATE)")[0][0] == 0
-    checkpoint.close()
-    assert settings.index_path.stat().st_size < size // 4  # cut to the rebuilt index's size under the mapping
-    for _ in range(3):
-        assert index.search(SearchRequest("greenhouse", mode="bm25"))["results"] == []
-        assert sorted(r["path"] for r in index.search(SearchRequest("orchard", mode="bm25"))["results"]) == [
-            "memory/extra.md", "memory/n0.md"]
-    index.close()
-
-
 def test_the_hostile_corpus_is_indexed_and_searched(backend: dict[str, str], workspace: Path, write) -> None:
     for n, (name, text) in enumerate(FIXED_TEXTS.items()):
         write(f"memory/h{n}.md", f"# {name}\n{text}\nmarker{n}\n".encode("utf-8", "surrogatepass"))
