@@ -16,7 +16,8 @@ of an embedding pass runs), the file's size and the bytes of its float vector ta
 float16 stores them in half), recall@10 of `vector_search` against exact cosine of the float32 vectors
 (numpy) on the 300 queries, and p50/p95 of vector search (24 rows, what a default search asks
 for), hybrid search and BM25 search through `run_search` on one long-lived Store, as the daemon
-answers them (its keyword lists kept in a cache of the daemon's size, keyword_index.SHARED_POSTINGS;
+answers them (its keyword lists kept in a cache of the daemon's size, keyword_index.SHARED_POSTINGS,
+and the cells it reads in one of vector_cells.SHARED_BYTES;
 the median of --rounds passes, a first pass apart), the hybrid p50/p95 of that first pass (every query
 new, no list kept at its start: what a daemon just started sees), and how many hybrid queries needed
 a second, deeper vector read to prove their answer. With
@@ -47,6 +48,7 @@ from clawmem_index.config import load_settings  # noqa: E402
 from clawmem_index.keyword_index import SHARED_POSTINGS, PostingsCache  # noqa: E402
 from clawmem_index.search import SearchRequest, run_search  # noqa: E402
 from clawmem_index.store import Store  # noqa: E402
+from clawmem_index.vector_cells import SharedCells  # noqa: E402
 
 
 def corpus(work: Path) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:
@@ -154,7 +156,8 @@ def main() -> None:
         result["build"] = build(path, vectors, sentences, args.precision, vector_figures if args.compare else None)
         log(f"built: {result['build']}")
     result["file_bytes"] = path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(path.name + "-*"))
-    store = Store(path, create=False, keyword_postings=PostingsCache(SHARED_POSTINGS))  # as a daemon's reader
+    store = Store(path, create=False, keyword_postings=PostingsCache(SHARED_POSTINGS),
+                  shared_cells=SharedCells())  # as a daemon's reader
     result["vector_table_bytes"] = store.execute("SELECT sum(pgsize) FROM dbstat WHERE name = ?",
                                                  (store.vectors.table(),))[0][0]
     result.update(vector_figures(store))

@@ -25,6 +25,7 @@ from clawmem_index.config import Settings
 from clawmem_index.errors import IndexBusy, IndexCorrupt
 from clawmem_index.keyword_index import SHARED_POSTINGS, PostingsCache
 from clawmem_index.store import Store, make_private_dirs, make_private_file
+from clawmem_index.vector_cells import SharedCells
 
 if TYPE_CHECKING:
     from clawmem_index.pg.store import PgStore
@@ -76,6 +77,7 @@ class SqliteBackend:
         self.settings = settings
         self.path = settings.index_path
         self._postings = PostingsCache(SHARED_POSTINGS)  # the long-lived readers' keyword scores, kept together
+        self._cells = SharedCells()  # and the vector cells they read
 
     def describe(self) -> str:
         return str(self.path)
@@ -85,7 +87,8 @@ class SqliteBackend:
 
     def open_reader(self, *, read_only: bool, long_lived: bool) -> Store:
         return Store(self.path, create=False, read_only=read_only, keep_keyword_scores=long_lived,
-                     keyword_postings=self._postings if long_lived else None)
+                     keyword_postings=self._postings if long_lived else None,
+                     shared_cells=self._cells if long_lived else None)
 
     def refresh(self, store: Store) -> None:
         """Nothing to do: a reader of the file sees each commit (and a swapped-in rebuild) by itself."""

@@ -29,6 +29,7 @@ from clawmem_index.filters import ChunkFilter
 from clawmem_index.keyword_index import KeywordIndex, PostingsCache, TextHit
 from clawmem_index.schema import MIGRATIONS, SCHEMA_VERSION, Meta, check_migrated, migrate
 from clawmem_index.storable import storable
+from clawmem_index.vector_cells import SharedCells
 from clawmem_index.vector_index import FLOATS, HALVES, VectorHit, VectorIndex
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ChunkFilter", "ChunkRow", "FileRow", "JobRow", "Store", "TextHit", "VectorHit",
@@ -88,13 +89,15 @@ class Store:
     caches_stored_vectors = False
 
     def __init__(self, path: Path, *, create: bool = True, fast_unsafe: bool = False, read_only: bool = False,
-                 keep_keyword_scores: bool = True, keyword_postings: PostingsCache | None = None) -> None:
+                 keep_keyword_scores: bool = True, keyword_postings: PostingsCache | None = None,
+                 shared_cells: SharedCells | None = None) -> None:
         """`read_only`: a connection SQLite refuses every write on (a query client beside a writer).
 
         `keep_keyword_scores`: rank common-word queries from per-phrase scores kept on this
         connection (see keyword_index); worth it only in a long-lived process, since the first use
         of a phrase reads all its matches. `keyword_postings`: where they are kept, when the
-        connections to this file share them (else on this connection alone).
+        connections to this file share them (else on this connection alone). `shared_cells`: the
+        vector cells' centroids and members, likewise (else the centroids alone, on this connection).
 
         It neither sets the journal mode nor migrates: an index that needs a migration is refused,
         for its writer (the daemon, `clawmem index`) to upgrade.
@@ -132,7 +135,7 @@ class Store:
         self._depth = 0
         self.meta = Meta(self.conn)
         self.keywords = KeywordIndex(self.conn, keep_scores=keep_keyword_scores, postings=keyword_postings)
-        self.vectors = VectorIndex(self.conn, self.meta, loaded=self.vec_loaded)
+        self.vectors = VectorIndex(self.conn, self.meta, loaded=self.vec_loaded, shared_cells=shared_cells)
 
     def close(self) -> None:
         self.conn.close()

@@ -13,20 +13,26 @@ Removal is lazy: a removed vector's seq stays in its cell (its candidate finds n
 rescoring and drops out; a reused seq is rescored by its real vector) until `maintain` rebuilds the
 cells, when dead entries pass a quarter of the members or the index has doubled since training.
 numpy only: no sqlite-vec needed to keep the cells, so writes never leave them stale.
+
+A long-lived process's readers share the cells they read (`SharedCells`): reading a query's cells
+through SQLite cost ~5 ms of a 1M 1,536-d hybrid query (8 MB of sign bits, a page at a time).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import apsw
 
 from clawmem_index.schema import Meta
 
-__all__ = ["CELL_MIN", "PROBE_SHARE", "VectorCells"]
+__all__ = ["CELL_MIN", "PROBE_SHARE", "SharedCells", "VectorCells"]
 
 CELL_MIN = 131_072  # below this many vectors, sqlite-vec over every sign bit answers in time (13.8 ms at 100k)
 PROBE_SHARE = 32  # 4,096 cells over 1M real-derived vectors: 1/32 of them gives recall@10 0.97 (docs/benchmarks.md)
@@ -39,6 +45,7 @@ READ_BATCH = 4_096  # vectors read (and scored against every centroid) at a time
 REBUILD_GROWTH = 2  # rebuild when the index is this many times the size the centroids were trained on (new topics
 # land in the cells of old centroids: a query near them can miss members that fell across a boundary)
 DEAD_SHARE = 0.25  # or when this share of the members were removed
+SHARED_BYTES = 256 << 20  # cells a long-lived process keeps for its readers (1M 1,536-d: all of them, 200 MB)
 TABLE = "chunks_vec_cells"
 _CELLS, _TRAINED, _MEMBERS, _DEAD, _BUILT = (
     "vector_cells", "vector_cells_trained", "vector_cells_members", "vector_cells_dead", "vector_cells_built")
@@ -61,14 +68,99 @@ def _nearest(vectors: Any, centroids: Any) -> Any:
                            for i in range(0, len(vectors), READ_BATCH)])
 
 
-class VectorCells:
-    """The cells table of one connection; its centroids are read once per build and kept."""
+@dataclass(frozen=True)
+class _Members:
+    """One cell's members as some snapshot holds them: seqs (int64) and their sign bits (rows of bytes)."""
 
-    def __init__(self, conn: apsw.Connection, meta: Meta, stored: Callable[[], tuple[str, str]]) -> None:
+    seqs: Any
+    bits: Any
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.seqs.nbytes + self.bits.nbytes)
+
+
+class SharedCells:
+    """The centroids and cells' members the long-lived readers of one index file share, least recently
+    used cells dropped past `budget` bytes (None: SHARED_BYTES).
+
+    Keys name a build: the file's `created_at` and the build's stamp (a rebuilt file swapped in
+    counts its builds from 1 again). Within a build a cell only grows, by appending (removal is
+    lazy), so what a snapshot holds of a cell is the first `count` members of any longer copy: a
+    reader asks for the count its snapshot has, and a copy held shorter is read again. Every write to
+    the cells changes the build's member total with them, so the counts are known for as long as the
+    total stays what it was when they were read (the latest total's are kept).
+    """
+
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._centroids: tuple[Hashable, Any] | None = None
+        self._entries: OrderedDict[Hashable, _Members] = OrderedDict()
+        self._held = 0
+        self._counts: tuple[Hashable, dict[int, int]] = (None, {})  # (build and member total, count by cell)
+
+    def counts(self, state: Hashable, cells: Iterable[int]) -> dict[int, int]:
+        """The member counts of `cells` known for `state` (those not known yet are missing)."""
+        with self._lock:
+            known = self._counts[1] if self._counts[0] == state else {}
+            return {cell: known[cell] for cell in cells if cell in known}
+
+    def learn_counts(self, state: Hashable, counts: dict[int, int]) -> None:
+        with self._lock:
+            if self._counts[0] != state:
+                self._counts = (state, {})
+            self._counts[1].update(counts)
+
+    def centroids(self, build: Hashable, load: Callable[[], Any]) -> Any:
+        """The build's centroids, read once by whichever reader asks first (not counted in the budget)."""
+        with self._lock:
+            if self._centroids is not None and self._centroids[0] == build:
+                return self._centroids[1]
+        loaded = load()
+        with self._lock:
+            self._centroids = (build, loaded)
+        return loaded
+
+    def get(self, build: Hashable, cell: int, count: int) -> _Members | None:
+        with self._lock:
+            held = self._entries.get((build, cell))
+            if held is None or len(held.seqs) < count:
+                return None
+            self._entries.move_to_end((build, cell))
+        return held if len(held.seqs) == count else _Members(held.seqs[:count], held.bits[:count])
+
+    def put(self, build: Hashable, cell: int, members: _Members) -> None:
+        budget = SHARED_BYTES if self.budget is None else self.budget
+        with self._lock:
+            held = self._entries.pop((build, cell), None)
+            if held is not None:
+                self._held -= held.nbytes
+                if len(held.seqs) > len(members.seqs):
+                    members = held
+            self._entries[(build, cell)] = members
+            self._held += members.nbytes
+            while self._held > budget and len(self._entries) > 1:
+                _, dropped = self._entries.popitem(last=False)
+                self._held -= dropped.nbytes
+
+    @property
+    def held(self) -> int:
+        """Bytes of members held."""
+        return self._held
+
+
+class VectorCells:
+    """The cells table of one connection; its centroids are read once per build and kept (in `shared`,
+    with the cells queries read, when the connections of a long-lived process share them)."""
+
+    def __init__(self, conn: apsw.Connection, meta: Meta, stored: Callable[[], tuple[str, str]],
+                 shared: SharedCells | None = None) -> None:
         self._conn = conn
         self._meta = meta
         self._stored = stored  # the vector table's name and numpy dtype: float32, or float16 at half precision
-        self._centroids: tuple[str, Any] | None = None  # (build stamp, cells x dims float32)
+        self._shared = shared
+        self._centroids: tuple[Hashable, Any] | None = None  # (build, cells x dims float32) when not shared
 
     # -- upkeep -----------------------------------------------------------------------------------
 
@@ -169,31 +261,81 @@ class VectorCells:
         """About `want` seqs nearest the query by hamming distance, from the cells nearest it."""
         import numpy as np
 
-        centroids = self._load_centroids()
+        build, members = self._build()
+        centroids = self._load_centroids(build)
         query = np.frombuffer(query_blob, dtype="<f4")
-        members = int(self._meta.get(_MEMBERS) or 0)
         probes = max(1, -(-len(centroids) // PROBE_SHARE), -(-PROBE_MIN_VECTORS * len(centroids) // max(members, 1)))
         nearest = np.argpartition(-(centroids @ query), probes - 1)[:probes] if probes < len(centroids) else \
             np.arange(len(centroids))
-        rows = self._conn.execute(f"SELECT seqs, bits FROM {TABLE} WHERE cell IN (SELECT value FROM json_each(?))",
-                                  (json.dumps(nearest.tolist()),)).fetchall()
-        seqs = np.frombuffer(b"".join(r[0] for r in rows), dtype="<i8")
-        if len(seqs) == 0:
+        parts = self._members(build, members, nearest.tolist(), -(-len(query) // 8))
+        if not parts:
             return []
-        bits = np.frombuffer(bytearray().join(r[1] for r in rows), dtype=np.uint8).reshape(len(seqs), -1)
+        seqs = np.concatenate([part.seqs for part in parts])
+        bits = np.concatenate([part.bits for part in parts])  # a copy of its own: compared in place
         distance = _hamming_in_place(bits, _sign_bits(query[None, :])[0])
         if len(seqs) > want:
             seqs = seqs[np.argpartition(distance, want - 1)[:want]]
         return sorted(set(seqs.tolist()))  # a reused seq may sit in two cells
 
-    def _load_centroids(self) -> Any:
+    def _build(self) -> tuple[Hashable, int]:
+        """The build this snapshot holds (the file's creation and the build's stamp) and its members."""
+        found = dict(self._conn.execute("SELECT key, value FROM meta WHERE key IN ('created_at', ?, ?)",
+                                        (_BUILT, _MEMBERS)))
+        return (found.get("created_at"), found.get(_BUILT)), int(found.get(_MEMBERS) or 0)
+
+    def _members(self, build: Hashable, total: int, cells: list[int], width: int) -> list[_Members]:
+        """The members of `cells` (none empty) in a build holding `total`, from the shared cells where
+        this snapshot's are held.
+
+        A cell's member count comes from its seqs' length, which SQLite reads from the row's header
+        without reading the blob's pages.
+        """
         import numpy as np
 
-        stamp = self._meta.get(_BUILT) or ""
-        if self._centroids is None or self._centroids[0] != stamp:
+        def members(seqs: bytes, bits: bytes) -> _Members:
+            return _Members(np.frombuffer(seqs, dtype="<i8"), np.frombuffer(bits, dtype=np.uint8).reshape(-1, width))
+
+        if self._shared is None:
+            return [members(seqs, bits) for seqs, bits in self._conn.execute(
+                f"SELECT seqs, bits FROM {TABLE} WHERE cell IN (SELECT value FROM json_each(?))", (json.dumps(cells),))
+                if seqs]
+        state = (build, total)
+        counts = self._shared.counts(state, cells)
+        if len(counts) < len(cells):
+            unknown = json.dumps([cell for cell in cells if cell not in counts])
+            read = {cell: size // 8 for cell, size in self._conn.execute(
+                f"SELECT cell, length(seqs) FROM {TABLE} WHERE cell IN (SELECT value FROM json_each(?))", (unknown,))}
+            self._shared.learn_counts(state, read)
+            counts.update(read)
+        found: dict[int, _Members] = {}
+        missing: list[int] = []
+        for cell, count in counts.items():
+            held = self._shared.get(build, cell, count) if count else None
+            if held is not None:
+                found[cell] = held
+            elif count:
+                missing.append(cell)
+        for cell, seqs, bits in self._conn.execute(
+                f"SELECT cell, seqs, bits FROM {TABLE} WHERE cell IN (SELECT value FROM json_each(?))",
+                (json.dumps(missing),)) if missing else ():
+            found[cell] = members(seqs, bits)
+            self._shared.put(build, cell, found[cell])
+        return [found[cell] for cell in sorted(found)]  # in the cells' order, as read without sharing: ties
+        # at the last candidate kept go the same way whatever is held
+
+    def _load_centroids(self, build: Hashable | None = None) -> Any:
+        import numpy as np
+
+        build = self._build()[0] if build is None else build
+
+        def load() -> Any:
             rows = self._conn.execute(f"SELECT centroid FROM {TABLE} ORDER BY cell").fetchall()
-            matrix = np.frombuffer(b"".join(bytes(r[0]) for r in rows), dtype="<f4").reshape(len(rows), -1)
-            self._centroids = (stamp, matrix)
+            return np.frombuffer(b"".join(bytes(r[0]) for r in rows), dtype="<f4").reshape(len(rows), -1)
+
+        if self._shared is not None:
+            return self._shared.centroids(build, load)
+        if self._centroids is None or self._centroids[0] != build:
+            self._centroids = (build, load())
         return self._centroids[1]
 
     def _read(self, seqs: Iterable[int], dims: int) -> Any:

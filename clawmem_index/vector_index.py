@@ -32,7 +32,7 @@ import apsw
 
 from clawmem_index.filters import ChunkFilter
 from clawmem_index.schema import Meta
-from clawmem_index.vector_cells import VectorCells
+from clawmem_index.vector_cells import SharedCells, VectorCells
 
 __all__ = ["MIN_CANDIDATES", "OVERSAMPLE", "PRECISIONS", "candidate_count", "PREFIX_SCAN_ROWS", "VECTOR_PARTITIONS", "VectorHit",
            "VectorIndex"]
@@ -90,14 +90,15 @@ class VectorHit:
 
 
 class VectorIndex:
-    """chunks_vec (+ chunks_vec_bits) on one connection; `loaded`: sqlite-vec is loaded there."""
+    """chunks_vec (+ chunks_vec_bits) on one connection; `loaded`: sqlite-vec is loaded there; `shared_cells`:
+    the cells' centroids and members this connection shares with the other readers of its process."""
 
-    def __init__(self, conn: apsw.Connection, meta: Meta, *, loaded: bool) -> None:
+    def __init__(self, conn: apsw.Connection, meta: Meta, *, loaded: bool, shared_cells: SharedCells | None = None) -> None:
         self._conn = conn
         self._meta = meta
         self.loaded = loaded
         self._layout: tuple[int, _VectorLayout] | None = None
-        self._cells = VectorCells(conn, meta, lambda: (self.layout().table, self.layout().dtype))
+        self._cells = VectorCells(conn, meta, lambda: (self.layout().table, self.layout().dtype), shared_cells)
         conn.create_scalar_function(FLOAT32_SQL, _float32_of_half, 1, deterministic=True)
 
     def layout(self) -> _VectorLayout:

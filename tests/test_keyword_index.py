@@ -345,6 +345,41 @@ def test_kept_scores_stay_within_their_budget(store: Store) -> None:
     reader.close()
 
 
+def test_a_list_asked_for_once_does_not_push_out_lists_asked_for_more_often(store: Store) -> None:
+    """A round of queries whose lists outgrow the budget keeps some of them, instead of each pushing out the next."""
+    shared = keyword_index.PostingsCache(budget=45)  # two lists of 20 fit, three do not
+    for _ in range(20):
+        add(store, None, "alpha beta gamma")
+    reader = Store(store.path, keyword_postings=shared)
+    alpha, beta, gamma = (build_match(word) or "" for word in ("alpha", "beta", "gamma"))
+    with summing():
+        for _ in range(3):
+            for match in (alpha, beta):
+                assert ranked(reader, match, 5) == reference(reader, match, 5)
+        reads = reads_of_lists(reader)
+        assert ranked(reader, gamma, 5) == reference(reader, gamma, 5)
+        # what a hybrid search asks next: the list just read, not read again although not kept
+        assert reader.keywords.scores_of(gamma, [1, 2]) == dict(reference(reader, gamma, 2))
+        for match in (alpha, beta):
+            assert ranked(reader, match, 5) == reference(reader, match, 5)
+        assert len(reads) == 1  # gamma's alone: alpha and beta, asked for more often, were kept
+        for _ in range(6):
+            ranked(reader, gamma, 5)
+        reads.clear()
+        assert ranked(reader, gamma, 5) == reference(reader, gamma, 5)
+        assert reads == []  # asked for most now: kept in place of the least recently used
+        assert shared.held <= 45
+    reader.close()
+
+
+def test_the_counts_of_lists_asked_for_age_and_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keyword_index, "ASKED_WINDOW", 8)
+    cache = keyword_index.PostingsCache()
+    for word in range(100):  # a long-lived daemon sees words without end
+        cache.get(None, f"once{word}")
+    assert len(cache._asked) <= 8
+
+
 def test_daemon_readers_of_one_index_share_kept_scores(tmp_path: Path) -> None:
     from clawmem_index.backends import SqliteBackend
     from clawmem_index.config import load_settings

@@ -337,3 +337,71 @@ def test_hamming_distances_of_any_width_and_count_match_a_bit_by_bit_count(dims:
         bits = _sign_bits(rng.standard_normal((rows, dims)).astype(np.float32))
         expected = [int(np.unpackbits(row ^ query).sum()) for row in bits]
         assert _hamming_in_place(bits.copy(), query).tolist() == expected
+
+
+def test_readers_sharing_cells_read_each_cell_once(store: Store) -> None:
+    vectors = clustered(32, 100, 20)
+    fill(store, vectors)
+    store.index_vectors()
+    shared = vector_cells.SharedCells()
+    first, second = (Store(store.path, create=False, shared_cells=shared) for _ in range(2))
+    query = near(vectors[0], 0).tobytes()
+    expected = store.vectors._cells.candidates(query, 50)  # the writer's connection shares nothing
+    assert first.vectors._cells.candidates(query, 50) == expected
+    assert shared.held > 0
+    statements: list[str] = []
+    second.conn.exec_trace = lambda cursor, sql, bindings: statements.append(sql) or True
+    assert second.vectors._cells.candidates(query, 50) == expected
+    assert statements and not [sql for sql in statements if "chunks_vec_cells" in sql]  # nor their member counts
+
+
+def test_shared_cells_follow_appends_and_each_reader_keeps_its_snapshot(store: Store) -> None:
+    fill(store, clustered(33, 100, 20))
+    store.index_vectors()
+    shared = vector_cells.SharedCells()
+    older, newer = (Store(store.path, create=False, shared_cells=shared) for _ in range(2))
+    newcomers = clustered(34, 5, 1)
+    for vector in newcomers:  # the cells they will join are held as they are now
+        older.vectors._cells.candidates(vector.tobytes(), 10_000)
+    older.conn.execute("BEGIN")
+    older.execute("SELECT count(*) FROM chunks")  # its snapshot: before the newcomers
+    added = fill(store, newcomers, first=2000)
+    for seq, vector in zip(added, newcomers, strict=True):
+        assert seq in newer.vectors._cells.candidates(vector.tobytes(), 10_000)  # a copy held shorter is read again
+        assert seq not in older.vectors._cells.candidates(vector.tobytes(), 10_000)  # a longer one, cut to its snapshot
+    older.conn.execute("COMMIT")
+
+
+def test_shared_cells_stay_within_their_budget(store: Store) -> None:
+    vectors = clustered(35, 100, 20)
+    fill(store, vectors)
+    store.index_vectors()
+    shared = vector_cells.SharedCells(budget=5_000)  # ~20 of the 128 cells (16 members of 16 bytes each)
+    reader = Store(store.path, create=False, shared_cells=shared)
+    for i in range(0, 2000, 50):
+        query = near(vectors[i], i).tobytes()
+        assert reader.vectors._cells.candidates(query, 40) == store.vectors._cells.candidates(query, 40)
+        assert 0 < shared.held <= 5_000
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "own"])
+def test_a_rebuilt_file_swapped_in_is_searched_by_its_own_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                shared: bool) -> None:
+    """A rebuild's file counts its cell builds from 1 again: the same stamp as the live file's may name other cells."""
+    monkeypatch.setattr(vector_cells, "CELL_MIN", CELL_MIN)
+    monkeypatch.setattr(vector_cells, "PROBE_MIN_VECTORS", 0)
+    live, rebuilt = Store(tmp_path / "live.sqlite"), Store(tmp_path / "rebuilt.sqlite")
+    old, new = clustered(36, 100, 20), clustered(37, 100, 20)
+    fill(live, old)
+    seqs = fill(rebuilt, new)
+    for store in (live, rebuilt):
+        store.index_vectors()
+    assert live.get_meta("vector_cells_built") == rebuilt.get_meta("vector_cells_built")
+    reader = Store(live.path, create=False, shared_cells=vector_cells.SharedCells() if shared else None)
+    for i in range(0, 2000, 200):
+        reader.vector_search(near(old[i], i).tobytes(), 1)
+    with live.conn.backup("main", rebuilt.conn, "main") as backup:  # what SqliteBackend.swap_in does
+        while not backup.done:
+            backup.step(-1)
+    for i in range(0, 2000, 200):
+        assert reader.vector_search(near(new[i], i).tobytes(), 1)[0].seq == seqs[i]
