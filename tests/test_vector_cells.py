@@ -421,3 +421,47 @@ def test_daemon_readers_of_one_index_share_its_cells(tmp_path: Path) -> None:
     assert one_shot.vectors._cells._shared is None  # a one-shot search reads its few cells itself
     for store in [*readers, one_shot]:
         store.close()
+
+
+def test_threads_sharing_cells_pick_what_their_own_snapshot_holds_while_a_writer_appends_and_rebuilds(
+        store: Store) -> None:
+    """Each reader compares, inside one read transaction, the shared path with reading the cells itself."""
+    import threading
+
+    vectors = clustered(38, 100, 20)
+    seqs = fill(store, vectors)
+    store.index_vectors()
+    shared = vector_cells.SharedCells(budget=20_000)  # small: cells dropped and read again while others read
+    readers = [Store(store.path, create=False, shared_cells=shared) for _ in range(4)]
+    queries = [near(vectors[i], i).tobytes() for i in range(0, 2000, 97)]
+    wrong: list[int] = []
+
+    def ask(reader: Store, start: threading.Barrier) -> None:
+        own = vector_cells.VectorCells(reader.conn, reader.meta, lambda: ("chunks_vec", "<f4"))  # nothing shared
+        start.wait()
+        for i, query in enumerate(queries):
+            reader.conn.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM chunks")
+            if reader.vectors._cells.candidates(query, 60) != own.candidates(query, 60):
+                wrong.append(i)
+            reader.conn.execute("COMMIT")
+
+    for round_ in range(4):
+        start = threading.Barrier(len(readers) + 1)
+        threads = [threading.Thread(target=ask, args=(reader, start)) for reader in readers]
+        for thread in threads:
+            thread.start()
+        start.wait()
+        fill(store, clustered(40 + round_, 20, 3), first=3000 + 100 * round_)  # appended to the cells
+        if round_ == 2:
+            with store.transaction():
+                store.delete_chunks(seqs[:700])  # past a quarter dead: the next pass trains new cells
+            built = store.get_meta("vector_cells_built")
+            store.index_vectors()
+            assert store.get_meta("vector_cells_built") != built
+        for thread in threads:
+            thread.join()
+    assert wrong == []
+    assert shared.held <= 20_000
+    for reader in readers:
+        reader.close()
