@@ -25,7 +25,7 @@ from clawmem_index.config import Settings
 from clawmem_index.errors import IndexBusy, IndexCorrupt
 from clawmem_index.keyword_index import SHARED_POSTINGS, PostingsCache
 from clawmem_index.store import Store, make_private_dirs, make_private_file
-from clawmem_index.vector_cells import SharedCells
+from clawmem_index.vector_cells import SHARED_BYTES, SharedCells
 
 if TYPE_CHECKING:
     from clawmem_index.pg.store import PgStore
@@ -47,6 +47,7 @@ class Backend(Protocol):
     def fresh(self) -> contextlib.AbstractContextManager[AnyStore]: ...
     def swap_in(self, fresh: AnyStore) -> None: ...
     def status(self) -> dict[str, object]: ...
+    def memory(self) -> dict[str, object]: ...
 
 
 def writer_identity(workspace: Path) -> str:
@@ -167,6 +168,11 @@ class SqliteBackend:
     def status(self) -> dict[str, object]:
         return {"index_backend": "sqlite", "index_path": str(self.path)}
 
+    def memory(self) -> dict[str, object]:
+        """What the long-lived readers keep together, against its bounds."""
+        return {"keyword_postings": self._postings.held, "keyword_postings_max": SHARED_POSTINGS,
+                "vector_cells_bytes": self._cells.held, "vector_cells_max_bytes": SHARED_BYTES}
+
 
 class PostgresBackend:
     """This workspace's rows in a shared PostgreSQL; a rebuild writes a new generation and switches to it."""
@@ -281,6 +287,10 @@ class PostgresBackend:
 
     def status(self) -> dict[str, object]:
         return {"index_backend": "postgres", "index_url": redacted(self.url), "workspace_name": self.workspace}
+
+    def memory(self) -> dict[str, object]:
+        """Nothing shared between readers: each connection keeps its own few lists."""
+        return {}
 
 
 def redacted(url: str) -> str:

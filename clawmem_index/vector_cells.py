@@ -32,7 +32,7 @@ import apsw
 
 from clawmem_index.schema import Meta
 
-__all__ = ["CELL_MIN", "PROBE_SHARE", "SharedCells", "VectorCells"]
+__all__ = ["CELL_MIN", "PROBE_SHARE", "SHARED_BYTES", "SharedCells", "VectorCells"]
 
 CELL_MIN = 131_072  # below this many vectors, sqlite-vec over every sign bit answers in time (13.8 ms at 100k)
 PROBE_SHARE = 32  # 4,096 cells over 1M real-derived vectors: 1/32 of them gives recall@10 0.97 (docs/benchmarks.md)

@@ -250,6 +250,10 @@ def test_sync_and_reindex_can_be_awaited(workspace: Path, dsettings: Settings) -
         status = client.status()
         assert status["daemon"]["runs"]["reindex"] == 1
         assert status["uptime"] >= 0 and status["daemon"]["watcher"] == "inotify"
+        memory = status["daemon"]["memory"]  # what it holds, against the bounds the README gives
+        assert memory["rss_bytes"] > 10 << 20
+        assert 0 <= memory["keyword_postings"] <= memory["keyword_postings_max"] == 1 << 22
+        assert 0 <= memory["vector_cells_bytes"] <= memory["vector_cells_max_bytes"] == 256 << 20
         assert daemon.writer.counts["failed"] == 0
 
 
