@@ -318,7 +318,8 @@ class MemoryIndex:
         return self._open_live()
 
     def _switch_vectors(self, fingerprint: str, store: Store, bars: Reporters) -> SyncReport:
-        """A new provider or model over the same chunks: new vectors (from the cache) in place, in one transaction.
+        """A new provider or model over the same chunks: new vectors (a parked table, the cache) in place, in one
+        transaction.
 
         Readers see the old index until the commit and the new one after it, never a mix; only
         files changed since the last sync are read. Re-chunking every file and copying the whole
@@ -327,14 +328,18 @@ class MemoryIndex:
         try:
             store.release_vector_index()  # a graph kept would take each new vector one by one
             with store.transaction():
-                chunks = store.reset_vectors()
+                info = self.provider.info if self.provider is not None else None
+                chunks = store.reset_vectors(None if info is None else (info.provider, info.model, info.provider_key),
+                                             self.settings.embedding.precision)
                 store.set_meta("fingerprint", fingerprint)
                 report = sync_workspace(store, self.settings, progress=bars.files)
+                taken_back = store.counts()[1] - store.pending_embeddings()  # a parked model's own table
                 if self.provider is not None:
                     report.from_cache, _ = embed_pending(store, self.provider, cache_only=True,
                                                          cache_max_entries=0, progress=bars.chunks,
                                                          index_progress=bars.vectors,
                                                          precision=self.settings.embedding.precision)
+                report.from_cache += taken_back
         finally:
             store.close()
         report.chunks_kept = chunks - report.chunks_removed

@@ -986,8 +986,9 @@ class PgStore:
             " AND c.seq = v.seq WHERE v.workspace = %s AND v.gen = %s AND NOT v.embedded AND v.seq > %s"
             " AND c.workspace = %s ORDER BY v.seq LIMIT %s", (self.workspace, self.gen, after, self.workspace, limit))]
 
-    def reset_vectors(self) -> int:
-        """Forget this generation's vectors (a new model's go in their place; the cache keeps the old ones)."""
+    def reset_vectors(self, next_owner: tuple[str, str, str] | None = None, precision: str = "float32") -> int:
+        """Forget this generation's vectors (a new model's go in their place; the cache keeps the old ones,
+        as the fleet's cache keeps every vector: nothing to park)."""
         with self._atomic():
             cur = self.conn.execute("UPDATE cm_vectors SET embedded = false, model = '', dims = NULL, embedding = NULL"
                                     " WHERE workspace = %s AND gen = %s", (self.workspace, self.gen))
