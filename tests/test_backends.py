@@ -588,3 +588,21 @@ def test_the_shared_index_demo_searches_two_daemons_workspaces() -> None:
     script = Path(__file__).resolve().parents[1] / "scripts" / "shared_demo.py"
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, check=True).stdout
     assert "ops:memory/2026-11-20.md" in out and "support:memory/2026-11-21.md" in out, out
+
+
+def test_daemon_readers_of_one_sqlite_index_share_its_caches(tmp_path: Path) -> None:
+    """Kept keyword scores and vector cells: one of each for the long-lived readers, none for a one-shot one."""
+    from clawmem_index.backends import SqliteBackend
+    from clawmem_index.store import Store
+
+    settings = load_settings(workspace=tmp_path, overrides={"index": str(tmp_path / "i.sqlite")}, environ={})
+    Store(settings.index_path).close()
+    backend = SqliteBackend(settings)
+    first, second = (backend.open_reader(read_only=True, long_lived=True) for _ in range(2))
+    one_shot = backend.open_reader(read_only=True, long_lived=False)
+    assert first.keywords._postings is second.keywords._postings
+    assert one_shot.keywords._postings is not first.keywords._postings
+    assert first.vectors._cells._shared is not None and first.vectors._cells._shared is second.vectors._cells._shared
+    assert one_shot.vectors._cells._shared is None  # a one-shot search reads its few cells itself
+    for store in (first, second, one_shot):
+        store.close()

@@ -380,21 +380,6 @@ def test_the_counts_of_lists_asked_for_age_and_stay_bounded(monkeypatch: pytest.
     assert len(cache._asked) <= 8
 
 
-def test_daemon_readers_of_one_index_share_kept_scores(tmp_path: Path) -> None:
-    from clawmem_index.backends import SqliteBackend
-    from clawmem_index.config import load_settings
-
-    settings = load_settings(workspace=tmp_path, overrides={"index": str(tmp_path / "i.sqlite")}, environ={})
-    Store(settings.index_path).close()
-    backend = SqliteBackend(settings)
-    readers = [backend.open_reader(read_only=True, long_lived=True) for _ in range(2)]
-    one_shot = backend.open_reader(read_only=True, long_lived=False)
-    assert readers[0].keywords._postings is readers[1].keywords._postings
-    assert one_shot.keywords._postings is not readers[0].keywords._postings
-    for store in [*readers, one_shot]:
-        store.close()
-
-
 def test_threads_sharing_kept_scores_answer_as_fts5_does_after_each_write(tmp_path: Path) -> None:
     """Readers on threads of their own query the same words at once, between rounds of writes (rowids used again)."""
     import random

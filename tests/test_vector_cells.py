@@ -407,22 +407,6 @@ def test_a_rebuilt_file_swapped_in_is_searched_by_its_own_cells(tmp_path: Path, 
         assert reader.vector_search(near(new[i], i).tobytes(), 1)[0].seq == seqs[i]
 
 
-def test_daemon_readers_of_one_index_share_its_cells(tmp_path: Path) -> None:
-    from clawmem_index.backends import SqliteBackend
-    from clawmem_index.config import load_settings
-
-    settings = load_settings(workspace=tmp_path, overrides={"index": str(tmp_path / "i.sqlite")}, environ={})
-    Store(settings.index_path).close()
-    backend = SqliteBackend(settings)
-    readers = [backend.open_reader(read_only=True, long_lived=True) for _ in range(2)]
-    one_shot = backend.open_reader(read_only=True, long_lived=False)
-    assert isinstance(readers[0].vectors._cells._shared, vector_cells.SharedCells)
-    assert readers[0].vectors._cells._shared is readers[1].vectors._cells._shared
-    assert one_shot.vectors._cells._shared is None  # a one-shot search reads its few cells itself
-    for store in [*readers, one_shot]:
-        store.close()
-
-
 def test_threads_sharing_cells_pick_what_their_own_snapshot_holds_while_a_writer_appends_and_rebuilds(
         store: Store) -> None:
     """Each reader compares, inside one read transaction, the shared path with reading the cells itself."""
