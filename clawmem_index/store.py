@@ -27,13 +27,11 @@ import apsw
 from clawmem_index.errors import IndexCorrupt, IndexUnavailable
 from clawmem_index.filters import ChunkFilter
 from clawmem_index.keyword_index import KeywordIndex, PostingsCache, TextHit
+from clawmem_index.parking import Owner, ParkedVectors
 from clawmem_index.schema import MIGRATIONS, SCHEMA_VERSION, Meta, check_migrated, migrate
 from clawmem_index.storable import storable
 from clawmem_index.vector_cells import SharedCells
 from clawmem_index.vector_index import FLOATS, HALVES, VectorHit, VectorIndex
-
-PARKED, PARKED_HASHES = "parked_vectors", "parked_hashes"  # the vectors of the model switched away from
-RETURNING, RETURNING_HASHES = "returning_vectors", "returning_hashes"  # ... while a switch back takes them in
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ChunkFilter", "ChunkRow", "FileRow", "JobRow", "Store", "TextHit", "VectorHit",
            "make_private_dirs", "make_private_file"]
@@ -139,6 +137,7 @@ class Store:
         self.meta = Meta(self.conn)
         self.keywords = KeywordIndex(self.conn, keep_scores=keep_keyword_scores, postings=keyword_postings)
         self.vectors = VectorIndex(self.conn, self.meta, loaded=self.vec_loaded, shared_cells=shared_cells)
+        self.parked = ParkedVectors(self.conn, self.meta, self.vectors)
 
     def close(self) -> None:
         self.conn.close()
@@ -453,8 +452,8 @@ class Store:
         """Drop the oldest-used entries past `max_entries`, counting a parked model's vectors (which go
         to the cache first when the bound is passed)."""
         total = int(self.conn.execute("SELECT count(*) FROM embedding_cache").fetchone()[0])
-        if total + self.parked_count() > max_entries and self._parked() is not None:
-            self._unpark_to_cache()
+        if total + self.parked.count() > max_entries and self.parked.owner() is not None:
+            self.parked.to_cache()
             total = int(self.conn.execute("SELECT count(*) FROM embedding_cache").fetchone()[0])
         excess = total - max_entries
         if excess <= 0:
@@ -485,115 +484,47 @@ class Store:
                     f" updated_at) SELECT ?, ?, ?, c.hash, {vector}, length({vector}) / 4, ?"
                     f" FROM old.chunks AS c JOIN old.{table} AS v ON v.rowid = c.seq",
                     (provider, model, key, time.time()))
-            parked = self.conn.execute("SELECT value FROM old.meta WHERE key = 'parked_owner'").fetchone()
-            if parked is not None and PARKED in tables and PARKED_HASHES in tables:
-                provider, model, key, kind = json.loads(parked[0])
-                at = self.conn.execute("SELECT value FROM old.meta WHERE key = 'parked_at'").fetchone()
-                vector = self.vectors.sql_float32("v.embedding", half=kind == HALVES)
-                self.conn.execute(
-                    "INSERT OR IGNORE INTO embedding_cache(provider, model, provider_key, hash, embedding, dims,"
-                    f" updated_at) SELECT ?, ?, ?, h.hash, {vector}, length({vector}) / 4, ?"
-                    f" FROM old.{PARKED} AS v JOIN old.{PARKED_HASHES} AS h ON h.seq = v.rowid",
-                    (provider, model, key, float(at[0]) if at else time.time()))
+            self.parked.carry_from("old", tables)
             if "embedding_jobs" in tables:
                 self.conn.execute("INSERT OR IGNORE INTO embedding_jobs SELECT * FROM old.embedding_jobs")
         finally:
             self.conn.execute("DETACH DATABASE old")
 
-    def reset_vectors(self, next_owner: tuple[str, str, str] | None = None, precision: str = "float32") -> int:
-        """Forget every vector (a new model's go in their place); returns how many chunks wait for one.
+    def reset_vectors(self, next_owner: Owner | None = None, precision: str = "float32") -> int:
+        """Forget every vector (a new model's go in their place); returns how many chunks the index holds.
 
-        The live model's vectors are parked (their table renamed aside, with each chunk's text hash as
-        it is) when `next_owner` is another model, else they go to the cache; a model parked earlier
-        goes to the cache first, unless it is `next_owner` at the same `precision`: then its table is
-        taken back (a switch back copies no vector: 0.25 s instead of ~2 s at 3,003 notes, 1,536-d).
-        Only inside a transaction that also stores the new fingerprint: readers keep the old vectors
-        until it commits. A schema-1 vec0 table cannot be dropped without sqlite-vec: apsw.Error.
+        The live model's vectors are parked (clawmem_index.parking) when `next_owner` is another
+        model, else they go to the cache; a model parked earlier goes to the cache first, unless it is
+        `next_owner` at the same `precision`: then its table is taken back, and only the chunks that
+        changed meanwhile wait for a vector. Only inside a transaction that also stores the new
+        fingerprint: readers keep the old vectors until it commits. A schema-1 vec0 table cannot be
+        dropped without sqlite-vec: apsw.Error.
         """
         layout = self.vectors.layout()
         owner = self._vector_owner()
-        parked = self._parked()
+        parked = self.parked.owner()
         table = HALVES if precision == "float16" else FLOATS
         back = next_owner is not None and parked == (next_owner, table)
         if parked is not None and not back:
-            self._unpark_to_cache()
+            self.parked.to_cache()
         if back:
-            self.conn.execute(f"ALTER TABLE {PARKED} RENAME TO {RETURNING}")
-            self.conn.execute(f"ALTER TABLE {PARKED_HASHES} RENAME TO {RETURNING_HASHES}")
-            self.meta.delete("parked_owner", "parked_at")
+            self.parked.start_return()
         if owner is not None and next_owner is not None and owner != next_owner and not layout.legacy:
-            self._park_live(owner, layout.table)
+            self.parked.park(owner, layout.table)
         else:
             self._cache_live(None)
         self.vectors.drop_all()
         self.meta.delete("vector_owner")
         self.conn.execute("UPDATE chunks SET embedded = 0, model = ''")
-        waiting = self.conn.changes()
-        if back and next_owner is not None:
-            self._take_back(next_owner, table, precision)
-        return waiting
-
-    def _parked(self) -> tuple[tuple[str, str, str], str] | None:
-        """Whose vectors are parked, and the table they were stored in (FLOATS or HALVES)."""
-        raw = self.meta.get("parked_owner")
-        if raw is None:
-            return None
-        provider, model, key, table = json.loads(raw)
-        return (str(provider), str(model), str(key)), str(table)
-
-    def parked_count(self) -> int:
-        return 0 if self._parked() is None else int(self.conn.execute(f"SELECT count(*) FROM {PARKED}").fetchone()[0])
-
-    def _park_live(self, owner: tuple[str, str, str], table: str) -> None:
-        self.conn.execute(f"ALTER TABLE {table} RENAME TO {PARKED}")
-        self.conn.execute(f"CREATE TABLE {PARKED_HASHES}(seq INTEGER PRIMARY KEY, hash TEXT NOT NULL)")
-        self.conn.execute(f"INSERT INTO {PARKED_HASHES} SELECT c.seq, c.hash FROM chunks AS c JOIN {PARKED} AS v"
-                          " ON v.rowid = c.seq")
-        self.meta.set("parked_owner", json.dumps([*owner, table]))
-        self.meta.set("parked_at", str(time.time()))  # when they left the chunks: their age in the cache
-
-    def _unpark_to_cache(self) -> None:
-        """The parked vectors into the cache (by the hash of the text each was made for), as a switch did before."""
-        parked = self._parked()
-        if parked is None:
-            return
-        self._cache_rows(parked[0], PARKED, PARKED_HASHES, parked[1] == HALVES, "",
-                         float(self.meta.get("parked_at") or time.time()))
-        self.conn.execute(f"DROP TABLE {PARKED}")
-        self.conn.execute(f"DROP TABLE {PARKED_HASHES}")
-        self.meta.delete("parked_owner", "parked_at")
-
-    def _cache_rows(self, owner: tuple[str, str, str], table: str, hashes: str, half: bool, where: str,
-                    at: float | None = None) -> None:
-        vector = self.vectors.sql_float32("v.embedding", half=half)
-        self.conn.execute(
-            "INSERT OR REPLACE INTO embedding_cache(provider, model, provider_key, hash, embedding, dims, updated_at)"
-            f" SELECT ?, ?, ?, h.hash, {vector}, length({vector}) / 4, ? FROM {table} AS v"
-            f" JOIN {hashes} AS h ON h.seq = v.rowid{where} GROUP BY h.hash", (*owner, at or time.time()))
-
-    def _take_back(self, owner: tuple[str, str, str], table: str, precision: str) -> None:
-        """The returning model's table becomes the chunks' again: a row whose chunk holds another text
-        now (or is gone) goes to the cache under the text it was made for, unless a chunk still
-        holding that text keeps its own row."""
-        kept = (f"SELECT r.seq FROM {RETURNING_HASHES} AS r JOIN chunks AS c ON c.seq = r.seq AND c.hash = r.hash")
-        self._cache_rows(owner, RETURNING, RETURNING_HASHES, table == HALVES,
-                         f" WHERE v.rowid NOT IN ({kept}) AND h.hash NOT IN (SELECT c.hash FROM chunks AS c"
-                         f" WHERE c.seq IN ({kept}))")
-        self.conn.execute(f"DELETE FROM {RETURNING} WHERE rowid NOT IN ({kept})")
-        self.conn.execute(f"DROP TABLE {RETURNING_HASHES}")
-        row = self.conn.execute(f"SELECT length(embedding) FROM {RETURNING} LIMIT 1").fetchone()
-        if row is None:
-            self.conn.execute(f"DROP TABLE {RETURNING}")
-            return
-        self.conn.execute(f"ALTER TABLE {RETURNING} RENAME TO {table}")
-        self.conn.execute(f"UPDATE chunks SET embedded = 1, model = ? WHERE seq IN (SELECT rowid FROM {table})",
-                          (owner[1],))
-        dims = int(row[0]) // (2 if table == HALVES else 4)
-        self.meta.set("vector_dims", str(dims))
-        self.meta.set("vector_owner", json.dumps(list(owner)))
-        self.uncache(*owner, (str(r[0]) for r in self.conn.execute(
-            f"SELECT c.hash FROM chunks AS c JOIN {table} AS v ON v.rowid = c.seq")))  # stored once
-        self.vectors.ensure(dims, precision)  # the sign bits (the cells follow at the pass's end)
+        chunks = self.conn.changes()
+        dims = self.parked.finish_return(next_owner, table) if back and next_owner is not None else 0
+        if dims and next_owner is not None:
+            self.meta.set("vector_dims", str(dims))
+            self.meta.set("vector_owner", json.dumps(list(next_owner)))
+            self.uncache(*next_owner, (str(r[0]) for r in self.conn.execute(
+                f"SELECT c.hash FROM chunks AS c JOIN {table} AS v ON v.rowid = c.seq")))  # stored once
+            self.vectors.ensure(dims, precision)  # the sign bits (cells follow at the pass's end)
+        return chunks
 
     # -- batch jobs ---------------------------------------------------------------------------
 

@@ -200,27 +200,3 @@ def test_a_batch_of_vectors_is_stored_by_a_few_statements_not_one_a_vector(tmp_p
     assert store.execute("SELECT count(*) FROM chunks WHERE embedded = 1 AND model = 'm'")[0][0] == 200
     query = vectors[7] / np.linalg.norm(vectors[7])
     assert store.vector_search(query.astype(np.float32).tobytes(), 1)[0].seq == items[7][0]  # sign bits stored too
-
-
-@pytest.mark.parametrize(("first", "back"), [("float16", "float16"), ("float32", "float16"), ("float16", "float32")])
-def test_a_parked_model_comes_back_at_the_precision_asked_for(settings: Settings, write, first: str,
-                                                              back: str) -> None:
-    """Its parked table is taken back when it was stored at that precision, else its vectors come
-    through the cache; either way without the provider."""
-    for i in range(6):
-        write(f"memory/n{i}.md", f"# Note {i}\nthe greenhouse log entry {i}\n")
-    a = FakeProvider(model="fake-a")
-    MemoryIndex(with_precision(settings, first), provider=a).sync()
-    MemoryIndex(with_precision(settings, first), provider=FakeProvider(model="fake-b")).sync()
-    made = a.document_calls
-    index = MemoryIndex(with_precision(settings, back), provider=a)
-    report = index.sync()
-    assert a.document_calls == made and report.from_cache == 6
-    table = "chunks_vec_half" if back == "float16" else "chunks_vec"
-    store = index.reader()
-    assert {int(n) for (n,) in store.execute(f"SELECT DISTINCT length(embedding) FROM {table}")} == \
-        {(2 if back == "float16" else 4) * 64}
-    assert store.pending_embeddings() == 0 and store.execute("SELECT count(*) FROM embedding_cache") == [(0,)]
-    found = index.search(SearchRequest("greenhouse log entry 4", mode="vector", max_results=1, min_score=0.0))
-    assert [r["path"] for r in found["results"]] == ["memory/n4.md"]  # type: ignore[index]
-    index.close()
