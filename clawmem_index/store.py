@@ -523,7 +523,8 @@ class Store:
             self.meta.set("vector_owner", json.dumps(list(next_owner)))
             self.uncache(*next_owner, (str(r[0]) for r in self.conn.execute(
                 f"SELECT c.hash FROM chunks AS c JOIN {table} AS v ON v.rowid = c.seq")))  # stored once
-            self.vectors.ensure(dims, precision)  # the sign bits (cells follow at the pass's end)
+            self.vectors.maintain()  # past CELL_MIN vectors the cells, straight from the vectors
+            self.vectors.ensure(dims, precision)  # else the sign bits
         return chunks
 
     # -- batch jobs ---------------------------------------------------------------------------

@@ -159,3 +159,37 @@ def test_a_parked_model_comes_back_at_the_precision_asked_for(settings: Settings
     found = index.search(SearchRequest("greenhouse log entry 4", mode="vector", max_results=1, min_score=0.0))
     assert [r["path"] for r in found["results"]] == ["memory/n4.md"]  # type: ignore[index]
     index.close()
+
+
+def test_a_parked_index_past_cell_min_comes_back_in_cells_without_building_sign_bits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    import clawmem_index.vector_cells as vector_cells
+    from clawmem_index.vector_index import VectorIndex
+
+    monkeypatch.setattr(vector_cells, "CELL_MIN", 1000)
+    store = Store(tmp_path / "s.sqlite")
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((1200, 32)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    store.ensure_vector_table(32)
+    store.set_vector_owner("p", "a", "k")
+    with store.transaction():
+        for i, vector in enumerate(vectors):
+            seq = store.insert_chunk(id=f"v{i}", path="memory/a.md", source="memory", start_line=1, end_line=1,
+                                     hash=f"h{i}", text=f"text {i}", fts_text=f"text {i}")
+            store.store_vector(seq, vector.tobytes(), "a")
+    store.index_vectors()
+    cells = store.vector_method()
+    with store.transaction():
+        store.reset_vectors(("p", "b", "k"))
+    built: list[int] = []
+    real = VectorIndex._build_bits
+    monkeypatch.setattr(VectorIndex, "_build_bits", lambda self, *a, **k: built.append(1) or real(self, *a, **k))
+    with store.transaction():
+        store.reset_vectors(("p", "a", "k"))
+    assert store.vector_method() == cells and "cells" in cells and built == []
+    assert store.pending_embeddings() == 0
+    assert store.vector_search(vectors[17].tobytes(), 1)[0].seq == 18
+    store.close()
