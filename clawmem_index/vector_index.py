@@ -191,14 +191,13 @@ class VectorIndex:
         self._conn.execute("CREATE VIRTUAL TABLE chunks_vec_bits USING vec0("
                            f"part INTEGER PARTITION KEY, embedding bit[{_padded_dims(int(dims))}])")
         self._meta.set("vector_partitions", str(VECTOR_PARTITIONS))
-        for seq, blob in self._conn.execute(f"SELECT rowid, {self.sql_float32('embedding')} FROM {self.table()}"):
-            self._insert_bits(int(seq), bytes(blob), VECTOR_PARTITIONS)
+        pad = 4 * ((-int(dims)) % 8)  # as _pad8: zeros to a multiple of 8 dimensions
+        vector = self.sql_float32("embedding")
+        padded = f"CAST({vector} || zeroblob({pad}) AS BLOB)" if pad else vector
+        self._conn.execute(  # one statement: a row at a time gives up and retakes the GIL for each
+            f"INSERT INTO chunks_vec_bits(rowid, part, embedding) SELECT rowid, rowid % ?,"
+            f" vec_quantize_binary(vec_f32({padded})) FROM {self.table()}", (VECTOR_PARTITIONS,))
         self._meta.delete(_BITS_STALE)
-
-    def _insert_bits(self, seq: int, blob: bytes, partitions: int) -> None:
-        self._conn.execute(
-            "INSERT INTO chunks_vec_bits(rowid, part, embedding) VALUES(?, ?, vec_quantize_binary(vec_f32(?)))",
-            (seq, seq % partitions, _pad8(blob)))
 
     def remove(self, seq: int) -> None:
         """Drop a chunk's vector, if it has one."""

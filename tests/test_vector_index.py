@@ -200,3 +200,22 @@ def test_a_batch_of_vectors_is_stored_by_a_few_statements_not_one_a_vector(tmp_p
     assert store.execute("SELECT count(*) FROM chunks WHERE embedded = 1 AND model = 'm'")[0][0] == 200
     query = vectors[7] / np.linalg.norm(vectors[7])
     assert store.vector_search(query.astype(np.float32).tobytes(), 1)[0].seq == items[7][0]  # sign bits stored too
+
+
+@pytest.mark.parametrize("dims", [13, 16])
+def test_sign_bits_built_in_one_pass_are_those_stored_with_each_batch(tmp_path: Path, dims: int) -> None:
+    """`_build_bits` (a table made again, or a writer without sqlite-vec caught up) pads as `put` does."""
+    store = Store(tmp_path / "s.sqlite")
+    rng = np.random.default_rng(dims)
+    store.ensure_vector_table(dims)
+    with store.transaction():
+        for i, vector in enumerate(rng.standard_normal((40, dims)).astype(np.float32)):
+            seq = store.insert_chunk(id=f"v{i}", path="memory/a.md", source="memory", start_line=1, end_line=1,
+                                     hash=f"h{i}", text=f"text {i}", fts_text=f"text {i}")
+            store.store_vector(seq, (vector / np.linalg.norm(vector)).tobytes(), "m")
+    stored = store.execute("SELECT rowid, part, embedding FROM chunks_vec_bits ORDER BY rowid")
+    with store.transaction():
+        store.vectors._build_bits(dims, replace=True)
+    assert store.execute("SELECT rowid, part, embedding FROM chunks_vec_bits ORDER BY rowid") == stored
+    assert len(stored) == 40
+    store.close()
