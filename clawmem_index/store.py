@@ -452,7 +452,8 @@ class Store:
         """Drop the oldest-used entries past `max_entries`, counting a parked model's vectors (which go
         to the cache first when the bound is passed)."""
         total = int(self.conn.execute("SELECT count(*) FROM embedding_cache").fetchone()[0])
-        if total + self.parked.count() > max_entries and self.parked.owner() is not None:
+        parked = self.parked.count()
+        if parked and total + parked > max_entries:
             self.parked.to_cache()
             total = int(self.conn.execute("SELECT count(*) FROM embedding_cache").fetchone()[0])
         excess = total - max_entries
@@ -518,7 +519,7 @@ class Store:
         self.conn.execute("UPDATE chunks SET embedded = 0, model = ''")
         chunks = self.conn.changes()
         dims = self.parked.finish_return(next_owner, table) if back and next_owner is not None else 0
-        if dims and next_owner is not None:
+        if dims and next_owner is not None:  # (`back` implies an owner: said again for the type checker)
             self.meta.set("vector_dims", str(dims))
             self.meta.set("vector_owner", json.dumps(list(next_owner)))
             self.uncache(*next_owner, (str(r[0]) for r in self.conn.execute(

@@ -113,7 +113,8 @@ class SharedCells:
             self._counts[1].update(counts)
 
     def centroids(self, build: Hashable, load: Callable[[], Any]) -> Any:
-        """The build's centroids, read once by whichever reader asks first (not counted in the budget)."""
+        """The build's centroids, read by the first reader to ask (two at once may both read; one is kept; not
+        counted in the budget)."""
         with self._lock:
             if self._centroids is not None and self._centroids[0] == build:
                 return self._centroids[1]
