@@ -353,10 +353,15 @@ class MemoryIndex:
         with self.backend.fresh() as fresh:
             fresh.set_meta("fingerprint", fingerprint)
             report = sync_workspace(fresh, self.settings, progress=bars.files, bulk=True)
-            if self.provider is not None:
-                report.from_cache, _ = embed_pending(fresh, self.provider, cache_only=True, cache_max_entries=0,
-                                                     progress=bars.chunks, index_progress=bars.vectors,
-                                                     precision=self.settings.embedding.precision)
+            provider = self.provider
+            info = None if provider is None else provider.info
+            precision = self.settings.embedding.precision
+            report.from_cache = fresh.carry_vectors(
+                None if info is None else (info.provider, info.model, info.provider_key), precision)
+            if provider is not None:
+                cached, _ = embed_pending(fresh, provider, cache_only=True, cache_max_entries=0,
+                                          progress=bars.chunks, index_progress=bars.vectors, precision=precision)
+                report.from_cache += cached
             self.backend.swap_in(fresh)
         report.duration = time.perf_counter() - started
         return report

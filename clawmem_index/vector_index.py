@@ -184,6 +184,19 @@ class VectorIndex:
             if self.loaded:
                 self._build_bits(layout.dims, replace=layout.bits)
 
+    def fill(self, rows: str, params: Sequence[object], dims: int, precision: str) -> int:
+        """A new vector table filled by one statement: `rows` selects (rowid, blob stored at `precision`).
+
+        For a rebuild taking the vectors of the file it replaces: the sign bits or cells are the
+        caller's to make (`maintain`, then `ensure`) once the chunks say which have vectors.
+        Returns how many vectors went in.
+        """
+        table = HALVES if precision == "float16" else FLOATS
+        self._conn.execute(f"CREATE TABLE {table}(rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL)")
+        self._meta.set("vector_dims", str(int(dims)))
+        self._conn.execute(f"INSERT INTO {table}(rowid, embedding) {rows}", tuple(params))
+        return int(self._conn.changes())
+
     def _build_bits(self, dims: int, *, replace: bool) -> None:
         """Quantize every stored vector: a new table, or one that missed writes made without sqlite-vec."""
         if replace:

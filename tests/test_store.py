@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
@@ -370,3 +371,107 @@ def test_a_schema_1_vector_table_is_still_searched_until_the_rebuild(tmp_path: P
     old.ensure_vector_table(3)  # never converted in place
     assert old.execute("SELECT count(*) FROM sqlite_master WHERE name = 'chunks_vec_bits'") == [(0,)]
     old.close()
+
+
+OWNER = ("p", "a", "k")
+
+
+def old_index(path: Path, texts: dict[str, list[float] | None], precision: str = "float32") -> Store:
+    """An index of chunks named by text hash, each with its vector (None: still waiting for one), owned by OWNER."""
+    old = Store(path)
+    old.ensure_vector_table(4, precision)
+    old.set_vector_owner(*OWNER)
+    with old.transaction():
+        for i, (h, vec) in enumerate(texts.items()):
+            seq = old.insert_chunk(id=f"o{i}", path="memory/a.md", source="memory", start_line=1, end_line=1,
+                                   hash=h.split("#")[0], text=h, fts_text=h)
+            if vec is not None:
+                old.store_vector(seq, pack(normalize(vec) or []), "a")
+    return old
+
+
+def chunk_vectors(store: Store) -> dict[str, bytes]:
+    return {str(h): store.vectors.float32(bytes(blob)) for h, blob in store.execute(
+        f"SELECT c.hash, v.embedding FROM chunks AS c JOIN {store.vectors.table()} AS v ON v.rowid = c.seq")}
+
+
+def cache_of(store: Store) -> dict[str, bytes]:
+    return {str(h): bytes(blob) for h, blob in store.execute(
+        "SELECT hash, embedding FROM embedding_cache WHERE (provider, model, provider_key) = (?, ?, ?)", OWNER)}
+
+
+def test_a_rebuild_takes_the_old_chunks_vectors_by_text_and_caches_those_of_texts_gone(tmp_path: Path) -> None:
+    old = old_index(tmp_path / "old.sqlite", {"kept": [1, 0, 0, 0], "twice": [0, 1, 0, 0], "gone": [0, 0, 1, 0],
+                                              "late#pending": None, "late": [0, 0, 0, 1]})
+    before = chunk_vectors(old)
+    old.close()
+    new = Store(tmp_path / "new.sqlite")
+    new.copy_cache_from(tmp_path / "old.sqlite")
+    with new.transaction():
+        for i, h in enumerate(["kept", "twice", "twice", "late", "edited"]):
+            new.insert_chunk(id=f"n{i}", path="memory/a.md", source="memory", start_line=1, end_line=1, hash=h,
+                             text=h, fts_text=h)
+    assert new.carry_vectors(OWNER) == 4
+    assert chunk_vectors(new) == {h: before[h] for h in ("kept", "twice", "late")}
+    assert new.execute("SELECT hash FROM chunks WHERE embedded = 0") == [("edited",)]
+    assert new.execute("SELECT DISTINCT model FROM chunks WHERE embedded = 1") == [("a",)]
+    assert cache_of(new) == {"gone": before["gone"]}  # each vector stored once
+    assert json.loads(new.get_meta("vector_owner") or "[]") == list(OWNER)
+    if new.vec_loaded:
+        assert "binary-quantized" in new.vector_method()
+    assert [h.text for h in new.vector_search(pack(normalize([0.1, 1, 0, 0]) or []), 1)] == ["twice"]
+    assert new.carry_vectors(OWNER) == 0  # once
+    new.close()
+
+
+@pytest.mark.parametrize("owner, precision", [(("p", "b", "k"), "float32"), (OWNER, "float16"), (None, "float32")])
+def test_vectors_of_another_model_or_precision_go_to_the_cache_whole(tmp_path: Path, owner, precision: str) -> None:
+    old = old_index(tmp_path / "old.sqlite", {"kept": [1, 0, 0, 0], "gone": [0, 0, 1, 0]})
+    before = chunk_vectors(old)
+    old.close()
+    new = Store(tmp_path / "new.sqlite")
+    new.copy_cache_from(tmp_path / "old.sqlite")
+    with new.transaction():
+        add(new, "kept", "kept")
+    assert new.carry_vectors(owner, precision) == 0
+    assert not new.vec_table_exists() and new.pending_embeddings() == 1
+    assert cache_of(new) == before
+    new.close()
+
+
+def test_half_precision_vectors_are_taken_as_they_are_stored(tmp_path: Path) -> None:
+    old = old_index(tmp_path / "old.sqlite", {"kept": [1, 2, 3, 4]}, precision="float16")
+    stored = old.execute("SELECT embedding FROM chunks_vec_half")
+    old.close()
+    new = Store(tmp_path / "new.sqlite")
+    new.copy_cache_from(tmp_path / "old.sqlite")
+    with new.transaction():
+        add(new, "kept", "kept")
+    assert new.carry_vectors(OWNER, "float16") == 1
+    assert new.execute("SELECT embedding FROM chunks_vec_half") == stored and cache_of(new) == {}
+    new.close()
+
+
+def test_past_cell_min_a_rebuild_trains_the_cells_from_the_vectors_taken(tmp_path: Path, monkeypatch) -> None:
+    import numpy as np
+
+    import clawmem_index.vector_cells as vector_cells
+    from clawmem_index.vector_index import VectorIndex
+
+    monkeypatch.setattr(vector_cells, "CELL_MIN", 1000)
+    rng = np.random.default_rng(5)
+    vectors = rng.standard_normal((1200, 4)).astype(np.float32)
+    old = old_index(tmp_path / "old.sqlite", {f"h{i}": [float(x) for x in v] for i, v in enumerate(vectors)})
+    old.close()
+    built: list[int] = []
+    real = VectorIndex._build_bits
+    monkeypatch.setattr(VectorIndex, "_build_bits", lambda self, *a, **k: built.append(1) or real(self, *a, **k))
+    new = Store(tmp_path / "new.sqlite")
+    new.copy_cache_from(tmp_path / "old.sqlite")
+    with new.transaction():
+        for i in range(1200):
+            add(new, f"h{i}", f"text {i}")
+    assert new.carry_vectors(OWNER) == 1200
+    assert "cells" in new.vector_method() and built == [] and new.pending_embeddings() == 0
+    assert new.vector_search(pack(normalize([float(x) for x in vectors[17]]) or []), 1)[0].text == "text 17"
+    new.close()

@@ -1038,6 +1038,10 @@ class PgStore:
     def copy_cache_from(self, other: object) -> None:
         """Nothing to copy: every generation reads the same cache."""
 
+    def carry_vectors(self, owner: tuple[str, str, str] | None, precision: str = "float32") -> int:
+        """Nothing to carry: the shared cache kept every vector of the generation being replaced."""
+        return 0
+
     def uncached_pending(self, provider: str, model: str, key: str, *,
                          exclude: Collection[str] = ()) -> dict[str, str]:
         rows = self.conn.execute(
