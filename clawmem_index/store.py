@@ -489,12 +489,19 @@ class Store:
 
         Where they are `owner`'s at `precision` they go straight to this index's chunks holding
         their texts (one statement, not a row at a time through the cache: a `reindex` of 3,003
-        notes moved 80 MB each way); the others, and those of texts no chunk holds now, go to the cache.
+        notes moved 80 MB each way); the others, and those of texts no chunk holds now, go to the
+        cache. All or nothing: from a damaged file none is carried, and they are made again.
         Outside a transaction (it attaches the other file), in one of its own.
         """
         other, self._carrying = self._carrying, None
         if other is None:
             return 0
+        try:
+            return self._carry_from(other, owner, precision)
+        except (apsw.Error, ValueError):
+            return 0
+
+    def _carry_from(self, other: Path, owner: Owner | None, precision: str) -> int:
         self.conn.execute("ATTACH DATABASE ? AS old", (str(other),))
         try:
             plain = {str(name) for name, sql in self.conn.execute(
@@ -506,9 +513,9 @@ class Store:
                 return 0
             provider, model, key = (str(part) for part in json.loads(raw[0]))
             taken = 0
-            wanted = HALVES if precision == "float16" else FLOATS
             with self.transaction():
-                if owner == (provider, model, key) and table == wanted and not self.vectors.readable():
+                if owner == (provider, model, key) and table == (HALVES if precision == "float16" else FLOATS) \
+                        and not self.vectors.readable():
                     taken = self._take_vectors(table, owner, precision)
                 vector = self.vectors.sql_float32("v.embedding", half=table == HALVES)
                 self.conn.execute(

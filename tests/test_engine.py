@@ -169,6 +169,33 @@ def test_a_corrupt_index_file_is_rebuilt(settings: Settings, write) -> None:
     assert index.search(SearchRequest("alpha", mode="bm25"))["results"]
 
 
+def test_a_reindex_over_an_index_whose_vectors_are_damaged_embeds_them_again(settings: Settings, write) -> None:
+    """The old file's vectors are carried if they can be read; damaged, they are made again, never the rebuild's end."""
+    from clawmem_index.embeddings.fake import FakeProvider
+
+    for i in range(40):
+        write(f"memory/n{i}.md", f"# Note {i}\nthe greenhouse fact number {i}\n")
+    provider = FakeProvider(dims=256)
+    MemoryIndex(settings, provider=provider).sync()
+    store = Store(settings.index_path, create=False)
+    pages = [int(n) for (n,) in store.execute("SELECT pageno FROM dbstat WHERE name = 'chunks_vec' AND pagetype = 'leaf'")]
+    size = int(store.execute("PRAGMA page_size")[0][0])
+    store.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    with settings.index_path.open("r+b") as f:
+        for page in pages:
+            f.seek((page - 1) * size)
+            f.write(b"\0" * 8)  # each leaf of the vector table loses its header: reading a vector is an error
+    before = provider.documents_embedded
+    index = MemoryIndex(settings, provider=provider)
+    report = index.reindex()
+    assert index.status()["pending_embeddings"] == 0 and provider.documents_embedded - before == 40
+    assert report.from_cache == 0
+    hits = index.search(SearchRequest("greenhouse fact number 7", mode="vector", min_score=0.0))["results"]
+    assert hits and hits[0]["path"] == "memory/n7.md"
+    index.close()
+
+
 def test_searching_before_any_index_is_a_clear_error(settings: Settings) -> None:
     with pytest.raises(IndexUnavailable, match="clawmem index"):
         MemoryIndex(settings).search(SearchRequest("x"))
