@@ -357,7 +357,8 @@ class MemoryIndex:
             info = None if provider is None else provider.info
             precision = self.settings.embedding.precision
             report.from_cache = fresh.carry_vectors(
-                None if info is None else (info.provider, info.model, info.provider_key), precision)
+                None if info is None else (info.provider, info.model, info.provider_key), precision,
+                progress=bars.chunks, index_progress=bars.vectors)
             if provider is not None:
                 cached, _ = embed_pending(fresh, provider, cache_only=True, cache_max_entries=0,
                                           progress=bars.chunks, index_progress=bars.vectors, precision=precision)

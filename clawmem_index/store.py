@@ -40,6 +40,7 @@ __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ChunkFilter", "ChunkRow", "FileRow",
 # index through the WAL, and without a limit the file keeps that size while any reader stays open
 # (a daemon's readers always do): 9 GB beside a 9 GB index at 1M 1,536-d vectors.
 WAL_LIMIT = 64 << 20
+CARRY_BATCH = 8192  # chunks a statement when a rebuild takes the old file's vectors (progress moves between)
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,24 +485,28 @@ class Store:
             self.conn.execute("DETACH DATABASE old")
         self._carrying = other
 
-    def carry_vectors(self, owner: Owner | None, precision: str = "float32") -> int:
+    def carry_vectors(self, owner: Owner | None, precision: str = "float32", *,
+                      progress: Callable[[int, int], None] | None = None,
+                      index_progress: Callable[[int, int], None] | None = None) -> int:
         """The chunks' vectors of the index `copy_cache_from` read; returns how many chunks took one.
 
         Where they are `owner`'s at `precision` they go straight to this index's chunks holding
         their texts (one statement, not a row at a time through the cache: a `reindex` of 3,003
         notes moved 80 MB each way); the others, and those of texts no chunk holds now, go to the
         cache. All or nothing: from a damaged file none is carried, and they are made again.
-        Outside a transaction (it attaches the other file), in one of its own.
+        Outside a transaction (it attaches the other file), in one of its own. `progress` hears
+        how many chunks were looked at, `index_progress` how a cells build goes (VectorCells.build).
         """
         other, self._carrying = self._carrying, None
         if other is None:
             return 0
         try:
-            return self._carry_from(other, owner, precision)
+            return self._carry_from(other, owner, precision, progress, index_progress)
         except (apsw.Error, ValueError):
             return 0
 
-    def _carry_from(self, other: Path, owner: Owner | None, precision: str) -> int:
+    def _carry_from(self, other: Path, owner: Owner | None, precision: str, progress: Callable[[int, int], None] | None,
+                    index_progress: Callable[[int, int], None] | None) -> int:
         self.conn.execute("ATTACH DATABASE ? AS old", (str(other),))
         try:
             plain = {str(name) for name, sql in self.conn.execute(
@@ -516,7 +521,7 @@ class Store:
             with self.transaction():
                 if owner == (provider, model, key) and table == (HALVES if precision == "float16" else FLOATS) \
                         and not self.vectors.readable():
-                    taken = self._take_vectors(table, owner, precision)
+                    taken = self._take_vectors(table, owner, precision, progress, index_progress)
                 vector = self.vectors.sql_float32("v.embedding", half=table == HALVES)
                 self.conn.execute(
                     "INSERT OR IGNORE INTO embedding_cache(provider, model, provider_key, hash, embedding, dims,"
@@ -528,20 +533,32 @@ class Store:
         finally:
             self.conn.execute("DETACH DATABASE old")
 
-    def _take_vectors(self, table: str, owner: Owner, precision: str) -> int:
-        """Each chunk's vector from the attached `old` file's `table`, by text; then the bits or cells."""
+    def _take_vectors(self, table: str, owner: Owner, precision: str, progress: Callable[[int, int], None] | None,
+                      index_progress: Callable[[int, int], None] | None) -> int:
+        """Each chunk's vector from the attached `old` file's `table`, by text, CARRY_BATCH chunks a
+        statement (so that `progress` moves: a million vectors are gigabytes); then the cells or bits."""
         dims = self.conn.execute("SELECT value FROM old.meta WHERE key = 'vector_dims'").fetchone()
         if dims is None:
             return 0
-        taken = self.vectors.fill(
-            f"SELECT c.seq, v.embedding FROM main.chunks AS c JOIN old.{table} AS v ON v.rowid = (SELECT o.seq"
-            f" FROM old.chunks AS o WHERE o.hash = c.hash AND EXISTS (SELECT 1 FROM old.{table} AS w"
-            " WHERE w.rowid = o.seq) LIMIT 1) ORDER BY c.seq",
-            (), int(dims[0]), precision)
+        self.vectors.create(int(dims[0]), precision)
+        total = int(self.conn.execute("SELECT count(*) FROM main.chunks").fetchone()[0])
+        taken = seen = last = 0
+        while True:
+            upto = self.conn.execute("SELECT max(seq), count(*) FROM (SELECT seq FROM main.chunks WHERE seq > ?"
+                                     " ORDER BY seq LIMIT ?)", (last, CARRY_BATCH)).fetchone()
+            if upto[0] is None:
+                break
+            taken += self.vectors.insert_rows(
+                f"SELECT c.seq, v.embedding FROM main.chunks AS c JOIN old.{table} AS v ON v.rowid = (SELECT o.seq"
+                f" FROM old.chunks AS o WHERE o.hash = c.hash AND EXISTS (SELECT 1 FROM old.{table} AS w"
+                " WHERE w.rowid = o.seq) LIMIT 1) WHERE c.seq > ? AND c.seq <= ? ORDER BY c.seq", (last, upto[0]))
+            last, seen = int(upto[0]), seen + int(upto[1])
+            if progress:
+                progress(seen, total)
         self.conn.execute(f"UPDATE chunks SET embedded = 1, model = ? WHERE seq IN (SELECT rowid FROM main.{table})",
                           (owner[1],))
         self.set_vector_owner(*owner)
-        self.vectors.maintain()  # past CELL_MIN vectors the cells, straight from the vectors
+        self.vectors.maintain(index_progress)  # past CELL_MIN vectors the cells, straight from the vectors
         self.vectors.ensure(int(dims[0]), precision)  # else the sign bits
         return taken
 

@@ -184,17 +184,16 @@ class VectorIndex:
             if self.loaded:
                 self._build_bits(layout.dims, replace=layout.bits)
 
-    def fill(self, rows: str, params: Sequence[object], dims: int, precision: str) -> int:
-        """A new vector table filled by one statement: `rows` selects (rowid, blob stored at `precision`).
-
-        For a rebuild taking the vectors of the file it replaces: the sign bits or cells are the
-        caller's to make (`maintain`, then `ensure`) once the chunks say which have vectors.
-        Returns how many vectors went in.
-        """
+    def create(self, dims: int, precision: str) -> None:
+        """A new, empty vector table, to be filled by `insert_rows` (a rebuild taking the vectors of the
+        file it replaces): its sign bits or cells are the caller's to make after (`maintain`, then `ensure`)."""
         table = HALVES if precision == "float16" else FLOATS
         self._conn.execute(f"CREATE TABLE {table}(rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL)")
         self._meta.set("vector_dims", str(int(dims)))
-        self._conn.execute(f"INSERT INTO {table}(rowid, embedding) {rows}", tuple(params))
+
+    def insert_rows(self, rows: str, params: Sequence[object]) -> int:
+        """Vectors selected by `rows` (rowid, blob as the table stores it), by one statement; how many went in."""
+        self._conn.execute(f"INSERT INTO {self.table()}(rowid, embedding) {rows}", tuple(params))
         return int(self._conn.changes())
 
     def _build_bits(self, dims: int, *, replace: bool) -> None:

@@ -400,7 +400,11 @@ def cache_of(store: Store) -> dict[str, bytes]:
         "SELECT hash, embedding FROM embedding_cache WHERE (provider, model, provider_key) = (?, ?, ?)", OWNER)}
 
 
-def test_a_rebuild_takes_the_old_chunks_vectors_by_text_and_caches_those_of_texts_gone(tmp_path: Path) -> None:
+def test_a_rebuild_takes_the_old_chunks_vectors_by_text_and_caches_those_of_texts_gone(tmp_path: Path,
+                                                                                         monkeypatch) -> None:
+    import clawmem_index.store as store_module
+
+    monkeypatch.setattr(store_module, "CARRY_BATCH", 2)
     old = old_index(tmp_path / "old.sqlite", {"kept": [1, 0, 0, 0], "twice": [0, 1, 0, 0], "gone": [0, 0, 1, 0],
                                               "late#pending": None, "late": [0, 0, 0, 1]})
     before = chunk_vectors(old)
@@ -411,7 +415,9 @@ def test_a_rebuild_takes_the_old_chunks_vectors_by_text_and_caches_those_of_text
         for i, h in enumerate(["kept", "twice", "twice", "late", "edited"]):
             new.insert_chunk(id=f"n{i}", path="memory/a.md", source="memory", start_line=1, end_line=1, hash=h,
                              text=h, fts_text=h)
-    assert new.carry_vectors(OWNER) == 4
+    told: list[tuple[int, int]] = []
+    assert new.carry_vectors(OWNER, progress=lambda done, total: told.append((done, total))) == 4
+    assert told == [(2, 5), (4, 5), (5, 5)]  # chunks looked at, a statement each
     assert chunk_vectors(new) == {h: before[h] for h in ("kept", "twice", "late")}
     assert new.execute("SELECT hash FROM chunks WHERE embedded = 0") == [("edited",)]
     assert new.execute("SELECT DISTINCT model FROM chunks WHERE embedded = 1") == [("a",)]
@@ -471,7 +477,9 @@ def test_past_cell_min_a_rebuild_trains_the_cells_from_the_vectors_taken(tmp_pat
     with new.transaction():
         for i in range(1200):
             add(new, f"h{i}", f"text {i}")
-    assert new.carry_vectors(OWNER) == 1200
+    trained: list[tuple[int, int]] = []
+    assert new.carry_vectors(OWNER, index_progress=lambda done, total: trained.append((done, total))) == 1200
     assert "cells" in new.vector_method() and built == [] and new.pending_embeddings() == 0
+    assert trained and trained[-1][0] == trained[-1][1]  # the cells build told how it went
     assert new.vector_search(pack(normalize([float(x) for x in vectors[17]]) or []), 1)[0].text == "text 17"
     new.close()

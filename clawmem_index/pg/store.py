@@ -1038,7 +1038,9 @@ class PgStore:
     def copy_cache_from(self, other: object) -> None:
         """Nothing to copy: every generation reads the same cache."""
 
-    def carry_vectors(self, owner: tuple[str, str, str] | None, precision: str = "float32") -> int:
+    def carry_vectors(self, owner: tuple[str, str, str] | None, precision: str = "float32", *,
+                      progress: Callable[[int, int], None] | None = None,
+                      index_progress: Callable[[int, int], None] | None = None) -> int:
         """Nothing to carry: the shared cache kept every vector of the generation being replaced."""
         return 0
 
