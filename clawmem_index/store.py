@@ -517,30 +517,36 @@ class Store:
             if raw is None or table is None:
                 return 0
             provider, model, key = (str(part) for part in json.loads(raw[0]))
+            width = 2 if table == HALVES else 4
+            known = self.conn.execute("SELECT value FROM old.meta WHERE key = 'vector_dims'").fetchone() or \
+                self.conn.execute(f"SELECT length(embedding) / {width} FROM old.{table} LIMIT 1").fetchone()
+            if known is None:
+                return 0
+            dims = int(known[0])
+            size = dims * width  # a blob of another size is no vector: not carried, made again
             taken = 0
             with self.transaction():
                 if owner == (provider, model, key) and table == (HALVES if precision == "float16" else FLOATS) \
                         and not self.vectors.readable():
-                    taken = self._take_vectors(table, owner, precision, progress, index_progress)
+                    taken = self._take_vectors(table, size, dims, owner, precision, progress, index_progress)
                 vector = self.vectors.sql_float32("v.embedding", half=table == HALVES)
                 self.conn.execute(
                     "INSERT OR IGNORE INTO embedding_cache(provider, model, provider_key, hash, embedding, dims,"
                     f" updated_at) SELECT ?, ?, ?, o.hash, {vector}, length({vector}) / 4, ?"
-                    f" FROM old.chunks AS o JOIN old.{table} AS v ON v.rowid = o.seq"
-                    " WHERE NOT EXISTS (SELECT 1 FROM main.chunks AS c WHERE c.hash = o.hash AND c.embedded = 1)",
-                    (provider, model, key, time.time()))
+                    f" FROM old.chunks AS o JOIN old.{table} AS v ON v.rowid = o.seq WHERE length(v.embedding) = ?"
+                    " AND NOT EXISTS (SELECT 1 FROM main.chunks AS c WHERE c.hash = o.hash AND c.embedded = 1)",
+                    (provider, model, key, time.time(), size))
             return taken
         finally:
             self.conn.execute("DETACH DATABASE old")
 
-    def _take_vectors(self, table: str, owner: Owner, precision: str, progress: Callable[[int, int], None] | None,
+    def _take_vectors(self, table: str, size: int, dims: int, owner: Owner, precision: str,
+                      progress: Callable[[int, int], None] | None,
                       index_progress: Callable[[int, int], None] | None) -> int:
-        """Each chunk's vector from the attached `old` file's `table`, by text, CARRY_BATCH chunks a
-        statement (so that `progress` moves: a million vectors are gigabytes); then the cells or bits."""
-        dims = self.conn.execute("SELECT value FROM old.meta WHERE key = 'vector_dims'").fetchone()
-        if dims is None:
-            return 0
-        self.vectors.create(int(dims[0]), precision)
+        """Each chunk's vector (a blob of `size` bytes) from the attached `old` file's `table`, by text,
+        CARRY_BATCH chunks a statement (so that `progress` moves: a million vectors are gigabytes);
+        then the cells or bits."""
+        self.vectors.create(dims, precision)
         total = int(self.conn.execute("SELECT count(*) FROM main.chunks").fetchone()[0])
         taken = seen = last = 0
         while True:
@@ -551,7 +557,8 @@ class Store:
             taken += self.vectors.insert_rows(
                 f"SELECT c.seq, v.embedding FROM main.chunks AS c JOIN old.{table} AS v ON v.rowid = (SELECT o.seq"
                 f" FROM old.chunks AS o WHERE o.hash = c.hash AND EXISTS (SELECT 1 FROM old.{table} AS w"
-                " WHERE w.rowid = o.seq) LIMIT 1) WHERE c.seq > ? AND c.seq <= ? ORDER BY c.seq", (last, upto[0]))
+                " WHERE w.rowid = o.seq AND length(w.embedding) = ?) LIMIT 1) WHERE c.seq > ? AND c.seq <= ?"
+                " ORDER BY c.seq", (size, last, upto[0]))
             last, seen = int(upto[0]), seen + int(upto[1])
             if progress:
                 progress(seen, total)
@@ -559,7 +566,7 @@ class Store:
                           (owner[1],))
         self.set_vector_owner(*owner)
         self.vectors.maintain(index_progress)  # past CELL_MIN vectors the cells, straight from the vectors
-        self.vectors.ensure(int(dims[0]), precision)  # else the sign bits
+        self.vectors.ensure(dims, precision)  # else the sign bits
         return taken
 
     def reset_vectors(self, next_owner: Owner | None = None, precision: str = "float32") -> int:

@@ -430,6 +430,23 @@ def test_a_rebuild_takes_the_old_chunks_vectors_by_text_and_caches_those_of_text
     new.close()
 
 
+def test_a_blob_of_another_size_in_the_old_vector_table_is_neither_taken_nor_cached(tmp_path: Path) -> None:
+    old = old_index(tmp_path / "old.sqlite", {"kept": [1, 0, 0, 0], "torn": [0, 1, 0, 0], "gone": [0, 0, 1, 0]})
+    before = chunk_vectors(old)
+    old.execute("UPDATE chunks_vec SET embedding = substr(embedding, 1, 12) WHERE rowid IN"
+                " (SELECT seq FROM chunks WHERE hash IN ('torn', 'gone'))")
+    old.close()
+    new = Store(tmp_path / "new.sqlite")
+    new.copy_cache_from(tmp_path / "old.sqlite")
+    with new.transaction():
+        add(new, "kept", "kept")
+        add(new, "torn", "torn")
+    assert new.carry_vectors(OWNER) == 1
+    assert chunk_vectors(new) == {"kept": before["kept"]} and cache_of(new) == {}
+    assert new.execute("SELECT hash FROM chunks WHERE embedded = 0") == [("torn",)]  # made again
+    new.close()
+
+
 @pytest.mark.parametrize("owner, precision", [(("p", "b", "k"), "float32"), (OWNER, "float16"), (None, "float32")])
 def test_vectors_of_another_model_or_precision_go_to_the_cache_whole(tmp_path: Path, owner, precision: str) -> None:
     old = old_index(tmp_path / "old.sqlite", {"kept": [1, 0, 0, 0], "gone": [0, 0, 1, 0]})
