@@ -505,17 +505,18 @@ class Store:
         except (apsw.Error, ValueError):
             return 0
 
-    def _carry_from(self, other: Path, owner: Owner | None, precision: str, progress: Callable[[int, int], None] | None,
+    def _carry_from(self, other: Path, owner: Owner | None, precision: str,
+                    progress: Callable[[int, int], None] | None,
                     index_progress: Callable[[int, int], None] | None) -> int:
         self.conn.execute("ATTACH DATABASE ? AS old", (str(other),))
         try:
-            plain = {str(name) for name, sql in self.conn.execute(
-                "SELECT name, sql FROM old.sqlite_master WHERE name IN (?, ?)", (FLOATS, HALVES))
-                if str(sql).upper().startswith("CREATE TABLE")}  # not a schema-1 vec0 table
+            made = {str(name): str(sql) for name, sql in self.conn.execute(
+                "SELECT name, sql FROM old.sqlite_master WHERE name IN (?, ?)", (FLOATS, HALVES))}
             raw = self.conn.execute("SELECT value FROM old.meta WHERE key = 'vector_owner'").fetchone()
-            table = next((t for t in (FLOATS, HALVES) if t in plain), None)  # FLOATS first: see VectorIndex
+            table = next((t for t in (FLOATS, HALVES) if t in made), None)  # FLOATS first: see VectorIndex
             if raw is None or table is None:
                 return 0
+            plain = made[table].upper().startswith("CREATE TABLE")  # not a schema-1 vec0 table: those are cached
             provider, model, key = (str(part) for part in json.loads(raw[0]))
             width = 2 if table == HALVES else 4
             known = self.conn.execute("SELECT value FROM old.meta WHERE key = 'vector_dims'").fetchone() or \
@@ -526,8 +527,8 @@ class Store:
             size = dims * width  # a blob of another size is no vector: not carried, made again
             taken = 0
             with self.transaction():
-                if owner == (provider, model, key) and table == (HALVES if precision == "float16" else FLOATS) \
-                        and not self.vectors.readable():
+                if plain and owner == (provider, model, key) and not self.vectors.readable() \
+                        and table == (HALVES if precision == "float16" else FLOATS):
                     taken = self._take_vectors(table, size, dims, owner, precision, progress, index_progress)
                 vector = self.vectors.sql_float32("v.embedding", half=table == HALVES)
                 self.conn.execute(

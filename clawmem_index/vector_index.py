@@ -152,11 +152,7 @@ class VectorIndex:
         if layout.stray_half:
             self._conn.execute(f"DROP TABLE {HALVES}")
         if not layout.readable:
-            if precision not in PRECISIONS:
-                raise ValueError(f"unknown vector precision {precision!r}")
-            table = HALVES if precision == "float16" else FLOATS
-            self._conn.execute(f"CREATE TABLE {table}(rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL)")
-            self._meta.set("vector_dims", str(int(dims)))
+            self.create(dims, precision)
         if self.loaded and not layout.cells and (not layout.bits or self._meta.get(_BITS_STALE) is not None):
             self._build_bits(dims, replace=layout.bits)
 
@@ -185,8 +181,10 @@ class VectorIndex:
                 self._build_bits(layout.dims, replace=layout.bits)
 
     def create(self, dims: int, precision: str) -> None:
-        """A new, empty vector table, to be filled by `insert_rows` (a rebuild taking the vectors of the
-        file it replaces): its sign bits or cells are the caller's to make after (`maintain`, then `ensure`)."""
+        """A new, empty vector table. Filled by `insert_rows` (a rebuild taking the vectors of the file
+        it replaces), its sign bits or cells are the caller's to make after (`maintain`, then `ensure`)."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown vector precision {precision!r}")
         table = HALVES if precision == "float16" else FLOATS
         self._conn.execute(f"CREATE TABLE {table}(rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL)")
         self._meta.set("vector_dims", str(int(dims)))

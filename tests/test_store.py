@@ -447,6 +447,24 @@ def test_a_blob_of_another_size_in_the_old_vector_table_is_neither_taken_nor_cac
     new.close()
 
 
+def test_a_schema_1_vec0_table_is_carried_to_the_cache_not_taken(tmp_path: Path) -> None:
+    old = Store(tmp_path / "old.sqlite")
+    if not old.vec_loaded:
+        pytest.skip("reading a vec0 table needs sqlite-vec")
+    old.execute("CREATE VIRTUAL TABLE chunks_vec USING vec0(embedding float[4] distance_metric=cosine)")
+    vector = pack(normalize([1, 2, 3, 4]) or [])
+    old.execute("INSERT INTO chunks_vec(rowid, embedding) VALUES(?, ?)", (add(old, "kept", "kept"), vector))
+    old.set_meta("vector_owner", json.dumps(list(OWNER)))
+    old.close()
+    new = Store(tmp_path / "new.sqlite")
+    new.copy_cache_from(tmp_path / "old.sqlite")
+    with new.transaction():
+        add(new, "kept", "kept")
+    assert new.carry_vectors(OWNER) == 0 and not new.vec_table_exists()
+    assert cache_of(new) == {"kept": vector}  # the embedding pass takes it from there
+    new.close()
+
+
 @pytest.mark.parametrize("owner, precision", [(("p", "b", "k"), "float32"), (OWNER, "float16"), (None, "float32")])
 def test_vectors_of_another_model_or_precision_go_to_the_cache_whole(tmp_path: Path, owner, precision: str) -> None:
     old = old_index(tmp_path / "old.sqlite", {"kept": [1, 0, 0, 0], "gone": [0, 0, 1, 0]})
