@@ -55,7 +55,7 @@ __all__ = ["ChunkIds", "SyncReport", "embed_pending", "source_scope", "sync_work
 Progress = Callable[[int, int], None]
 
 EMBED_BATCH = 64  # chunks per provider call and per vector transaction (progress moves once per batch)
-PARALLEL_MIN_BYTES = 3 << 20  # measured on 2 cores: the workers' start-up (~0.35 s) is paid back from ~3 MB
+PARALLEL_MIN_BYTES = 12 << 20  # below, workers would save 10-20% at twice to three times the memory (docs/benchmarks.md)
 PARSE_BATCH = 32  # files per task sent to a chunking worker
 PARSE_AHEAD = 16  # batches in flight per worker: enough to keep them busy, few enough to bound memory
 
