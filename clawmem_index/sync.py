@@ -161,7 +161,8 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
             report.chunks_removed += store.delete_file(path)
         report.removed += 1
 
-    stale = [f for path, f in sorted(on_disk.items()) if seen.get(path) != (f.mtime_ns, f.size)]
+    stale = sorted((f for path, f in on_disk.items() if seen.get(path) != (f.mtime_ns, f.size)),
+                   key=lambda f: f.path)  # only what changed is sorted: a no-change pass sorts nothing
     indexed = {f.path: row for f in stale if f.path in seen and (row := store.file_row(f.path)) is not None}
     report.unchanged = len(on_disk) - len(stale)
     if progress:
