@@ -145,7 +145,7 @@ def scan(workspace: Path, extra_paths: Sequence[str] = (), skipped: list[Skipped
     found_all = itertools.chain(_candidates(str(workspace), extra_paths, note) if memory else (),
                                 _transcripts(sessions, note) if sessions is not None else ())
     for found, identity in found_all:
-        if exclude and excluded(found.path, exclude):
+        if excluded(found.path, exclude):
             continue
         known = seen.get(found.path)
         if known is None:
