@@ -6,9 +6,10 @@ Writers (sync, rebuild) serialise on the backend's writer lock. A rebuild (finge
 `reindex`) is written somewhere private and swapped in whole (clawmem_index.backends: a file copied
 in with SQLite's backup API, or a new generation of rows in PostgreSQL): readers see the old index
 until the new one is complete, and a rebuild killed at any point leaves the old index untouched;
-what it left is removed by the next writer. Before its swap a rebuild takes the vectors the embedding cache
-knows and makes no provider call, so the keyword index never waits for a provider (a `reindex` or a
-return to an earlier model keeps every vector); the other vectors follow, as for a new note.
+what it left is removed by the next writer. Before its swap a rebuild takes the vectors the old
+index or the embedding cache holds and makes no provider call, so the keyword index never waits for
+a provider (a `reindex` or a return to an earlier model keeps every vector); the other vectors
+follow, as for a new note.
 
 Searches never wait long for a provider either: a query vector has `search.query_timeout` seconds,
 after which the answer is keyword-only and says so.
@@ -346,7 +347,7 @@ class MemoryIndex:
         return report
 
     def _rebuild(self, fingerprint: str, bars: Reporters, replacing: Store | None) -> SyncReport:
-        """Build a new index privately (keyword rows, and the vectors the cache has) and swap it in."""
+        """Build a new index privately (keyword rows, the vectors the old index or the cache has) and swap it in."""
         if replacing is not None:
             replacing.close()
         started = time.perf_counter()
