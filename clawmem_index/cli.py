@@ -211,7 +211,9 @@ class _ProgressBar:
     """click's progress bar, created on the first update so an empty phase prints nothing.
 
     It redraws at most every REDRAW_SECONDS (and at the end), not once per file, and shows the
-    measured rate and the time left only once there is enough to measure: a second of work.
+    measured rate and the time left only once there is enough to measure: a second of work. A count
+    that starts again (another total, or fewer done: a rebuild's vectors from the old index, then from
+    the cache, then the provider's) gets a bar of its own instead of running a finished one backwards.
     """
 
     REDRAW_SECONDS = 0.2
@@ -237,6 +239,9 @@ class _ProgressBar:
         if not self.enabled or total <= 0:
             return
         now = self._clock()
+        if self._bar is not None and (total != self._total or done < self._drawn):
+            self._bar.__exit__(None, None, None)
+            self._bar, self._drawn = None, 0
         if self._bar is None:
             self._started = now
             self._bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_eta=False,

@@ -160,6 +160,22 @@ def test_the_progress_bar_redraws_a_few_times_a_second_and_measures_before_it_te
         assert bar._drawn == 2000, "the end is always drawn"
 
 
+def test_a_count_that_starts_again_gets_a_bar_of_its_own() -> None:
+    from clawmem_index.cli import _ProgressBar
+
+    now = [100.0]
+    with _ProgressBar(True, "embedding", "chunks", clock=lambda: now[0]) as bar:
+        bar.update(13104, 13104)  # a rebuild's vectors taken from the old index
+        first = bar._bar
+        now[0] += 2.0
+        bar.update(5, 40)  # then the few the cache or the provider gives
+        assert bar._bar is not first and first.finished
+        assert (bar._bar.length, bar._drawn, bar._bar.pos) == (40, 5, 5)
+        now[0] += 1.0
+        bar.update(20, 40)
+        assert bar._status(20) == "20 chunks/s, 0:01 left", "the rate is the new count's"
+
+
 def test_search_explain_on_the_command_line(ws: Path) -> None:
     assert clawmem("index", cwd=ws).returncode == 0
     out = clawmem("search", "--explain", "--mode", "bm25", "staging", "server", cwd=ws)
