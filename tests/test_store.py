@@ -447,6 +447,20 @@ def test_a_blob_of_another_size_in_the_old_vector_table_is_neither_taken_nor_cac
     new.close()
 
 
+def test_an_old_index_that_never_recorded_its_dimensions_still_gives_its_vectors(tmp_path: Path) -> None:
+    old = old_index(tmp_path / "old.sqlite", {"kept": [1, 2, 3, 4], "gone": [0, 0, 1, 0]})
+    before = chunk_vectors(old)
+    old.execute("DELETE FROM meta WHERE key = 'vector_dims'")  # the blobs' length tells it instead
+    old.close()
+    new = Store(tmp_path / "new.sqlite")
+    new.copy_cache_from(tmp_path / "old.sqlite")
+    with new.transaction():
+        add(new, "kept", "kept")
+    assert new.carry_vectors(OWNER) == 1
+    assert chunk_vectors(new) == {"kept": before["kept"]} and cache_of(new) == {"gone": before["gone"]}
+    new.close()
+
+
 def test_a_schema_1_vec0_table_is_carried_to_the_cache_not_taken(tmp_path: Path) -> None:
     old = Store(tmp_path / "old.sqlite")
     if not old.vec_loaded:
