@@ -67,6 +67,16 @@ def test_extra_paths_add_directories_and_single_files(workspace: Path, write) ->
     assert paths(workspace, ("notes", "TODO.md")) == {"notes/a.md", "notes/sub/b.md", "TODO.md"}
 
 
+def test_a_file_under_overlapping_paths_is_found_once(workspace: Path, write, tmp_path: Path) -> None:
+    write("memory/a.md", "x")
+    write("notes/sub/b.md", "x")
+    outside = tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "sub" / "c.md").write_text("x")
+    found = [f.path for f in scan(workspace, ("memory", "notes", "notes/sub", str(outside), str(outside / "sub")))]
+    assert sorted(found) == sorted(["memory/a.md", "notes/sub/b.md", f"{outside}/sub/c.md"])
+
+
 def test_is_memory_path_matches_the_scanner_rules() -> None:
     assert is_memory_path("MEMORY.md")
     assert is_memory_path("memory/a/b.md")
