@@ -189,10 +189,6 @@ class Store:
 
     # -- files and chunks ---------------------------------------------------------------------
 
-    def files(self) -> dict[str, FileRow]:
-        return {row[0]: FileRow(*row) for row in self.conn.execute(
-            "SELECT path, source, hash, mtime, size, state FROM files")}
-
     def file_stats(self) -> dict[str, tuple[int, int]]:
         """(mtime, size) of every indexed file: all a no-change sync needs to know."""
         return {row[0]: (row[1], row[2]) for row in self.conn.execute("SELECT path, mtime, size FROM files")}

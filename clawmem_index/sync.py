@@ -40,17 +40,16 @@ from clawmem_index.sessions import (
 from clawmem_index.store import FileRow, Store
 from clawmem_index.workspace import (
     MemoryFile,
-    SessionsDir,
     Skipped,
     file_date,
     path_key,
     scan,
-    sessions_dir,
+    source_scope,
     stat_memory_file,
     stat_session_file,
 )
 
-__all__ = ["ChunkIds", "SyncReport", "embed_pending", "source_scope", "sync_workspace"]
+__all__ = ["ChunkIds", "SyncReport", "embed_pending", "sync_workspace"]
 
 Progress = Callable[[int, int], None]
 
@@ -112,12 +111,6 @@ class ParsedSession:
     chunks: list[SessionChunk]
     error: str | None = None
     refused: bool = False
-
-
-def source_scope(settings: Settings) -> tuple[bool, SessionsDir | None]:
-    """`scan`'s `memory` and `sessions` arguments for the configured sources (sessions: None when off)."""
-    sessions = sessions_dir(settings.workspace, settings.sessions_dir) if "sessions" in settings.sources else None
-    return "memory" in settings.sources, sessions
 
 
 def _stat_source_file(settings: Settings, key: str, skipped: list[Skipped]) -> MemoryFile | None:

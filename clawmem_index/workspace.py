@@ -17,9 +17,13 @@ import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from clawmem_index.errors import PathError
 from clawmem_index.files import OpenFile, describe_mode, open_beneath, path_key, refusal_of, shown, unescape_key
+
+if TYPE_CHECKING:
+    from clawmem_index.config import Settings
 
 __all__ = [
     "SESSION_SUFFIX",
@@ -34,6 +38,7 @@ __all__ = [
     "path_key",
     "scan",
     "sessions_dir",
+    "source_scope",
     "stat_memory_file",
     "stat_session_file",
 ]
@@ -158,6 +163,12 @@ def scan(workspace: Path, extra_paths: Sequence[str] = (), skipped: list[Skipped
             yield found
         elif known != (st.st_dev, st.st_ino):
             note(Skipped(found.path, "another file already has this index key"))
+
+
+def source_scope(settings: Settings) -> tuple[bool, SessionsDir | None]:
+    """`scan`'s `memory` and `sessions` arguments for the configured sources (sessions: None when off)."""
+    sessions = sessions_dir(settings.workspace, settings.sessions_dir) if "sessions" in settings.sources else None
+    return "memory" in settings.sources, sessions
 
 
 def stat_memory_file(workspace: Path, rel: str, extra_paths: Sequence[str] = (),

@@ -104,6 +104,20 @@ def test_keyword_commands_load_no_numpy(notes: Path, tmp_path: Path) -> None:
         assert imported == [], command
 
 
+def test_commands_that_only_read_load_no_write_path(notes: Path, tmp_path: Path) -> None:
+    """The sync engine, chunker and tokenizer cost a CLI ~14 ms to import: a search or status does not."""
+    env = {"CLAWMEM_WORKSPACE": str(notes), "CLAWMEM_INDEX": str(tmp_path / "index.sqlite"),
+           "CLAWMEM_PROVIDER": "none", "CLAWMEM_SOCKET": str(tmp_path / "none.sock")}
+    write_path = ("clawmem_index.sync", "clawmem_index.chunking", "clawmem_index.backfill", "tiktoken")
+    out, imported = run("index", env=env, modules=write_path)
+    assert out.returncode == 0, out.stderr
+    assert "clawmem_index.sync" in imported
+    for command in (["status"], ["search", "staging"], ["get", "MEMORY.md"]):
+        out, imported = run(*command, env=env, modules=write_path)
+        assert out.returncode == 0, (command, out.stderr)
+        assert imported == [], command
+
+
 @pytest.mark.parametrize(("factory", "key", "sdk"), [
     ("clawmem_index.embeddings.openai:OpenAIProvider", "OPENAI_API_KEY", "openai"),
     ("clawmem_index.embeddings.gemini:GeminiProvider", "GEMINI_API_KEY", "google.genai"),

@@ -45,7 +45,7 @@ def test_a_failed_file_in_a_batch_leaves_nothing_and_the_others_land(store: PgSt
             _add(store, "memory/d.md", "dates")
             store.upsert_file(FileRow("memory/d.md", "memory", "hd", 1, 1))
     assert _paths(store) == ["memory/a.md", "memory/d.md"]
-    assert sorted(store.files()) == ["memory/a.md", "memory/d.md"]
+    assert sorted(store.file_stats()) == ["memory/a.md", "memory/d.md"]
     assert store.counts() == (2, 2)
     # The failed files' terms are not counted either.
     assert store.execute("SELECT df FROM cm_terms WHERE workspace = 'alpha' AND term IN ('banana', 'cherri')") == []

@@ -546,11 +546,6 @@ class PgStore:
 
     # -- files and chunks ---------------------------------------------------------------------
 
-    def files(self) -> dict[str, FileRow]:
-        return {row[0]: FileRow(*row) for row in self.conn.execute(
-            "SELECT path, source, hash, mtime, size, state FROM cm_files WHERE workspace = %s AND gen = %s",
-            (self.workspace, self.gen))}
-
     def file_stats(self) -> dict[str, tuple[int, int]]:
         return {row[0]: (int(row[1]), int(row[2])) for row in self.conn.execute(
             "SELECT path, mtime, size FROM cm_files WHERE workspace = %s AND gen = %s", (self.workspace, self.gen))}
