@@ -538,7 +538,8 @@ class MemoryIndex:
 
         A watcher (the daemon's) knows it exactly. Without one, files are checked against the index
         for at most PENDING_CHECK_SECONDS: a workspace checked whole gets its exact count, a bigger one
-        the changes found so far (a lower bound) and `pending_files_complete: false`. `status`
+        the changes found so far (a lower bound) and `pending_files_complete: false`. The newest daily
+        logs are checked first (`scan(newest_first=True)`): those are the files being written. `status`
         always counts them all.
         """
         if self._pending_files is not None:
@@ -549,7 +550,7 @@ class MemoryIndex:
         # A file's row is a lookup in SQLite, a round trip to a shared index: that one is read whole, once.
         known = store.file_stats() if self.backend.name == "postgres" else None
         for f in scan(self.settings.workspace, self.settings.extra_paths, exclude=self.settings.exclude,
-                      memory=memory, sessions=sessions):
+                      memory=memory, sessions=sessions, newest_first=True):
             seen = store.file_row(f.path) if known is None else known.get(f.path)
             row = None if seen is None else (seen if isinstance(seen, tuple) else (seen.mtime, seen.size))
             if row is None or row != (f.mtime_ns, f.size):

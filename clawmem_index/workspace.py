@@ -136,8 +136,8 @@ _Found = tuple[MemoryFile, os.stat_result]
 
 
 def scan(workspace: Path, extra_paths: Sequence[str] = (), skipped: list[Skipped] | None = None,
-         exclude: Sequence[str] = (), *, memory: bool = True,
-         sessions: SessionsDir | None = None) -> Iterator[MemoryFile]:
+         exclude: Sequence[str] = (), *, memory: bool = True, sessions: SessionsDir | None = None,
+         newest_first: bool = False) -> Iterator[MemoryFile]:
     """Every memory file of the workspace, symlinks never followed, hidden and tool folders skipped.
 
     With `sessions`, also every `*.jsonl` transcript below that folder (source "sessions"); without
@@ -145,10 +145,14 @@ def scan(workspace: Path, extra_paths: Sequence[str] = (), skipped: list[Skipped
     an unreadable or too long path, a name whose key another file already has) is appended to
     `skipped` with the reason. Files whose key matches an `exclude` pattern are left out quietly:
     the user asked for that.
+
+    `newest_first`: each folder's files in descending name order, and its subfolders likewise, so a
+    scan cut short (a bounded check of what changed) sees the latest daily logs (`2026-11-26.md`,
+    `2026/11/`) before older ones: those are the files an agent is writing.
     """
     note: Note = skipped.append if skipped is not None else _ignore
-    found_all = itertools.chain(_candidates(str(workspace), extra_paths, note) if memory else (),
-                                _transcripts(sessions, note) if sessions is not None else ())
+    found_all = itertools.chain(_candidates(str(workspace), extra_paths, note, newest_first) if memory else (),
+                                _transcripts(sessions, note, newest_first) if sessions is not None else ())
     if exclude:
         found_all = ((found, st) for found, st in found_all if not excluded(found.path, exclude))
     if not extra_paths:
@@ -294,22 +298,23 @@ def open_memory_file(workspace: Path, requested: str, extra_paths: Sequence[str]
 # -- scanning ---------------------------------------------------------------------------------
 
 
-def _candidates(root: str, extra_paths: Sequence[str], note: Note) -> Iterator[_Found]:
+def _candidates(root: str, extra_paths: Sequence[str], note: Note, newest_first: bool = False) -> Iterator[_Found]:
     """Memory files with their (device, inode); the same key may come twice when extra paths overlap."""
     yield from _root_files(root, note)
     memory_dir = os.path.join(root, MEMORY_DIR)
     if _real_dir(memory_dir, MEMORY_DIR, note):
-        yield from _walk(root, (MEMORY_DIR,), MEMORY_DIR, note)
+        yield from _walk(root, (MEMORY_DIR,), MEMORY_DIR, note, newest_first=newest_first)
     for extra in extra_paths:
         target = os.path.normpath(os.path.join(root, os.path.expanduser(extra)))
         if not _inside(target, memory_dir):
-            yield from _extra(root, target, note)
+            yield from _extra(root, target, note, newest_first)
 
 
-def _transcripts(where: SessionsDir, note: Note) -> Iterator[_Found]:
+def _transcripts(where: SessionsDir, note: Note, newest_first: bool = False) -> Iterator[_Found]:
     """Every `*.jsonl` below the sessions folder, recursively (the folder itself is not followed if a symlink)."""
     if _real_dir(where.path, where.key or ".", note):
-        yield from _walk(where.anchor, where.names, where.key, note, SESSION_SUFFIX, source="sessions")
+        yield from _walk(where.anchor, where.names, where.key, note, SESSION_SUFFIX, source="sessions",
+                         newest_first=newest_first)
 
 
 def _root_files(root: str, note: Note) -> Iterator[_Found]:
@@ -322,7 +327,7 @@ def _root_files(root: str, note: Note) -> Iterator[_Found]:
             yield _memory_file(root, (name,), name, st)
 
 
-def _extra(root: str, target: str, note: Note) -> Iterator[_Found]:
+def _extra(root: str, target: str, note: Note, newest_first: bool = False) -> Iterator[_Found]:
     """An extra folder or file: opened from the workspace when inside it, else from its own parent."""
     rel = os.path.relpath(target, root)
     names: tuple[str, ...]
@@ -337,19 +342,24 @@ def _extra(root: str, target: str, note: Note) -> Iterator[_Found]:
         _note_error(note, key, exc)
         return
     if stat.S_ISDIR(st.st_mode):
-        yield from _walk(anchor, names, key, note)
+        yield from _walk(anchor, names, key, note, newest_first=newest_first)
     elif (stat.S_ISLNK(st.st_mode) or target.lower().endswith(".md")) and _check_file(st, key, note):
         yield _memory_file(anchor, names, key, st)
 
 
-def _walk(anchor: str, names: tuple[str, ...], key: str, note: Note,
-          suffix: str = MEMORY_SUFFIX, source: str = "memory") -> Iterator[_Found]:
-    """The files named `*suffix` below `anchor/names`, a folder at a time (no descriptor is held between folders)."""
+def _walk(anchor: str, names: tuple[str, ...], key: str, note: Note, suffix: str = MEMORY_SUFFIX,
+          source: str = "memory", *, newest_first: bool = False) -> Iterator[_Found]:
+    """The files named `*suffix` below `anchor/names`, a folder at a time (no descriptor is held between folders).
+
+    A folder's files come before its subfolders'; with `newest_first`, both in descending name order."""
     stack = [(names, key)]
     while stack:
         dir_names, dir_key = stack.pop()
         entries = _list_dir(os.path.join(anchor, *dir_names), dir_key, note, suffix)
         siblings = {name for name, _, _ in entries}
+        if newest_first:
+            entries.sort(key=lambda entry: entry[0], reverse=True)
+        subfolders: list[tuple[tuple[str, ...], str]] = []
         for name, kind, st in entries:
             name_key = path_key(name)
             entry_key = f"{dir_key}/{name_key}" if dir_key else name_key
@@ -363,9 +373,10 @@ def _walk(anchor: str, names: tuple[str, ...], key: str, note: Note,
             if problem is not None:
                 note(Skipped(entry_key, problem))
             elif kind == "dir":
-                stack.append((dir_names + (name,), entry_key))
+                subfolders.append((dir_names + (name,), entry_key))
             elif st is not None and _check_file(st, entry_key, note):
                 yield _memory_file(anchor, dir_names + (name,), entry_key, st, source)
+        stack.extend(reversed(subfolders) if newest_first else subfolders)  # the last pushed is walked first
 
 
 def _list_dir(path: str, key: str, note: Note,

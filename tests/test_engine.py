@@ -258,3 +258,18 @@ def test_a_query_without_a_watcher_counts_pending_files_within_a_bound(settings:
     assert counted["pending_files_complete"] is False
     assert 0 <= counted["pending_files"] <= 12
     assert index.status()["pending_files"] == 12  # status always counts them all
+
+
+def test_a_bounded_pending_check_looks_at_the_newest_daily_logs_first(settings: Settings, write,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cut short after its first file, the check still sees today's log, the one being written."""
+    import clawmem_index.engine as engine_module
+
+    for day in range(1, 29):
+        write(f"memory/2026-02-{day:02}.md", f"day {day}: tomatoes\n")
+    index = MemoryIndex(settings)
+    index.sync()
+    write("memory/2026-02-28.md", "day 28: tomatoes, and a late addition\n")
+    monkeypatch.setattr(engine_module, "PENDING_CHECK_SECONDS", 0.0)
+    assert index.search(SearchRequest("tomatoes"))["index"] == {
+        "pending_files": 1, "pending_files_complete": False, "pending_embeddings": 0}
