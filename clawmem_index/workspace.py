@@ -146,9 +146,10 @@ def scan(workspace: Path, extra_paths: Sequence[str] = (), skipped: list[Skipped
     `skipped` with the reason. Files whose key matches an `exclude` pattern are left out quietly:
     the user asked for that.
 
-    `newest_first`: each folder's files in descending name order, and its subfolders likewise, so a
-    scan cut short (a bounded check of what changed) sees the latest daily logs (`2026-11-26.md`,
-    `2026/11/`) before older ones: those are the files an agent is writing.
+    `newest_first`: in each folder, names that start with a digit (dates) before the others, each in
+    descending order, files before subfolders; so a scan cut short (a bounded check of what changed)
+    sees the latest daily logs (`2026-11-26.md`, `2026/11/`) before older ones and before topical
+    notes: those are the files an agent is writing.
     """
     note: Note = skipped.append if skipped is not None else _ignore
     found_all = itertools.chain(_candidates(str(workspace), extra_paths, note, newest_first) if memory else (),
@@ -351,14 +352,14 @@ def _walk(anchor: str, names: tuple[str, ...], key: str, note: Note, suffix: str
           source: str = "memory", *, newest_first: bool = False) -> Iterator[_Found]:
     """The files named `*suffix` below `anchor/names`, a folder at a time (no descriptor is held between folders).
 
-    A folder's files come before its subfolders'; with `newest_first`, both in descending name order."""
+    A folder's files come before its subfolders'; with `newest_first`, both in `scan`'s order."""
     stack = [(names, key)]
     while stack:
         dir_names, dir_key = stack.pop()
         entries = _list_dir(os.path.join(anchor, *dir_names), dir_key, note, suffix)
         siblings = {name for name, _, _ in entries}
-        if newest_first:
-            entries.sort(key=lambda entry: entry[0], reverse=True)
+        if newest_first:  # dated names (they start with a digit) first, the latest first
+            entries.sort(key=lambda entry: (entry[0][:1].isdigit(), entry[0]), reverse=True)
         subfolders: list[tuple[tuple[str, ...], str]] = []
         for name, kind, st in entries:
             name_key = path_key(name)

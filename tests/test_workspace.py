@@ -77,13 +77,13 @@ def test_a_file_under_overlapping_paths_is_found_once(workspace: Path, write, tm
     assert sorted(found) == sorted(["memory/a.md", "notes/sub/b.md", f"{outside}/sub/c.md"])
 
 
-def test_newest_first_walks_each_folder_in_descending_name_order(workspace: Path, write) -> None:
-    for rel in ("MEMORY.md", "memory/2026-01-01.md", "memory/2026-02-01.md", "memory/2025/12/31.md",
-                "memory/2026/01/02.md", "memory/2026/01/03.md", "memory/projects/x.md"):
+def test_newest_first_walks_dated_names_first_latest_first(workspace: Path, write) -> None:
+    for rel in ("MEMORY.md", "memory/2026-01-01.md", "memory/2026-02-01.md", "memory/people.md",
+                "memory/2025/12/31.md", "memory/2026/01/02.md", "memory/2026/01/03.md", "memory/projects/x.md"):
         write(rel, "x")
     assert [f.path for f in scan(workspace, newest_first=True)] == [
-        "MEMORY.md", "memory/2026-02-01.md", "memory/2026-01-01.md", "memory/projects/x.md",
-        "memory/2026/01/03.md", "memory/2026/01/02.md", "memory/2025/12/31.md"]
+        "MEMORY.md", "memory/2026-02-01.md", "memory/2026-01-01.md", "memory/people.md",
+        "memory/2026/01/03.md", "memory/2026/01/02.md", "memory/2025/12/31.md", "memory/projects/x.md"]
     assert sorted(f.path for f in scan(workspace)) == sorted(f.path for f in scan(workspace, newest_first=True))
 
 
