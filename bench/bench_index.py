@@ -1,4 +1,4 @@
-"""Index benchmarks (keyword-only): cold index, no-change resync, one-file edit, CLI search, size, RSS.
+"""Index benchmarks (keyword-only): cold index, no-change resync, one-file edit, CLI commands (`index`, `status`, `search` by phrase), size, RSS.
 
     python bench/bench_index.py [--sizes 200,2000,20000] [--out bench/out/index.json]
 
@@ -102,12 +102,25 @@ def _rss_mb(pid: int) -> float:
         return 0.0
 
 
-def cli_search(ws: Path, idx: Path, query: str) -> float:
+# Phrases of the generated notes' words, rare to common: "postgres" matches nothing, "commit" half the chunks.
+CLI_PHRASES = ("postgres", "meeting index memory", "staging deploy rollback", "commit 4f2a")
+CLI_RUNS = 5
+
+
+def cli(ws: Path, idx: Path, *args: str) -> float:
+    """Seconds a `clawmem` command takes from the shell, process start included (keyword-only, no daemon)."""
+    script = Path(sys.executable).with_name("clawmem")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "clawmem_index"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(CLAWMEM_PROVIDER="none", CLAWMEM_WORKSPACE=str(ws), CLAWMEM_INDEX=str(idx),
+               CLAWMEM_SOCKET=str(idx.parent / "no-daemon.sock"))
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "clawmem_index", "search", "--provider", "none", "--mode", "bm25", "--json",
-                    "--workspace", str(ws), "--index", str(idx), query], capture_output=True, check=True, env=env)
+    subprocess.run([*command, *args], capture_output=True, check=True, env=env)
     return time.perf_counter() - start
+
+
+def cli_search(ws: Path, idx: Path, query: str) -> float:
+    return cli(ws, idx, "search", "--mode", "bm25", "--json", query)
 
 
 def bench(size: int, root: Path) -> dict[str, object]:
@@ -128,6 +141,10 @@ def bench(size: int, root: Path) -> dict[str, object]:
     child_sync(ws, idx)
     searches = [cli_search(ws, idx, "staging deploy rollback incident") for _ in range(7)]
     size_bytes = sum(p.stat().st_size for p in idx.parent.iterdir() if p.name.startswith("index.sqlite"))
+    shell = {"cli_index_nochange_s": [cli(ws, idx, "index") for _ in range(CLI_RUNS)],
+             "cli_status_s": [cli(ws, idx, "status") for _ in range(CLI_RUNS)],
+             **{f"cli_search_s[{phrase}]": [cli_search(ws, idx, phrase) for _ in range(CLI_RUNS)]
+                for phrase in CLI_PHRASES}}
     return {
         "files": size,
         "mb": round(total_bytes / 1e6, 2),
@@ -144,6 +161,7 @@ def bench(size: int, root: Path) -> dict[str, object]:
         "one_edit_fresh_process_s": round(fresh_edit, 3),
         "cli_search_s_median": round(statistics.median(searches), 3),
         "index_bytes_per_chunk": round(size_bytes / max(1, cold["chunks"])),
+        **{name: f"{min(times):.2f}-{max(times):.2f}" for name, times in shell.items()},  # the range of CLI_RUNS
     }
 
 
