@@ -8,11 +8,9 @@ with a network and an encoding we cannot seed still get tiktoken's own download.
 from __future__ import annotations
 
 import functools
-import gzip
 import hashlib
 import importlib.util
 import os
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,6 +115,9 @@ def _seed_cache(name: str) -> None:
     bundled = _bundled_file(name)
     if blob_url is None or bundled is None:
         return
+    import gzip  # with tempfile, 4 ms that only the first use of a tokenizer on a machine needs
+    import tempfile
+
     cache_dir = Path(os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
                      or Path(tempfile.gettempdir()) / "data-gym-cache")
     target = cache_dir / hashlib.sha1(blob_url.encode()).hexdigest()

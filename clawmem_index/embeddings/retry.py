@@ -10,7 +10,6 @@ traceback would print them.
 
 from __future__ import annotations
 
-import email.utils
 import enum
 import math
 import random
@@ -103,6 +102,8 @@ def parse_retry_after(value: str | None, *, clock: Callable[[], float] = time.ti
     try:
         seconds = float(value)
     except ValueError:
+        import email.utils  # 3 ms, and an HTTP date here is rare: not on every command's start-up
+
         try:
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError, IndexError):
