@@ -33,7 +33,7 @@ import apsw
 from clawmem_index import __version__
 from clawmem_index.backends import backend_for
 from clawmem_index.config import MAX_CONTEXT_BUDGET, Settings, check_workspace, workspace_id
-from clawmem_index.embeddings.base import EmbeddingProvider
+from clawmem_index.embeddings.base import KEYWORDS_ONLY, EmbeddingProvider
 from clawmem_index.errors import (
     ClawmemError,
     IndexUnavailable,
@@ -122,6 +122,9 @@ class MemoryIndex:
         return self._provider  # type: ignore[no-any-return]
 
     def _resolve_provider(self) -> None:
+        if self.settings.embedding.provider == "none":  # keyword search asked for: no provider code to load
+            self._provider, self.provider_note = None, KEYWORDS_ONLY
+            return
         try:
             from clawmem_index.embeddings.registry import resolve_provider
         except ImportError:

@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-__all__ = ["EmbeddingProvider", "ProviderInfo", "normalize", "pack", "unit", "unpack"]
+__all__ = ["KEYWORDS_ONLY", "EmbeddingProvider", "ProviderInfo", "normalize", "pack", "unit", "unpack"]
+
+KEYWORDS_ONLY = "embedding provider is 'none': keyword search only"  # why there is no provider, when none was asked for
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from clawmem_index import DISTRIBUTION
 from clawmem_index.config import EmbeddingSettings
-from clawmem_index.embeddings.base import EmbeddingProvider
+from clawmem_index.embeddings.base import KEYWORDS_ONLY, EmbeddingProvider
 from clawmem_index.embeddings.remote import secret_values
 from clawmem_index.embeddings.retry import redact
 from clawmem_index.errors import ClawmemError, ProviderUnavailable
@@ -102,7 +102,7 @@ def resolve_provider(settings: EmbeddingSettings, *, cache_dir: Path,
     requested = settings.provider
     hide = _secrets(settings, environ)
     if requested == "none":
-        return ResolvedProvider(None, requested, False, "embedding provider is 'none': keyword search only")
+        return ResolvedProvider(None, requested, False, KEYWORDS_ONLY)
     if requested == "auto":
         chosen, why = _auto(settings, cache_dir, environ, skip=(), isolate_local=isolate_local)
         return ResolvedProvider(chosen, requested, False, redact(why, hide))
