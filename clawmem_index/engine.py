@@ -551,12 +551,11 @@ class MemoryIndex:
         memory, sessions = source_scope(self.settings)
         pending = present = 0
         # A file's row is a lookup in SQLite, a round trip to a shared index: that one is read whole, once.
-        known = store.file_stats() if self.backend.name == "postgres" else None
+        stat_of = store.file_stats().get if self.backend.name == "postgres" else store.file_stat
         for f in scan(self.settings.workspace, self.settings.extra_paths, exclude=self.settings.exclude,
                       memory=memory, sessions=sessions, newest_first=True):
-            seen = store.file_row(f.path) if known is None else known.get(f.path)
-            row = None if seen is None else (seen if isinstance(seen, tuple) else (seen.mtime, seen.size))
-            if row is None or row != (f.mtime_ns, f.size):
+            row = stat_of(f.path)
+            if row != (f.mtime_ns, f.size):
                 pending += 1
             present += row is not None
             if time.monotonic() > deadline:

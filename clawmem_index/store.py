@@ -193,6 +193,11 @@ class Store:
         """(mtime, size) of every indexed file: all a no-change sync needs to know."""
         return {row[0]: (row[1], row[2]) for row in self.conn.execute("SELECT path, mtime, size FROM files")}
 
+    def file_stat(self, path: str) -> tuple[int, int] | None:
+        """(mtime, size) of one indexed file: a query's bounded check of pending files asks for thousands."""
+        row = self.conn.execute("SELECT mtime, size FROM files WHERE path = ?", (path,)).fetchone()
+        return None if row is None else (row[0], row[1])
+
     def file_row(self, path: str) -> FileRow | None:
         row = self.conn.execute("SELECT path, source, hash, mtime, size, state FROM files WHERE path = ?",
                                 (path,)).fetchone()
