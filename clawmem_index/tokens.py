@@ -54,10 +54,14 @@ def get_encoding(name: str = "cl100k_base") -> tiktoken.Encoding:
             return tiktoken.get_encoding(name)
         kept = cache_root() / "tokenizers" / f"{name}-tiktoken-{tiktoken.__version__}-{KEPT_FORMAT}.marshal"
         args = _read_kept(kept)
-        if args is None:
-            _seed_cache(name)
-            args = constructor()
-            _keep(kept, args)
+        if args is not None:
+            try:
+                return tiktoken.Encoding(**args)
+            except (TypeError, ValueError, KeyError, AttributeError):
+                pass  # whole and checked, yet not an encoding (written by something else): made again
+        _seed_cache(name)
+        args = constructor()
+        _keep(kept, args)
         return tiktoken.Encoding(**args)
 
 

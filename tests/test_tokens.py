@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import marshal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tiktoken
+import xxhash
 from tiktoken_ext import openai_public
 
 from clawmem_index import tokens
@@ -86,6 +88,23 @@ def test_a_damaged_kept_tokenizer_is_made_again(cache_dir: Path, monkeypatch: py
     assert same(get_encoding("cl100k_base"), reference)
     assert calls == ["cl100k_base"]
     assert tokens._read_kept(path) is not None  # written again, whole
+
+
+@pytest.mark.parametrize("args", [
+    {"name": "cl100k_base", "pat_str": "(", "mergeable_ranks": {b"a": 0}, "special_tokens": {}},  # a bad pattern
+    {"name": "cl100k_base", "pat_str": ".", "mergeable_ranks": [1, 2], "special_tokens": {}},
+    {"name": 7, "pat_str": None, "mergeable_ranks": {}, "special_tokens": None},
+])
+def test_a_kept_file_that_is_whole_but_no_encoding_is_made_again(cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  reference: tiktoken.Encoding,
+                                                                  args: dict[str, object]) -> None:
+    get_encoding("cl100k_base")
+    payload = marshal.dumps(args)
+    kept_file(cache_dir).write_bytes(xxhash.xxh3_64_digest(payload) + payload)
+    calls = calls_to_constructor(monkeypatch)
+    get_encoding.cache_clear()
+    assert same(get_encoding("cl100k_base"), reference)
+    assert calls == ["cl100k_base"]
 
 
 def test_a_folder_that_cannot_take_the_kept_file_only_costs_the_parse(
