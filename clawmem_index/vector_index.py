@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,13 @@ PRECISIONS = {"float32": "<f4", "float16": "<f2"}  # how the vector table stores
 FLOATS, HALVES = "chunks_vec", "chunks_vec_half"  # the vector table at float32 and at float16
 
 VECTOR_PARTITIONS = 32
+# sqlite-vec gives each partition its slots a chunk at a time. With 1,024-slot chunks a small index is
+# mostly empty slots (32 partitions x 1,024: 1.9 MB of 384-d bits for 2,000 vectors) and its prefilter
+# reads them all: 256-slot chunks make it a third of the size and 2-3x faster up to 16k vectors, and
+# slower past ~24k (docs/benchmarks.md, stop 33). A small-chunk table that outgrows that is made again.
+BITS_CHUNK, BITS_CHUNK_SMALL = 1024, 256
+BITS_SMALL_MAX = 16_384  # vectors for which a new table gets small chunks
+BITS_SMALL_OUTGROWN = 24_576  # vectors past which a small-chunk table is rebuilt with large chunks
 # Hamming candidates per wanted hit: recall@k >= 99.4% on real MiniLM vectors, 8k SciFact chunks and 53k
 # SciFact sentences (bench_vectors.py); 32 fell to 98.9% at 53k.
 OVERSAMPLE = 40
@@ -59,6 +67,7 @@ class _VectorLayout:
     readable: bool  # chunks_vec exists and can be read (a schema-1 vec0 table needs sqlite-vec)
     legacy: bool  # chunks_vec is the vec0 float table of schema 1
     bits: bool  # chunks_vec_bits exists
+    bits_chunk: int  # its vec0 chunk_size (slots a partition is given at a time)
     cells: bool  # chunks_vec_cells exists, chunks_vec_bits does not: the cells find the candidates
     stale_cells: bool  # both exist: a writer that knows no cells (an older clawmem) wrote the bits since
     dims: int
@@ -114,6 +123,7 @@ class VectorIndex:
             layout = _VectorLayout(
                 readable=half or (floats is not None and (self.loaded or not legacy)), legacy=legacy,
                 bits="chunks_vec_bits" in sql,
+                bits_chunk=_chunk_size(sql.get("chunks_vec_bits", "")),
                 cells="chunks_vec_cells" in sql and "chunks_vec_bits" not in sql,
                 stale_cells="chunks_vec_cells" in sql and "chunks_vec_bits" in sql,
                 dims=int(self._meta.get("vector_dims") or 0),
@@ -179,6 +189,8 @@ class VectorIndex:
             self._cells.drop()
             if self.loaded:
                 self._build_bits(layout.dims, replace=layout.bits)
+        elif layout.bits and self.loaded and layout.bits_chunk < BITS_CHUNK and chunks - pending > BITS_SMALL_OUTGROWN:
+            self._build_bits(layout.dims, replace=True)
 
     def create(self, dims: int, precision: str) -> None:
         """A new, empty vector table. Filled by `insert_rows` (a rebuild taking the vectors of the file
@@ -195,11 +207,16 @@ class VectorIndex:
         return int(self._conn.changes())
 
     def _build_bits(self, dims: int, *, replace: bool) -> None:
-        """Quantize every stored vector: a new table, or one that missed writes made without sqlite-vec."""
+        """Quantize every stored vector: a new table, or one that missed writes made without sqlite-vec.
+
+        Its chunk size is chosen by how many vectors the index will hold: its chunks (a first pass is
+        about to embed them all)."""
         if replace:
             self._conn.execute("DROP TABLE chunks_vec_bits")
-        self._conn.execute("CREATE VIRTUAL TABLE chunks_vec_bits USING vec0("
-                           f"part INTEGER PARTITION KEY, embedding bit[{_padded_dims(int(dims))}])")
+        chunks = int(self._conn.execute("SELECT count(*) FROM chunks").fetchone()[0])
+        chunk_size = BITS_CHUNK_SMALL if chunks <= BITS_SMALL_MAX else BITS_CHUNK
+        self._conn.execute(f"CREATE VIRTUAL TABLE chunks_vec_bits USING vec0(chunk_size={chunk_size},"
+                           f" part INTEGER PARTITION KEY, embedding bit[{_padded_dims(int(dims))}])")
         self._meta.set("vector_partitions", str(VECTOR_PARTITIONS))
         pad = 4 * ((-int(dims)) % 8)  # as _pad8: zeros to a multiple of 8 dimensions
         vector = self.sql_float32("embedding")
@@ -434,6 +451,12 @@ def candidate_count(hits: int, dims: int) -> int:
 # and behind a busy thread (the one reading the provider's answers) each take waits out Python's switch
 # interval: 87k vectors with one pure-Python thread beside them took 616 s (2.6 s alone); now 28 s.
 _SLICED = "SELECT value, substr(?2, key * ?3 + 1, ?3) FROM json_each(?1)"
+
+
+def _chunk_size(sql: str) -> int:
+    """The chunk_size a vec0 table was made with (sqlite-vec's default when its statement names none)."""
+    found = re.search(r"chunk_size\s*=\s*(\d+)", sql)
+    return int(found.group(1)) if found else BITS_CHUNK
 
 
 def _padded_dims(dims: int) -> int:

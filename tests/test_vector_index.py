@@ -219,3 +219,47 @@ def test_sign_bits_built_in_one_pass_are_those_stored_with_each_batch(tmp_path: 
     assert store.execute("SELECT rowid, part, embedding FROM chunks_vec_bits ORDER BY rowid") == stored
     assert len(stored) == 40
     store.close()
+
+
+def bits_chunk(store: Store) -> int:
+    (sql,) = store.execute("SELECT sql FROM sqlite_master WHERE name = 'chunks_vec_bits'")[0]
+    return vector_index._chunk_size(sql)
+
+
+def test_a_small_index_gets_small_sign_bit_chunks_until_it_outgrows_them(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """256-slot chunks while small (a third of the bytes, a faster prefilter); rebuilt with 1,024 past the line."""
+    monkeypatch.setattr(vector_cells, "CELL_MIN", 10**9)
+    monkeypatch.setattr(vector_index, "BITS_SMALL_MAX", 450)
+    monkeypatch.setattr(vector_index, "BITS_SMALL_OUTGROWN", 500)
+    store = Store(tmp_path / "s.sqlite")
+    vectors = clustered(5, 30, 20)
+    stored = dict(zip(fill(store, vectors[:400]), vectors[:400], strict=True))
+    store.index_vectors()
+    assert bits_chunk(store) == vector_index.BITS_CHUNK_SMALL
+    stored.update(zip(fill(store, vectors[400:], first=400), vectors[400:], strict=True))
+    assert bits_chunk(store) == vector_index.BITS_CHUNK_SMALL  # rebuilt after a pass, not inside it
+    store.index_vectors()
+    assert bits_chunk(store) == vector_index.BITS_CHUNK
+    assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(600,)]
+    found = 0
+    for i in range(0, 600, 30):  # the rebuilt bits hold every vector, those of the second pass too
+        query = near(vectors[i], i)
+        found += len({h.seq for h in store.vector_search(query.tobytes(), 10)} & set(exact(stored, query, 10)))
+    assert found >= 0.95 * 20 * 10
+    store.close()
+
+
+def test_sign_bits_made_for_a_large_index_get_large_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vector_index, "BITS_SMALL_MAX", 100)
+    store = Store(tmp_path / "s.sqlite")
+    fill(store, clustered(6, 10, 20))
+    with store.transaction():
+        store.vectors._build_bits(64, replace=True)  # as a first pass over 200 chunks makes them
+    assert bits_chunk(store) == vector_index.BITS_CHUNK
+    store.close()
+
+
+def test_a_sign_bit_table_of_an_older_clawmem_has_sqlite_vecs_default_chunks() -> None:
+    assert vector_index._chunk_size("CREATE VIRTUAL TABLE chunks_vec_bits USING vec0("
+                                    "part INTEGER PARTITION KEY, embedding bit[384])") == 1024
