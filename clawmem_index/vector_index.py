@@ -45,10 +45,12 @@ VECTOR_PARTITIONS = 32
 # sqlite-vec gives each partition its slots a chunk at a time. With 1,024-slot chunks a small index is
 # mostly empty slots (32 partitions x 1,024: 1.9 MB of 384-d bits for 2,000 vectors) and its prefilter
 # reads them all: 256-slot chunks make it a third of the size and 2-3x faster up to 16k vectors, and
-# slower past ~24k (docs/benchmarks.md, stop 33). A small-chunk table that outgrows that is made again.
+# slower past ~24k (docs/benchmarks.md, stop 33). A table whose vectors cross those lines (with a margin,
+# so that none is rebuilt back and forth) is made again after an embedding pass.
 BITS_CHUNK, BITS_CHUNK_SMALL = 1024, 256
 BITS_SMALL_MAX = 16_384  # vectors for which a new table gets small chunks
 BITS_SMALL_OUTGROWN = 24_576  # vectors past which a small-chunk table is rebuilt with large chunks
+BITS_LARGE_OUTGROWN = 8_192  # vectors at or below which a large-chunk table (older ones too) is rebuilt small
 # Hamming candidates per wanted hit: recall@k >= 99.4% on real MiniLM vectors, 8k SciFact chunks and 53k
 # SciFact sentences (bench_vectors.py); 32 fell to 98.9% at 53k.
 OVERSAMPLE = 40
@@ -189,7 +191,7 @@ class VectorIndex:
             self._cells.drop()
             if self.loaded:
                 self._build_bits(layout.dims, replace=layout.bits)
-        elif layout.bits and self.loaded and layout.bits_chunk < BITS_CHUNK and chunks - pending > BITS_SMALL_OUTGROWN:
+        elif layout.bits and self.loaded and _rechunk(layout.bits_chunk, chunks - pending):
             self._build_bits(layout.dims, replace=True)
 
     def create(self, dims: int, precision: str) -> None:
@@ -451,6 +453,13 @@ def candidate_count(hits: int, dims: int) -> int:
 # and behind a busy thread (the one reading the provider's answers) each take waits out Python's switch
 # interval: 87k vectors with one pure-Python thread beside them took 616 s (2.6 s alone); now 28 s.
 _SLICED = "SELECT value, substr(?2, key * ?3 + 1, ?3) FROM json_each(?1)"
+
+
+def _rechunk(chunk_size: int, vectors: int) -> bool:
+    """Whether a sign-bit table with chunks of `chunk_size` slots is to be made again for `vectors` vectors."""
+    if chunk_size < BITS_CHUNK:
+        return vectors > BITS_SMALL_OUTGROWN
+    return chunk_size > BITS_CHUNK_SMALL and vectors <= BITS_LARGE_OUTGROWN
 
 
 def _chunk_size(sql: str) -> int:

@@ -230,6 +230,7 @@ def test_a_small_index_gets_small_sign_bit_chunks_until_it_outgrows_them(tmp_pat
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """256-slot chunks while small (a third of the bytes, a faster prefilter); rebuilt with 1,024 past the line."""
     monkeypatch.setattr(vector_cells, "CELL_MIN", 10**9)
+    monkeypatch.setattr(vector_index, "BITS_LARGE_OUTGROWN", 300)  # the production lines, scaled down
     monkeypatch.setattr(vector_index, "BITS_SMALL_MAX", 450)
     monkeypatch.setattr(vector_index, "BITS_SMALL_OUTGROWN", 500)
     store = Store(tmp_path / "s.sqlite")
@@ -241,6 +242,8 @@ def test_a_small_index_gets_small_sign_bit_chunks_until_it_outgrows_them(tmp_pat
     assert bits_chunk(store) == vector_index.BITS_CHUNK_SMALL  # rebuilt after a pass, not inside it
     store.index_vectors()
     assert bits_chunk(store) == vector_index.BITS_CHUNK
+    store.index_vectors()
+    assert bits_chunk(store) == vector_index.BITS_CHUNK  # and stays so
     assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(600,)]
     found = 0
     for i in range(0, 600, 30):  # the rebuilt bits hold every vector, those of the second pass too
@@ -258,6 +261,32 @@ def test_sign_bits_made_for_a_large_index_get_large_chunks(tmp_path: Path, monke
         store.vectors._build_bits(64, replace=True)  # as a first pass over 200 chunks makes them
     assert bits_chunk(store) == vector_index.BITS_CHUNK
     store.close()
+
+
+def test_a_small_index_with_large_sign_bit_chunks_gets_small_ones_after_its_next_pass(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As an index an older clawmem made (vec0's default 1,024), or one that has shrunk, is rebuilt."""
+    store = Store(tmp_path / "s.sqlite")
+    vectors = clustered(7, 10, 20)
+    monkeypatch.setattr(vector_index, "BITS_SMALL_MAX", -1)
+    stored = dict(zip(fill(store, vectors), vectors, strict=True))
+    assert bits_chunk(store) == vector_index.BITS_CHUNK
+    monkeypatch.setattr(vector_index, "BITS_SMALL_MAX", 16_384)
+    store.index_vectors()
+    assert bits_chunk(store) == vector_index.BITS_CHUNK_SMALL
+    assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(200,)]
+    query = near(vectors[3], 3)
+    assert {h.seq for h in store.vector_search(query.tobytes(), 5)} == set(exact(stored, query, 5))
+    store.index_vectors()  # nothing crosses a line again: the table stays
+    assert bits_chunk(store) == vector_index.BITS_CHUNK_SMALL
+    store.close()
+
+
+@pytest.mark.parametrize(("chunk_size", "vectors", "again"), [
+    (256, 24_576, False), (256, 24_577, True), (1024, 8_193, False), (1024, 8_192, True), (1024, 100_000, False),
+])
+def test_a_sign_bit_table_is_made_again_only_past_a_margin(chunk_size: int, vectors: int, again: bool) -> None:
+    assert vector_index._rechunk(chunk_size, vectors) is again
 
 
 def test_a_sign_bit_table_of_an_older_clawmem_has_sqlite_vecs_default_chunks() -> None:
