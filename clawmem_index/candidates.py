@@ -81,10 +81,12 @@ def vector_similarity(distance: float) -> float:
 
 
 def gather(sides: Sides, *, weights: tuple[float, float], want: int, pool: int, cap: int,
-           factor: Callable[[Candidate], float], min_score: float) -> Pools:
-    """Candidates with both sides' scores and `score = (wt*text + wv*vector) * factor`, deep enough for `want`.
+           factor: Callable[[Candidate], float], min_score: float, text_exponent: float = 1.0) -> Pools:
+    """Candidates with both sides' scores and `score = (wt*text**text_exponent + wv*vector) * factor`,
+    deep enough for `want` (`text`: BM25 relative to the best hit's, 0..1).
 
-    `weights` = (text, vector), summing to 1; `factor` (decay) is at most 1. The text side is read at
+    `weights` = (text, vector), summing to 1; `factor` (decay) is at most 1. An exponent below 1 lifts
+    the keyword side's middling matches (any power keeps its order, and so the bounds below hold). The text side is read at
     least `sides.text_ahead` deep: its lower bound then lets the vector side stop sooner. Stops once `want`
     distinct citations score above what an unseen chunk could (or `min_score` bars every unseen
     chunk, or both lists are exhausted), or at depth `cap` (then `proven` is False).
@@ -101,9 +103,9 @@ def gather(sides: Sides, *, weights: tuple[float, float], want: int, pool: int, 
         vector_done = sides.vector is None or wv == 0 or len(vector_hits) < depth
         _fill(cands, sides, text_done=text_done, vector_done=vector_done, wt=wt, wv=wv)
         for c in cands:
-            c.fused = wt * _norm(c.text_score, best) + wv * (c.vector_score or 0.0)
+            c.fused = wt * _norm(c.text_score, best) ** text_exponent + wv * (c.vector_score or 0.0)
             c.score = c.fused * factor(c)
-        bound = (0.0 if text_done else wt * _norm(text_relevance(text_hits[-1].bm25), best)) \
+        bound = (0.0 if text_done else wt * _norm(text_relevance(text_hits[-1].bm25), best) ** text_exponent) \
             + (0.0 if vector_done else wv * vector_similarity(vector_hits[-1].distance))
         proven = (text_done and vector_done) or bound < min_score or \
             len({c.citation for c in cands if c.fused >= min_score and c.score > bound}) >= want

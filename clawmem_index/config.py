@@ -57,6 +57,7 @@ class EmbeddingSettings:
     model: str = ""
     fallback: str = ""  # unset: an explicit provider that cannot start is an error; "none": keyword-only instead
     local_model: str = ""
+    local_window: int = 128  # tokens a local model embeds at once: longer texts get their windows' mean (0: no limit)
     base_url: str = ""
     api_key: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -82,6 +83,8 @@ class EmbeddingSettings:
         _require(self.max_retries >= 0, "embedding.max_retries", "must be >= 0")
         _require(self.timeout > 0, "embedding.timeout", "must be > 0")
         _require(self.cache_max_entries >= 0, "embedding.cache_max_entries", "must be >= 0")
+        _require(self.local_window == 0 or self.local_window >= 16, "embedding.local_window",
+                 "must be 0 (the model's whole context) or >= 16")
         _require(self.threads >= 0, "embedding.threads", "must be >= 0 (0 means all cores)")
         _require(1 <= self.concurrency <= 32, "embedding.concurrency", "must be between 1 and 32")
 
@@ -97,6 +100,7 @@ class SearchSettings:
     fusion: str = "weighted"
     vector_weight: float = 0.6
     text_weight: float = 0.4
+    text_exponent: float = 0.5  # hybrid: the keyword side (BM25 relative to the best, 0..1) is raised to this
     rrf_k: int = 60
     snippet_chars: int = 700
     query_timeout: float = 2.0  # seconds a search waits for its query vector before answering keyword-only
@@ -130,6 +134,7 @@ class SearchSettings:
         _require(self.vector_weight >= 0 and self.text_weight >= 0 and self.vector_weight + self.text_weight > 0,
                  "search.vector_weight", "weights must be >= 0 and not both 0")
         _require(self.rrf_k >= 1, "search.rrf_k", "must be >= 1")
+        _require(0.1 <= self.text_exponent <= 4, "search.text_exponent", "must be between 0.1 and 4")
         _require(self.snippet_chars >= 40, "search.snippet_chars", "must be >= 40")
         _require(0 < self.query_timeout <= 600, "search.query_timeout", "must be > 0 and <= 600 seconds")
         _require(self.decay_half_life_days >= 0, "search.decay_half_life_days", "must be >= 0 (0 turns decay off)")

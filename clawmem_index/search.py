@@ -255,7 +255,8 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         weights = {"bm25": (1.0, 0.0), "vector": (0.0, 1.0),
                    "hybrid": (settings.text_weight / total, settings.vector_weight / total)}[mode]
         pools = gather(sides, weights=weights, want=want, pool=settings.candidate_pool, cap=settings.candidate_cap,
-                       factor=factor, min_score=min_score)
+                       factor=factor, min_score=min_score,
+                       text_exponent=settings.text_exponent if mode == "hybrid" else 1.0)
         effective = mode
         if mode == "hybrid" and not any(c.vector_rank for c in pools.candidates):
             # No vector near enough (none stored yet, or none within the filter): rank as keyword search does.

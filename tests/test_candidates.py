@@ -51,14 +51,15 @@ class Corpus:
                      vector_of=lambda seqs: {s: lookup[s].distance for s in seqs if lookup[s].distance is not None},
                      text_ahead=text_ahead)
 
-    def exact(self, weights: tuple[float, float], factor: Callable[[Chunk], float]) -> dict[int, float]:
+    def exact(self, weights: tuple[float, float], factor: Callable[[Chunk], float],
+              exponent: float = 1.0) -> dict[int, float]:
         """Every chunk's fused score, computed from all of them."""
         best = max((-c.bm25 for c in self.chunks if c.bm25 is not None), default=0.0)
         out = {}
         for c in self.chunks:
             text = 0.0 if c.bm25 is None else (1.0 if best <= 0 else max(0.0, -c.bm25) / best)
             vector = 0.0 if c.distance is None else min(1.0, max(0.0, 1.0 - c.distance))
-            out[c.seq] = (weights[0] * text + weights[1] * vector) * factor(c)
+            out[c.seq] = (weights[0] * text ** exponent + weights[1] * vector) * factor(c)
         return out
 
 
@@ -76,10 +77,10 @@ chunks_strategy = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(chunks=chunks_strategy, text_weight=st.sampled_from([0.0, 0.25, 0.4, 1.0]), pool=st.integers(1, 8),
        min_score=st.sampled_from([0.0, 0.1, 0.3, 0.6]), small=st.integers(1, 12), extra=st.integers(1, 40),
-       decayed=st.booleans(), text_ahead=st.sampled_from([0, 3, 30]))
+       decayed=st.booleans(), text_ahead=st.sampled_from([0, 3, 30]), exponent=st.sampled_from([1.0, 0.5, 2.0]))
 def test_the_first_k_are_the_same_for_every_larger_answer_and_are_the_true_first_k(
         chunks: list[Chunk], text_weight: float, pool: int, min_score: float, small: int, extra: int,
-        decayed: bool, text_ahead: int) -> None:
+        decayed: bool, text_ahead: int, exponent: float) -> None:
     weights = (text_weight, 1.0 - text_weight)
     corpus = Corpus(chunks)
 
@@ -88,14 +89,14 @@ def test_the_first_k_are_the_same_for_every_larger_answer_and_are_the_true_first
 
     def answer(want: int) -> list[int]:
         pools = gather(corpus.sides(text_ahead), weights=weights, want=want, pool=pool, cap=4096, factor=factor,
-                       min_score=min_score)
+                       min_score=min_score, text_exponent=exponent)
         assert pools.proven
         return ordered(pools.candidates, min_score)[:want]
 
     first, larger = answer(small), answer(small + extra)
     assert larger[:small] == first
-    exact = corpus.exact(weights, factor)
-    fused = corpus.exact(weights, lambda c: 1.0)
+    exact = corpus.exact(weights, factor, exponent)
+    fused = corpus.exact(weights, lambda c: 1.0, exponent)
     listed = {c.seq for c in chunks if (weights[0] and c.bm25 is not None) or (weights[1] and c.distance is not None)}
     truth = [seq for seq in sorted(exact, key=lambda s: (-exact[s], f"p{s}")) if fused[seq] >= min_score and seq in listed]
     scores = [exact[s] for s in first]
@@ -111,6 +112,19 @@ def test_a_chunk_found_on_one_side_gets_its_real_score_on_the_other() -> None:
     assert scored[2].vector_score == pytest.approx(0.95) and scored[2].vector_rank is None
     assert scored[0].text_score is None  # it has no keyword match: nothing to fill in
     assert ordered(pools.candidates, 0.0) == [2, 0]
+
+
+def test_an_exponent_below_one_lifts_the_keyword_sides_middling_matches() -> None:
+    """0.4 x (relative BM25) ** 0.5 + 0.6 x cosine: a chunk holding a quarter of the best keyword
+    score and a far vector passes one with a closer vector and no keyword at all."""
+    corpus = Corpus([Chunk(0, -8.0, 1.0), Chunk(1, -2.0, 0.9), Chunk(2, None, 0.72)])
+    plain = gather(corpus.sides(), weights=(0.4, 0.6), want=3, pool=4, cap=64, factor=lambda c: 1.0, min_score=0.0)
+    lifted = gather(corpus.sides(), weights=(0.4, 0.6), want=3, pool=4, cap=64, factor=lambda c: 1.0, min_score=0.0,
+                    text_exponent=0.5)
+    assert {c.seq: round(c.fused, 6) for c in plain.candidates} == {0: 0.4, 1: 0.16, 2: 0.168}
+    assert {c.seq: round(c.fused, 6) for c in lifted.candidates} == {0: 0.4, 1: 0.26, 2: 0.168}
+    assert ordered(plain.candidates, 0.0) == [0, 2, 1] and ordered(lifted.candidates, 0.0) == [0, 1, 2]
+    assert {c.seq: c.text_score for c in lifted.candidates} == {0: 1.0, 1: 0.25, 2: None}  # reported as read
 
 
 def test_reading_stops_as_soon_as_no_unseen_chunk_can_pass_min_score() -> None:

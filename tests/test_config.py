@@ -50,6 +50,7 @@ def test_fixed_environment_names(tmp_path: Path) -> None:
     ("[chunking]\noverlap = 500\n", "chunking.overlap"),
     ("[embedding]\nprovider = 'skynet'\n", "embedding.provider"),
     ("[embedding]\nprecision = 'int4'\n", "embedding.precision"),
+    ("[embedding]\nlocal_window = 8\n", "embedding.local_window"),
     ("index_backend = 'postgres'\nindex_url = 'postgresql://u@h/db'\n[embedding]\nprecision = 'float16'\n",
      "embedding.precision"),
     ("[nosuch]\nx = 1\n", "nosuch"),

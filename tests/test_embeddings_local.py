@@ -88,7 +88,7 @@ def test_over_long_texts_are_split_and_averaged_not_truncated(provider: LocalPro
     assert provider.count_tokens(text) > 2 * provider.n_ctx
     pieces = provider._split(text)
     assert "".join(p for p, _ in pieces) == text
-    assert len(pieces) >= 3 and all(count <= provider.n_ctx for _, count in pieces)
+    assert len(pieces) >= 3 and all(count <= provider.window for _, count in pieces)
 
     vector = provider.embed_query(text)
     assert is_unit(vector)
@@ -104,8 +104,41 @@ def test_a_single_huge_word_is_cut_on_characters(provider: LocalProvider) -> Non
     assert provider.count_tokens(blob) > provider.n_ctx
     pieces = provider._split(blob)
     assert "".join(p for p, _ in pieces) == blob and len(pieces) >= 2
-    assert all(count <= provider.n_ctx for _, count in pieces)
+    assert all(count <= provider.window for _, count in pieces)
     assert is_unit(provider.embed_query(blob))
+
+
+def test_a_chunk_is_embedded_in_windows_of_what_the_model_was_trained_on(model_path: Path) -> None:
+    """A 400-token chunk fits the 512-token context, but MiniLM was trained on at most 128 tokens:
+    it gets the token-weighted mean of 128-token windows, and `local_window` = 0 embeds it whole."""
+    windowed = LocalProvider(EmbeddingSettings(), model_path)
+    whole = LocalProvider(EmbeddingSettings(local_window=0), model_path)
+    assert (windowed.window, whole.window, windowed.n_ctx) == (128, 512, 512)
+    chunk = " ".join(f"On day {i} the agent noted that the {word} needed another look." for i, word in
+                     enumerate(["index", "socket", "watcher", "cache", "daemon", "chunker"] * 4))
+    assert 256 < windowed.count_tokens(chunk) <= windowed.n_ctx
+    pieces = windowed._pieces(chunk, 0)
+    assert len(pieces) >= 3 and all(p.tokens <= 128 for p in pieces) and "".join(p.text for p in pieces) == chunk
+    assert whole._pieces(chunk, 0) == [type(pieces[0])(chunk, whole.count_tokens(chunk), 0)]
+
+    vector = windowed.embed_documents([chunk])[0]
+    units = windowed.embed_documents([p.text for p in pieces])
+    mean = [math.fsum(u[d] * p.tokens for u, p in zip(units, pieces, strict=True)) for d in range(384)]
+    norm = math.sqrt(math.fsum(x * x for x in mean))
+    assert cosine(vector, [x / norm for x in mean]) > 0.9999
+    assert cosine(vector, whole.embed_documents([chunk])[0]) < 0.999
+    short = REFERENCE["sentences"][0]
+    assert cosine(windowed.embed_query(short), whole.embed_query(short)) > 0.99999
+
+
+def test_the_window_is_part_of_the_models_identity(provider: LocalProvider, model_path: Path) -> None:
+    """Vectors made with another window are not interchangeable: the index fingerprint and the
+    embedding cache's key (both from `info`) must tell them apart."""
+    assert provider.info.endpoint.endswith(";window=128")
+    other = LocalProvider(EmbeddingSettings(local_window=256), model_path).info
+    assert other.endpoint.endswith(";window=256") and other.provider_key != provider.info.provider_key
+    assert LocalProvider(EmbeddingSettings(local_window=4096), model_path).info.endpoint.endswith(";window=512")
+    assert LocalProvider(EmbeddingSettings(local_window=0), model_path).info.endpoint.endswith(";window=512")
 
 
 def test_concurrent_callers_get_the_vectors_of_sequential_ones(provider: LocalProvider) -> None:

@@ -366,11 +366,16 @@ def test_explain_says_how_each_result_got_its_place(settings: Settings, write) -
     for result in explained:
         how = result["explain"]
         assert how["fusion"] == "weighted" and how["fused_score"] == result["score"]
+        # the keyword side (relative to the best hit) raised to search.text_exponent, 0.5 by default
+        assert how["fused_score"] == pytest.approx(0.4 * (how["keyword_score"] or 0.0) ** 0.5
+                                                   + 0.6 * (how["vector_score"] or 0.0), abs=1e-5)
         assert (how["keyword_rank"] is None) == (how["keyword_score"] is None)
         assert (how["vector_rank"] is None) == (how["vector_score"] is None)
     assert {r["explain"]["keyword_rank"] for r in explained if r["explain"]["keyword_rank"]} == {1, 2}
     keyword = index.search(SearchRequest("tyres", mode="bm25", explain=True))["results"][0]["explain"]
     assert keyword["fusion"] == "bm25" and keyword["keyword_rank"] == 1 and keyword["vector_rank"] is None
+    for result in index.search(SearchRequest("car tyres garage", mode="bm25", explain=True, min_score=0.0))["results"]:
+        assert result["score"] == pytest.approx(result["explain"]["keyword_score"], abs=1e-5)  # no exponent
 
     tuned = replace(settings, search=replace(settings.search, decay_half_life_days=30.0, mmr_lambda=0.7))
     both = MemoryIndex(tuned, provider=FakeProvider()).search(SearchRequest("tyres garage", explain=True,
