@@ -105,7 +105,7 @@ class SearchSettings:
     snippet_chars: int = 700
     query_timeout: float = 2.0  # seconds a search waits for its query vector before answering keyword-only
     decay_half_life_days: float = 0.0  # 0: off; else dated chunks lose half their score every so many days
-    decay_floor: float = 0.8  # the share of its score the oldest chunk keeps
+    decay_floor: float = 0.85  # the share of its score the oldest chunk keeps
     mmr_lambda: float = 0.0  # 0: off; else relevance vs diversity (1.0: relevance only)
     mmr_pool: int = 20  # MMR re-orders this many best results (whatever max_results is)
     mmr_floor: float = 0.5  # ... of those, only ones with at least this share of the best's relevance
