@@ -6,8 +6,10 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import apsw
 import pytest
 
 from clawmem_index.config import Settings, load_settings
@@ -258,6 +260,43 @@ def test_a_query_without_a_watcher_counts_pending_files_within_a_bound(settings:
     assert counted["pending_files_complete"] is False
     assert 0 <= counted["pending_files"] <= 12
     assert index.status()["pending_files"] == 12  # status always counts them all
+
+
+def test_a_querys_pending_check_runs_beside_the_search_on_a_connection_it_closes(settings: Settings, write,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """While FTS5 ranks (C code that lets go of the interpreter) the check runs on the other core:
+    on a thread of its own, through its own connection, closed when done; what it raises, the search
+    raises. An answer the query cache holds has no search to run beside, so it checks in place."""
+    import clawmem_index.engine as engine_module
+
+    for i in range(5):
+        write(f"memory/n{i}.md", f"note {i} about tomatoes\n")
+    index = MemoryIndex(settings)
+    index.sync()
+    reader = index.reader()
+    seen: list[tuple[str, bool]] = []
+    check = MemoryIndex._query_pending_files
+
+    def watched(self: MemoryIndex, store: Store) -> dict[str, object]:
+        seen.append((threading.current_thread().name, store is reader))
+        return check(self, store)
+
+    monkeypatch.setattr(MemoryIndex, "_query_pending_files", watched)
+    open_before = len(apsw.connections())
+    write("memory/n0.md", "note 0 about tomatoes, edited\n")
+    assert index.search(SearchRequest("tomatoes", mode="bm25"))["index"]["pending_files"] == 1
+    assert seen == [("clawmem-pending-check", False)]
+    assert len(apsw.connections()) == open_before
+    assert index.search(SearchRequest("tomatoes", mode="bm25"))["index"]["pending_files"] == 1  # the cached answer
+    assert seen[1:] == [(threading.current_thread().name, True)]
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise PathError("the workspace went away")
+
+    monkeypatch.setattr(engine_module, "scan", broken)
+    with pytest.raises(PathError, match="went away"):
+        index.search(SearchRequest("tomatoes again"))
+    assert len(apsw.connections()) == open_before
 
 
 def test_a_bounded_pending_check_looks_at_the_newest_daily_logs_first(settings: Settings, write,
