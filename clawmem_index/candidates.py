@@ -86,10 +86,11 @@ def gather(sides: Sides, *, weights: tuple[float, float], want: int, pool: int, 
     deep enough for `want` (`text`: BM25 relative to the best hit's, 0..1).
 
     `weights` = (text, vector), summing to 1; `factor` (decay) is at most 1. An exponent below 1 lifts
-    the keyword side's middling matches (any power keeps its order, and so the bounds below hold). The text side is read at
-    least `sides.text_ahead` deep: its lower bound then lets the vector side stop sooner. Stops once `want`
-    distinct citations score above what an unseen chunk could (or `min_score` bars every unseen
-    chunk, or both lists are exhausted), or at depth `cap` (then `proven` is False).
+    the keyword side's middling matches (any power keeps its order, so the bounds below hold). The
+    text side is read at least `sides.text_ahead` deep: its lower bound then lets the vector side stop
+    sooner. Stops once `want` distinct citations score above what an unseen chunk could (or
+    `min_score` bars every unseen chunk, or both lists are exhausted), or at depth `cap` (then
+    `proven` is False).
     """
     wt, wv = weights
     depth = min(cap, max(1, pool, 2 * want))

@@ -15,8 +15,9 @@ How the work reaches llama.cpp, and why (measured on 2 busy cores with all-MiniL
   into pieces that fit, and its vector is the token-weighted mean of its pieces' vectors: nothing is
   truncated and nothing is sent to fail. The window is shorter than the context because
   all-MiniLM-L6-v2 was trained on inputs of at most 128 tokens: embedding 400-token chunks in
-  128-token windows instead of whole gave LoCoMo's hybrid search 0.873 recall@6 instead of 0.871 and
-  MRR 0.767 instead of 0.759 (256-token windows: 0.867; docs/benchmarks.md). The window is part of
+  128-token windows instead of whole gave LoCoMo's hybrid search (the fusion unchanged) 0.873
+  recall@6 instead of 0.871 and MRR 0.767 instead of 0.759 (256-token windows: 0.867; 64: 0.871;
+  SciFact nDCG@10 0.735 against 0.739; docs/benchmarks.md). The window is part of
   the provider's identity (`endpoint`), so changing it embeds again instead of mixing vectors.
 - Pieces are sorted by length and packed into decode calls of at most `pack_tokens` tokens. Packing
   short texts saves per-call overhead, but llama.cpp attends over the whole packed batch (masked),
