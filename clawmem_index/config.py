@@ -57,7 +57,7 @@ class EmbeddingSettings:
     model: str = ""
     fallback: str = ""  # unset: an explicit provider that cannot start is an error; "none": keyword-only instead
     local_model: str = ""
-    local_window: int = 128  # tokens a local model embeds at once: longer texts get their windows' mean (0: no limit)
+    local_window: int = 0  # tokens a local model embeds at once, longer texts: their windows' mean (0: auto)
     base_url: str = ""
     api_key: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -84,7 +84,7 @@ class EmbeddingSettings:
         _require(self.timeout > 0, "embedding.timeout", "must be > 0")
         _require(self.cache_max_entries >= 0, "embedding.cache_max_entries", "must be >= 0")
         _require(self.local_window == 0 or self.local_window >= 16, "embedding.local_window",
-                 "must be 0 (the model's whole context) or >= 16")
+                 "must be 0 (128 for MiniLM models, else the model's context) or >= 16")
         _require(self.threads >= 0, "embedding.threads", "must be >= 0 (0 means all cores)")
         _require(1 <= self.concurrency <= 32, "embedding.concurrency", "must be between 1 and 32")
 

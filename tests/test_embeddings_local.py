@@ -110,9 +110,9 @@ def test_a_single_huge_word_is_cut_on_characters(provider: LocalProvider) -> Non
 
 def test_a_chunk_is_embedded_in_windows_of_what_the_model_was_trained_on(model_path: Path) -> None:
     """A 400-token chunk fits the 512-token context, but MiniLM was trained on at most 128 tokens:
-    it gets the token-weighted mean of 128-token windows, and `local_window` = 0 embeds it whole."""
+    it gets the token-weighted mean of 128-token windows; a window as long as the context embeds it whole."""
     windowed = LocalProvider(EmbeddingSettings(), model_path)
-    whole = LocalProvider(EmbeddingSettings(local_window=0), model_path)
+    whole = LocalProvider(EmbeddingSettings(local_window=4096), model_path)
     assert (windowed.window, whole.window, windowed.n_ctx) == (128, 512, 512)
     chunk = " ".join(f"On day {i} the agent noted that the {word} needed another look." for i, word in
                      enumerate(["index", "socket", "watcher", "cache", "daemon", "chunker"] * 4))
@@ -138,7 +138,18 @@ def test_the_window_is_part_of_the_models_identity(provider: LocalProvider, mode
     other = LocalProvider(EmbeddingSettings(local_window=256), model_path).info
     assert other.endpoint.endswith(";window=256") and other.provider_key != provider.info.provider_key
     assert LocalProvider(EmbeddingSettings(local_window=4096), model_path).info.endpoint.endswith(";window=512")
-    assert LocalProvider(EmbeddingSettings(local_window=0), model_path).info.endpoint.endswith(";window=512")
+
+
+def test_a_model_not_known_for_short_inputs_keeps_its_whole_context(model_path: Path, tmp_path: Path) -> None:
+    """Only MiniLM's training length is known; another model (here the same weights under another
+    name in the GGUF header) embeds up to its context unless `local_window` says otherwise."""
+    data = model_path.read_bytes()
+    assert data.count(b"MiniLM L6 H384 Uncased") == 1
+    renamed = tmp_path / "renamed.gguf"
+    renamed.write_bytes(data.replace(b"MiniLM L6 H384 Uncased", b"Encoder L6 H384 Uncase"))
+    other = LocalProvider(EmbeddingSettings(), renamed)
+    assert other.info.model == "Encoder L6 H384 Uncase" and other.window == other.n_ctx == 512
+    assert LocalProvider(EmbeddingSettings(local_window=128), renamed).window == 128
 
 
 def test_concurrent_callers_get_the_vectors_of_sequential_ones(provider: LocalProvider) -> None:

@@ -11,10 +11,12 @@ How the work reaches llama.cpp, and why (measured on 2 busy cores with all-MiniL
   0.9999999 against the plain path).
 - One thread per core this process may use: 1 thread on 2 cores is 40% slower, 3 threads slower too.
 - Texts are counted with the model's own tokenizer. A text over the window (`embedding.local_window`,
-  128 tokens, capped by the context) is cut on whitespace (inside a very long word, on characters)
-  into pieces that fit, and its vector is the token-weighted mean of its pieces' vectors: nothing is
-  truncated and nothing is sent to fail. The window is shorter than the context because
-  all-MiniLM-L6-v2 was trained on inputs of at most 128 tokens: embedding 400-token chunks in
+  capped by the context; by default 128 tokens for a MiniLM model, the whole context for any other)
+  is cut on whitespace (inside a very long word, on characters) into pieces that fit, and its vector
+  is the token-weighted mean of its pieces' vectors: nothing is truncated and nothing is sent to
+  fail. The default model's window is shorter than its context because sentence-transformers'
+  MiniLM models were trained on inputs of at most 128 tokens (the GGUF header records only the
+  context, 512); other models keep their whole context, measured or not. Embedding 400-token chunks in
   128-token windows instead of whole gave LoCoMo's hybrid search (the fusion unchanged) 0.873
   recall@6 instead of 0.871 and MRR 0.767 instead of 0.759 (256-token windows: 0.867; 64: 0.871;
   SciFact nDCG@10 0.735 against 0.739; docs/benchmarks.md). The window is part of
@@ -46,11 +48,13 @@ from clawmem_index.errors import ProviderError
 if TYPE_CHECKING:
     from llama_cpp import Llama
 
-__all__ = ["DEFAULT_PACK_TOKENS", "MAX_CONTEXT", "LocalProvider"]
+__all__ = ["DEFAULT_PACK_TOKENS", "MAX_CONTEXT", "SHORT_INPUT_WINDOW", "LocalProvider"]
 
 MAX_CONTEXT = 1024
 """Longer contexts are split instead: attention memory grows with the square of the context."""
 DEFAULT_PACK_TOKENS = 256
+SHORT_INPUT_WINDOW = 128
+"""The window of a MiniLM model when `embedding.local_window` is 0: the input length it was trained on."""
 _SEGMENT = re.compile(r"\s*\S+\s*|\s+")
 
 
@@ -67,7 +71,9 @@ class LocalProvider:
         arch = str(meta.get("general.architecture", ""))
         trained = int(meta.get(f"{arch}.context_length") or 512)
         self.n_ctx = min(trained, MAX_CONTEXT)
-        self.window = min(self.n_ctx, settings.local_window or self.n_ctx)
+        name = str(meta.get("general.name") or self.model_path.stem)
+        short_inputs = SHORT_INPUT_WINDOW if "minilm" in name.lower() else self.n_ctx
+        self.window = min(self.n_ctx, settings.local_window or short_inputs)
         self.pack_tokens = pack_tokens or DEFAULT_PACK_TOKENS
         self._n_batch = max(self.pack_tokens, self.n_ctx)
         self.threads = settings.threads or _available_cpus()
@@ -77,7 +83,6 @@ class LocalProvider:
         self._has_pooling = f"{arch}.pooling_type" in meta
         self._model: Llama | None = None
         self._special_count: int | None = None
-        name = str(meta.get("general.name") or self.model_path.stem)
         # llama.cpp's n_embd is this header field; a file without it is loaded now to ask.
         dims = int(meta.get(f"{arch}.embedding_length") or 0) or int(self._llama.n_embd())
         self._info = ProviderInfo(provider="local", model=name, dims=dims,
