@@ -555,7 +555,7 @@ class MemoryIndex:
 
         def check() -> None:
             try:
-                own = self.backend.open_reader(read_only=True, long_lived=False)
+                own = self.backend.open_reader(read_only=self.read_only, long_lived=False)
                 try:
                     found.append(self._query_pending_files(own))
                 finally:
