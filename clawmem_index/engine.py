@@ -451,8 +451,8 @@ class MemoryIndex:
         info = provider.info
         if (info.provider, info.model, info.endpoint, info.dims) != (
                 built.get("provider"), built.get("model"), built.get("endpoint", info.endpoint), built.get("dims")):
-            return None, (f"the index was built with {built.get('provider')}/{built.get('model')}, not "
-                          f"{info.provider}/{info.model}: keyword results only until the next sync rebuilds it")
+            current = {"provider": info.provider, "model": info.model, "endpoint": info.endpoint, "dims": info.dims}
+            return None, f"{_built_otherwise(built, current)}: keyword results only until the next sync rebuilds it"
         if self._queries is None:
             from clawmem_index.embeddings.deadline import QueryDeadline
 
@@ -705,9 +705,21 @@ class MemoryIndex:
             current = {"provider": info.provider, "model": info.model, "endpoint": info.endpoint, "dims": info.dims}
         name = f"{current['provider']}/{current['model']}" if current["model"] else str(current["provider"])
         if any(built.get(k) != v for k, v in current.items()):
-            return name, (f"the index was built with {built.get('provider')}/{built.get('model')} but the"
-                          f" configured provider is {name}: the next sync rebuilds it")
+            return name, f"{_built_otherwise(built, current)}: the next sync rebuilds it"
         return name, None
+
+
+def _built_otherwise(built: dict[str, Any], current: dict[str, Any]) -> str:
+    """How the index's fingerprint differs from the configured provider's identity (provider, model,
+    endpoint, dims): a model's name alone would read "built with X, not X" when only its file, its
+    window or its server changed."""
+    was, now = f"{built.get('provider')}/{built.get('model')}", f"{current['provider']}/{current['model']}"
+    if was != now:
+        return f"the index was built with {was}, not the configured {now}"
+    changed = [label for label, key in (("endpoint", "endpoint"), ("vector size", "dims"))
+               if built.get(key) != current[key]]
+    return (f"the index was built with {was} under other settings (its {' and '.join(changed) or 'identity'}"
+            f" differs: another model file, window, server or size)")
 
 
 def _within(lines: list[str | None], max_bytes: int) -> list[str | None]:

@@ -17,6 +17,7 @@ from clawmem_index.config import Settings, load_settings, with_overrides
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.engine import MemoryIndex
 from clawmem_index.errors import ConfigError
+from clawmem_index.search import SearchRequest
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 
@@ -54,6 +55,21 @@ def test_another_configured_provider_is_not_fresh(settings: Settings, write: Any
     status = index.status()
     assert status["fresh"] is False and status["configured_provider"] == "fake/new"
     assert any("built with fake/old" in reason for reason in status["stale_reasons"])
+    index.close()
+
+
+def test_the_same_model_under_other_settings_says_what_differs(settings: Settings, write: Any) -> None:
+    """Not "built with fake/m, not fake/m": a new model file, window, server or vector size changes
+    the identity but not the name (the local model's window did, when it came)."""
+    write("memory/a.md", "# A\nalpha\n")
+    MemoryIndex(settings, provider=FakeProvider(dims=8, model="m")).sync()
+    index = MemoryIndex(settings, provider=FakeProvider(dims=16, model="m"))
+    reasons = index.status()["stale_reasons"]
+    assert "the index was built with fake/m under other settings (its vector size differs: another model file," \
+           " window, server or size): the next sync rebuilds it" in reasons
+    warning = index.search(SearchRequest("alpha"))["warning"]
+    assert warning.startswith("the index was built with fake/m under other settings (its vector size differs")
+    assert warning.endswith("keyword results only until the next sync rebuilds it")
     index.close()
 
 
