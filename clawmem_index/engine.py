@@ -713,7 +713,10 @@ def _built_otherwise(built: dict[str, Any], current: dict[str, Any]) -> str:
     """How the index's fingerprint differs from the configured provider's identity (provider, model,
     endpoint, dims): a model's name alone would read "built with X, not X" when only its file, its
     window or its server changed."""
-    was, now = f"{built.get('provider')}/{built.get('model')}", f"{current['provider']}/{current['model']}"
+    def label(provider: object, model: object) -> str:
+        return f"{provider}/{model}" if model else str(provider)
+
+    was, now = label(built.get("provider", "none"), built.get("model")), label(current["provider"], current["model"])
     if was != now:
         return f"the index was built with {was}, not the configured {now}"
     changed = [label for label, key in (("endpoint", "endpoint"), ("vector size", "dims"))

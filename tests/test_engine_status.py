@@ -71,6 +71,11 @@ def test_the_same_model_under_other_settings_says_what_differs(settings: Setting
     assert warning.startswith("the index was built with fake/m under other settings (its vector size differs")
     assert warning.endswith("keyword results only until the next sync rebuilds it")
     index.close()
+    MemoryIndex(settings).sync()  # keyword only ("none", no model): named without a slash
+    index = MemoryIndex(settings, provider=FakeProvider(dims=8, model="m"))
+    assert "the index was built with none, not the configured fake/m: the next sync rebuilds it" in \
+        index.status()["stale_reasons"]
+    index.close()
 
 
 def test_a_failed_sync_is_remembered_until_one_succeeds(settings: Settings, write: Any) -> None:
