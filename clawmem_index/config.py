@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -40,6 +39,8 @@ MAX_CONTEXT_BUDGET = 100_000  # tokens of a `context` block: 250 chunks of 400
 
 @dataclass(frozen=True)
 class ChunkingSettings:
+    """How Markdown is cut into chunks (part of the index fingerprint)."""
+
     tokens: int = 400
     overlap: int = 80
     tokenizer: str = "cl100k_base"
@@ -53,6 +54,8 @@ class ChunkingSettings:
 
 @dataclass(frozen=True)
 class EmbeddingSettings:
+    """Which model embeds the chunks, and how requests to it are batched, retried and bounded."""
+
     provider: str = "auto"
     model: str = ""
     fallback: str = ""  # unset: an explicit provider that cannot start is an error; "none": keyword-only instead
@@ -91,6 +94,8 @@ class EmbeddingSettings:
 
 @dataclass(frozen=True)
 class SearchSettings:
+    """How a search ranks, fuses, filters and caches its answers."""
+
     mode: str = "hybrid"
     max_results: int = 6
     min_score: float = 0.2
@@ -164,6 +169,8 @@ class BatchSettings:
 
 @dataclass(frozen=True)
 class DaemonSettings:
+    """The long-lived service: how it debounces edits, rescans and idles."""
+
     debounce: float = 1.5
     max_delay: float = 10.0
     rescan_interval: float = 300.0
@@ -180,6 +187,8 @@ class DaemonSettings:
 
 @dataclass(frozen=True)
 class Settings:
+    """Every setting of one workspace, validated: the one configuration object a process loads."""
+
     workspace: Path = Path(".")
     index: Path | None = None
     socket: Path | None = None
@@ -380,6 +389,8 @@ def _find_config(ws: Path, explicit: str | os.PathLike[str] | None, env: Mapping
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    import tomllib  # here: a workspace without a settings file never needs the parser
+
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)

@@ -119,6 +119,18 @@ def test_commands_that_only_read_load_no_write_path(notes: Path, tmp_path: Path)
         assert imported == [], command  # nor, with provider "none", any provider code
 
 
+def test_the_settings_parser_is_loaded_only_for_a_settings_file(notes: Path, tmp_path: Path) -> None:
+    """tomllib costs every command ~2 ms; a workspace without `clawmem.toml` does not need it."""
+    env = {"CLAWMEM_WORKSPACE": str(notes), "CLAWMEM_INDEX": str(tmp_path / "index.sqlite"),
+           "CLAWMEM_PROVIDER": "none", "CLAWMEM_SOCKET": str(tmp_path / "none.sock"),
+           "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    out, imported = run("status", env=env, modules=("tomllib",))
+    assert (out.returncode, imported) == (0, []), out.stderr
+    (notes / "clawmem.toml").write_text("[search]\nmax_results = 3\n")
+    out, imported = run("status", env=env, modules=("tomllib",))
+    assert (out.returncode, imported) == (0, ["tomllib"]), out.stderr
+
+
 @pytest.mark.parametrize(("factory", "key", "sdk"), [
     ("clawmem_index.embeddings.openai:OpenAIProvider", "OPENAI_API_KEY", "openai"),
     ("clawmem_index.embeddings.gemini:GeminiProvider", "GEMINI_API_KEY", "google.genai"),
