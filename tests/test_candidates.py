@@ -127,6 +127,18 @@ def test_an_exponent_below_one_lifts_the_keyword_sides_middling_matches() -> Non
     assert {c.seq: c.text_score for c in lifted.candidates} == {0: 1.0, 1: 0.25, 2: None}  # reported as read
 
 
+def test_the_bound_on_unread_chunks_is_raised_to_the_exponent_too() -> None:
+    """Read 2 deep, the best so far is A (0.4 x 1 + 0.6 x 0.1 = 0.46). An unread chunk could reach
+    0.4 x 0.25 ** 0.5 + 0.6 x 0.5 = 0.5, and C does (0.490): without the exponent the bound would be
+    0.4 x 0.25 + 0.6 x 0.5 = 0.4 and the reading would stop, answering A."""
+    corpus = Corpus([Chunk(0, -10.0, 0.9), Chunk(1, -2.5, None), Chunk(2, -2.4, 0.51), Chunk(3, None, 0.45),
+                     Chunk(4, None, 0.5)])
+    pools = gather(corpus.sides(), weights=(0.4, 0.6), want=1, pool=1, cap=64, factor=lambda c: 1.0,
+                   min_score=0.0, text_exponent=0.5)
+    assert pools.proven and ordered(pools.candidates, 0.0)[0] == 2
+    assert max(depth for _, depth in corpus.reads) > 2
+
+
 def test_reading_stops_as_soon_as_no_unseen_chunk_can_pass_min_score() -> None:
     corpus = Corpus([Chunk(i, -10.0 + i, 0.1 * i) for i in range(50)])
     gather(corpus.sides(), weights=(0.4, 0.6), want=2, pool=4, cap=4096, factor=lambda c: 1.0, min_score=0.9)
