@@ -131,13 +131,35 @@ def test_a_chunk_is_embedded_in_windows_of_what_the_model_was_trained_on(model_p
     assert cosine(windowed.embed_query(short), whole.embed_query(short)) > 0.99999
 
 
+def test_windows_end_at_a_line_break_in_their_second_half(provider: LocalProvider) -> None:
+    """A dialogue's turns stay whole in one window where a line ends past half the window; a line
+    longer than the window is still cut inside, and a break too early is passed over."""
+    names = ["Nate", "Joanna"] * 10
+    topics = ["lake", "library", "market", "studio", "park"] * 4
+    turns = [f"- **{name}** (D1:{i}): I went to the {topic} on day {i} and told everyone about it at dinner."
+             for i, (name, topic) in enumerate(zip(names, topics, strict=True))]
+    text = "\n".join(turns) + "\n"
+    assert provider.count_tokens(text) > 3 * provider.window
+    pieces = provider._split(text)
+    assert "".join(p for p, _ in pieces) == text and all(count <= provider.window for _, count in pieces)
+    assert all(piece.endswith("\n") for piece, _ in pieces)
+    assert all(count > provider.window // 2 for _, count in pieces[:-1])
+
+    long_line = " ".join(f"word{i} and more" for i in range(200))
+    early = "short line\n" + long_line + "\n"
+    cut = provider._split(early)
+    assert "".join(p for p, _ in cut) == early and not cut[0][0].endswith("\n")
+    assert cut[0][1] > provider.window - 8
+
+
 def test_the_window_is_part_of_the_models_identity(provider: LocalProvider, model_path: Path) -> None:
     """Vectors made with another window are not interchangeable: the index fingerprint and the
     embedding cache's key (both from `info`) must tell them apart."""
-    assert provider.info.endpoint.endswith(";window=128")
+    assert provider.info.endpoint.endswith(";window=128;cut=lines")
     other = LocalProvider(EmbeddingSettings(local_window=256), model_path).info
-    assert other.endpoint.endswith(";window=256") and other.provider_key != provider.info.provider_key
-    assert LocalProvider(EmbeddingSettings(local_window=4096), model_path).info.endpoint.endswith(";window=512")
+    assert other.endpoint.endswith(";window=256;cut=lines") and other.provider_key != provider.info.provider_key
+    whole = LocalProvider(EmbeddingSettings(local_window=4096), model_path).info
+    assert whole.endpoint.endswith(";window=512;cut=lines")
 
 
 def test_a_model_not_known_for_short_inputs_keeps_its_whole_context(model_path: Path, tmp_path: Path) -> None:
