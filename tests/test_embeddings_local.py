@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from clawmem_index.config import EmbeddingSettings
 from clawmem_index.embeddings.base import EmbeddingProvider
@@ -150,6 +152,22 @@ def test_windows_end_at_a_line_break_in_their_second_half(provider: LocalProvide
     cut = provider._split(early)
     assert "".join(p for p, _ in cut) == early and not cut[0][0].endswith("\n")
     assert cut[0][1] > provider.window - 8
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 45), st.sampled_from([" ", "\n", "\n\n", "\r\n", "  \n"])), min_size=1,
+                max_size=50))
+def test_windows_cover_the_text_fit_and_pass_no_late_line_break(provider: LocalProvider,
+                                                                 lines: list[tuple[int, str]]) -> None:
+    text = "".join(" ".join(f"w{i}q" for i in range(words)) + end for words, end in lines)
+    pieces = provider._split(text)
+    assert "".join(p for p, _ in pieces) == text
+    assert all(count <= provider.window for _, count in pieces)
+    budget = provider.window - provider._specials
+    for piece, _ in pieces[:-1]:
+        if not piece.rstrip(" ").endswith("\n") and "\n" in piece:
+            before = piece[:piece.rindex("\n") + 1]
+            assert provider.count_tokens(before) - provider._specials < budget // 2 + 2
 
 
 def test_the_window_is_part_of_the_models_identity(provider: LocalProvider, model_path: Path) -> None:
