@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -53,6 +55,7 @@ __all__ = ["ChunkIds", "SyncReport", "embed_pending", "sync_workspace"]
 
 Progress = Callable[[int, int], None]
 
+_DATED = re.compile(r"/((?:19|20)\d\d(?!\d).*)")  # a folder or name below the source that starts with a year
 EMBED_BATCH = 64  # chunks per provider call and per vector transaction (progress moves once per batch)
 PARALLEL_MIN_BYTES = 12 << 20  # below, workers would save 10-20% at twice to three times the memory (docs/benchmarks.md)
 PARSE_BATCH = 32  # files per task sent to a chunking worker
@@ -150,7 +153,7 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
             report.chunks_removed += store.delete_file(path)
         report.removed += 1
 
-    stale.sort(key=lambda f: f.path)  # only what changed is sorted: a no-change pass sorts nothing
+    stale = _recent_first(stale)  # only what changed is sorted: a no-change pass sorts nothing
     indexed = {f.path: row for f in stale if f.path in seen and (row := store.file_row(f.path)) is not None}
     report.unchanged = len(on_disk) - len(stale)
     if progress:
@@ -173,6 +176,31 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
         _apply_batch(store, batch, indexed, report)
     report.duration = time.perf_counter() - started
     return report
+
+
+def _recent_first(files: list[MemoryFile]) -> list[MemoryFile]:
+    """The order a pass indexes files in, and so (by chunk number) the order their vectors are made:
+    the workspace's own files (MEMORY.md) first, then dated ones (a folder or name below the source
+    starting with a year: `memory/2026-11-26.md`, `memory/2026/11/`), the latest (by the path from the
+    year on) first, then the rest by path.
+
+    A first index or a rebuild for another model can leave chunks waiting hours for a local model
+    (20,000 notes: ~3 h on two cores); meanwhile hybrid search covers the curated memory and the
+    latest days, the notes an agent asks about most, instead of the oldest.
+    """
+    roots: list[MemoryFile] = []
+    dated: list[tuple[str, str, MemoryFile]] = []
+    rest: list[MemoryFile] = []
+    for f in files:
+        if "/" not in f.path:
+            roots.append(f)
+        elif (found := _DATED.search(f.path)) is not None:
+            dated.append((found.group(1), f.path, f))
+        else:
+            rest.append(f)
+    dated.sort(reverse=True)
+    by_path = operator.attrgetter("path")
+    return sorted(roots, key=by_path) + [f for _, _, f in dated] + sorted(rest, key=by_path)
 
 
 def _compare(found: Iterable[MemoryFile | None], seen: dict[str, tuple[int, int]],

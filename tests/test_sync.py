@@ -490,3 +490,35 @@ def test_parallel_chunking_keeps_a_bounded_window_of_files_in_flight(settings: S
     for p in [first, *rest]:
         assert p.fts_texts == [index_text(c.text) for c in p.chunks]
         assert p.terms == [chunk_terms_of(t) for t in p.fts_texts] and p.terms
+
+
+def test_vectors_are_made_for_the_curated_memory_and_the_latest_days_first(settings: Settings, write) -> None:
+    """A long first embedding (or a rebuild's) gives meaning search the notes asked about most first."""
+    from clawmem_index.embeddings.fake import FakeProvider
+    from clawmem_index.sync import _recent_first
+    from clawmem_index.workspace import MemoryFile
+
+    class Recording(FakeProvider):
+        def __init__(self) -> None:
+            super().__init__()
+            self.texts: list[str] = []
+
+        def embed_documents(self, texts):  # type: ignore[no-untyped-def]
+            self.texts.extend(texts)
+            return super().embed_documents(texts)
+
+    names = ["memory/projects/alpha.md", "memory/2026-11-24.md", "memory/2026-11-25.md", "MEMORY.md",
+             "memory/2026-11-26.md", "memory/people.md", "memory/2026-11-23.md", "memory/ids/20999.md"]
+    for name in names:
+        write(name, f"# Note\nthe text of {name}\n")
+    provider = Recording()
+    index = MemoryIndex(settings, provider=provider)
+    index.sync()
+    order = [text.split("the text of ")[1].strip() for text in provider.texts]
+    assert order == ["MEMORY.md", "memory/2026-11-26.md", "memory/2026-11-25.md", "memory/2026-11-24.md",
+                     "memory/2026-11-23.md", "memory/ids/20999.md", "memory/people.md", "memory/projects/alpha.md"]
+
+    nested = [MemoryFile("memory/2025/12/31.md", 0, 0), MemoryFile("memory/notes.md", 0, 0),
+              MemoryFile("memory/2026/01/02.md", 0, 0), MemoryFile("memory/2026/01/10.md", 0, 0)]
+    assert [f.path for f in _recent_first(nested)] == ["memory/2026/01/10.md", "memory/2026/01/02.md",
+                                                         "memory/2025/12/31.md", "memory/notes.md"]
