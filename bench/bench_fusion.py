@@ -10,12 +10,19 @@ reproduces the engine's answer (0.4 x (BM25 relative to the best hit) ** 0.5 + 0
 `min_score` 0.2; "keyword side ^ 1.0" is the formula before stop 34),
 so a formula's difference from it is the formula's alone. Differences are from BM25, in points of
 recall@6, overall and per category.
+
+`--windows` (a local model): each candidate chunk's windows are embedded apart, and its cosine is
+taken as the best window's, or half that and half the stored vector's (the token-weighted mean of
+the windows), under the default formula: what keeping one vector per window (several times the
+vectors) would give.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
@@ -77,6 +84,45 @@ def read_candidates(work: Path, model: str | None) -> list[tuple[dict, list[Cand
     return out
 
 
+def window_cosines(work: Path, model: str | None,
+                   data: list[tuple[dict, list[Cand]]]) -> tuple[dict[tuple[str, int], list[float]], list[list[float]]]:
+    """Per (workspace, chunk) its windows' unit vectors, and per question its query's unit vector."""
+    root = bq.locomo_workspaces(work)
+    windows: dict[tuple[str, int], list[list[float]]] = {}
+    by_ws: dict[str, list[int]] = defaultdict(list)
+    for i, (q, _) in enumerate(data):
+        by_ws[q["workspace"]].append(i)
+    queries = [[] for _ in data]
+    for name, picked in sorted(by_ws.items()):
+        searcher = bq.Searcher(root / name, work, f"locomo-{name}", model, print)
+        provider = searcher.hybrid.provider
+        store = searcher.hybrid.reader()
+        for seq, text in store.conn.execute("SELECT seq, text FROM chunks"):
+            pieces = provider._pieces(text, 0)
+            windows[(name, seq)] = [unit_list(v) for v in provider.embed_documents([p.text for p in pieces])]
+        for i in picked:
+            queries[i] = unit_list(searcher.vectors.embed_query(data[i][0]["question"]))
+        searcher.close()
+    return windows, queries
+
+
+def unit_list(vector: list[float]) -> list[float]:
+    norm = math.sqrt(math.fsum(x * x for x in vector)) or 1.0
+    return [x / norm for x in vector]
+
+
+def with_window_cosines(data: list[tuple[dict, list[Cand]]], windows: dict[tuple[str, int], list[list[float]]],
+                        queries: list[list[float]], share: float) -> list[tuple[dict, list[Cand]]]:
+    """The candidates with cosine = share x best window's + (1 - share) x the stored vector's."""
+    out = []
+    for (q, cands), query in zip(data, queries, strict=True):
+        def best(c: Cand) -> float:
+            return max(sum(a * b for a, b in zip(query, w)) for w in windows[(q["workspace"], c.seq)])
+        out.append((q, [dataclasses.replace(c, cosine=min(1.0, max(0.0, share * best(c) + (1 - share) * c.cosine)))
+                        for c in cands]))
+    return out
+
+
 def recall(data: list[tuple[dict, list[Cand]]], formula: Formula, min_score: float) -> list[float]:
     values = []
     for q, cands in data:
@@ -126,8 +172,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--model")
+    parser.add_argument("--windows", action="store_true", help="compare one vector per window (a local model)")
     args = parser.parse_args()
     data = read_candidates(args.work, args.model)
+    if args.windows:
+        compare_windows(args.work, args.model, data)
+        return
     categories = sorted({q["category_name"] for q, _ in data})
     base = recall(data, *formulas()["bm25"])
     print(f"{len(data)} questions; BM25 recall@6 {statistics.mean(base):.4f}")
@@ -143,6 +193,21 @@ def main() -> None:
             per_cat.append(f"{100 * statistics.mean(got[i] - base[i] for i in picked):+.1f}")
         print(f"| {name} | {statistics.mean(got):.4f} | {100 * statistics.mean(g - b for g, b in zip(got, base)):+.2f} | "
               + " | ".join(per_cat) + " |")
+
+
+def compare_windows(work: Path, model: str | None, data: list[tuple[dict, list[Cand]]]) -> None:
+    windows, queries = window_cosines(work, model, data)
+    base = recall(data, *formulas()["bm25"])
+    default, min_score = formulas()["default"]
+    print(f"{len(data)} questions; BM25 recall@6 {statistics.mean(base):.4f}")
+    print("| chunk cosine | hybrid recall@6 | vs BM25 | vector only |")
+    print("|---|---|---|---|")
+    for name, share in (("stored vector (mean of windows)", 0.0), ("best window", 1.0), ("half each", 0.5)):
+        scored = with_window_cosines(data, windows, queries, share)
+        got = recall(scored, default, min_score)
+        vector = recall(scored, lambda c, best: c.cosine, 0.0)
+        print(f"| {name} | {statistics.mean(got):.4f} | {100 * statistics.mean(g - b for g, b in zip(got, base)):+.2f}"
+              f" | {statistics.mean(vector):.4f} |")
 
 
 if __name__ == "__main__":
