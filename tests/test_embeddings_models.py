@@ -7,7 +7,9 @@ to cut a body short or to ignore Range, so resuming is exercised over a socket, 
 from __future__ import annotations
 
 import os
+import random
 import shutil
+import struct
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -275,6 +277,32 @@ def test_gguf_metadata_reads_scalars_and_refuses_other_files(tmp_path: Path) -> 
     (tmp_path / "cut.gguf").write_bytes(model.read_bytes()[:5000])
     with pytest.raises(ProviderError, match="truncated"):
         gguf_metadata(tmp_path / "cut.gguf")
+
+
+def _gguf_with_strings(strings: list[bytes]) -> bytes:
+    """A GGUF header: a string array (as a vocabulary is), then two scalars, no tensors."""
+    def text(value: bytes) -> bytes:
+        return struct.pack("<Q", len(value)) + value
+
+    array = struct.pack("<IQ", 8, len(strings)) + b"".join(text(v) for v in strings)
+    return (b"GGUF" + struct.pack("<IQQ", 3, 0, 3) + text(b"tokenizer.ggml.tokens") + struct.pack("<I", 9) + array
+            + text(b"after") + struct.pack("<II", 4, 7) + text(b"general.name") + struct.pack("<I", 8) + text(b"x"))
+
+
+def test_a_vocabulary_is_skipped_whatever_its_strings_lengths(tmp_path: Path) -> None:
+    """Strings are passed a block at a time: ones across a block's end, longer than a block, empty."""
+    rng = random.Random(7)
+    strings = [bytes(rng.randrange(97, 123) for _ in range(rng.choice([0, 1, 5, 30, 700, 5000])))
+               for _ in range(3000)]
+    strings[1500:1500] = [b"y" * 200_000, b"", b"z" * 65_528]
+    data = _gguf_with_strings(strings)
+    model = tmp_path / "vocab.gguf"
+    model.write_bytes(data)
+    assert gguf_metadata(model) == {"after": 7, "general.name": "x"}
+    for cut in (40, 1000, len(data) // 2, len(data) - 30, len(data) - 1):
+        model.write_bytes(data[:cut])
+        with pytest.raises(ProviderError, match="truncated"):
+            gguf_metadata(model)
 
 
 def test_model_identity_follows_content_not_location(tmp_path: Path) -> None:

@@ -319,6 +319,8 @@ def model_identity(path: Path) -> str:
     return f"gguf:{size}:{digest.hexdigest()}"
 
 
+_BLOCK = 1 << 16
+_U64 = struct.Struct("<Q")
 _ARRAY = 9
 _STRING = 8
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -346,12 +348,29 @@ class _HeaderReader:
     def value(self, vtype: int) -> Any:
         return self.string() if vtype == _STRING else self.scalar(vtype)
 
+    def _skip_strings(self, count: int) -> None:
+        """Pass `count` length-prefixed strings, read a block at a time: a seek per string (a vocabulary
+        of 30,522) made reading MiniLM's header 11 ms of every command that uses the local model."""
+        fh = self._fh
+        block = b""
+        at = 0
+        for _ in range(count):
+            if at + 8 > len(block):
+                if at > len(block):  # the last string ran past the block
+                    fh.seek(at - len(block), os.SEEK_CUR)
+                    block, at = b"", 0
+                block = block[at:] + fh.read(_BLOCK)
+                at = 0
+                if len(block) < 8:
+                    raise ProviderError("truncated GGUF header")
+            at += 8 + _U64.unpack_from(block, at)[0]
+        fh.seek(at - len(block), os.SEEK_CUR)  # back to just past the last string (or on past the block)
+
     def skip_array(self) -> None:
         item_type = self.scalar(4)
         count = self.scalar(10)
         if item_type == _STRING:
-            for _ in range(count):
-                self._fh.seek(self.scalar(10), os.SEEK_CUR)
+            self._skip_strings(count)
         elif item_type == _ARRAY:
             for _ in range(count):
                 self.skip_array()
