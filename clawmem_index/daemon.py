@@ -490,6 +490,7 @@ class Daemon:
             "last_error": writer["last_error"],
             "embedding_error": embedder["last_error"],
             "embedding_retry_in": embedder["retry_in"],
+            "embedding_progress": embedder["progress"],
             "requests_served": self.server.served if self.server is not None else 0,
             "reloads": self.reloads,
             "memory": {"rss_bytes": _resident_bytes(), **self.index.backend.memory()},

@@ -22,7 +22,20 @@ from clawmem_index.writer import Backoff, IndexSource, Run
 if TYPE_CHECKING:
     from clawmem_index.engine import MemoryIndex
 
-__all__ = ["Embedder"]
+__all__ = ["Embedder", "progress_report"]
+
+
+def progress_report(done: int, total: int, started: float, stored_at: float, now: float) -> dict[str, object]:
+    """How far an embedding pass is, its rate so far and when it should end at that rate.
+
+    A first index or a new model can keep a local model busy for hours (20,000 notes: ~3 h on two
+    cores); `status` says how long, not only how many chunks wait. The rate is taken at the last
+    stored batch (`stored_at`), so it does not sink while the next batch is being made.
+    """
+    rate = done / (stored_at - started) if done and stored_at > started else None
+    eta = max(0.0, (total - done) / rate - (now - stored_at)) if rate else None
+    return {"embedded": done, "of": total, "per_second": round(rate, 1) if rate else None,
+            "eta_seconds": round(eta) if eta is not None else None}
 
 
 class Embedder:
@@ -43,6 +56,7 @@ class Embedder:
         self._last: Run | None = None
         self._last_failure: Run | None = None
         self.counts = {"embed": 0, "failed": 0}
+        self._progress: tuple[int, int, float, float] | None = None  # (embedded, of, started, last stored at)
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -81,7 +95,16 @@ class Embedder:
                 "last": self._last.as_dict() if self._last is not None else None,
                 "last_error": str(failure.error) if failure is not None and failure.error is not None else None,
                 "retry_in": round(max(0.0, self._not_before - time.monotonic()), 1) if self._wanted else None,
+                "progress": self._progress_report() if self._running else None,
             }
+
+    def _progress_report(self) -> dict[str, object] | None:
+        return None if self._progress is None else progress_report(*self._progress, time.monotonic())
+
+    def _note_progress(self, done: int, total: int) -> None:
+        with self._cond:
+            started = self._progress[2] if self._progress is not None else time.monotonic()
+            self._progress = (done, total, started, time.monotonic())
 
     # -- the thread --------------------------------------------------------------------------
 
@@ -100,6 +123,7 @@ class Embedder:
             run = self._pass()
             with self._cond:
                 self._running = False
+                self._progress = None
                 self._last = run
                 self.counts["embed"] += 1
                 if run.error is not None:
@@ -160,10 +184,13 @@ class Embedder:
                 self._log.warning("batch_job", problem=note)
             if jobs.submitted:
                 self._log.info("batch_job", submitted=jobs.submitted, chunks=jobs.waiting_chunks)
+            with self._cond:
+                now = time.monotonic()
+                self._progress = (0, store.pending_embeddings(), now, now)
             run.embedded, error = embed_pending(
                 store, provider, cache_max_entries=index.settings.embedding.cache_max_entries,
                 fingerprint=fingerprint, should_stop=lambda: self._stopping, exclude=covered(store, provider),
-                precision=index.settings.embedding.precision)
+                precision=index.settings.embedding.precision, progress=self._note_progress)
             run.pending_embeddings = store.pending_embeddings()
             if jobs.busy:
                 run.poll_in = index.settings.batch.poll_interval

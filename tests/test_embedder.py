@@ -10,7 +10,7 @@ from typing import Any
 from daemon_helpers import RecordingLog, wait_until
 
 from clawmem_index.config import Settings
-from clawmem_index.embedder import Embedder
+from clawmem_index.embedder import Embedder, progress_report
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.engine import MemoryIndex
 from clawmem_index.errors import ProviderError
@@ -187,3 +187,46 @@ def test_a_pass_whose_provider_a_reload_released_goes_again_at_once_with_the_new
         embedder.stop(5)
         released.close()
         current.close()
+
+
+class GatedProvider(FakeProvider):
+    """Answers its first call at once and holds every later one until the test lets it."""
+
+    def __init__(self) -> None:
+        super().__init__(dims=16)
+        self.release = threading.Event()
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        if self.document_calls >= 1 and not self.release.wait(30):
+            raise ProviderError("never released")
+        return super().embed_documents(texts)
+
+
+def test_a_running_pass_reports_how_far_it_is_and_when_it_should_end(settings: Settings, write: Any) -> None:
+    from clawmem_index.sync import EMBED_BATCH
+
+    for n in range(EMBED_BATCH + 6):
+        write(f"memory/note-{n}.md", f"# Note {n}\nthe word number{n} alone\n")
+    provider = GatedProvider()
+    index = MemoryIndex(settings, provider=provider)
+    with threads(index) as (writer, embedder, _):
+        writer.wait_sync(writer.request_sync("startup"), timeout=10)
+        wait_until(lambda: (embedder.state()["progress"] or {}).get("embedded") == EMBED_BATCH,
+                   message="the first batch stored")
+        progress = embedder.state()["progress"]
+        assert isinstance(progress, dict) and progress["of"] == EMBED_BATCH + 6
+        assert progress["per_second"] > 0 and progress["eta_seconds"] >= 0
+        provider.release.set()
+        wait_until(lambda: index.status()["pending_embeddings"] == 0 and not embedder.state()["running"],
+                   message="the rest of the pass")
+        assert embedder.state()["progress"] is None  # nothing running, nothing to report
+
+
+def test_the_rate_is_the_last_stored_batchs_and_the_eta_counts_down_between_batches() -> None:
+    """64 of 128 stored 10 s into the pass: 6.4 a second; 2 s later 8 s are left, not a rate that sinks."""
+    assert progress_report(64, 128, 100.0, 110.0, 110.0) == {"embedded": 64, "of": 128, "per_second": 6.4,
+                                                               "eta_seconds": 10}
+    assert progress_report(64, 128, 100.0, 110.0, 112.0)["eta_seconds"] == 8
+    assert progress_report(64, 128, 100.0, 110.0, 125.0)["eta_seconds"] == 0  # late: never negative
+    assert progress_report(0, 128, 100.0, 100.0, 130.0) == {"embedded": 0, "of": 128, "per_second": None,
+                                                             "eta_seconds": None}  # no batch yet: no guess

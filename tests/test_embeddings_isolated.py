@@ -280,7 +280,8 @@ def test_a_reload_keeps_one_model_process(model: Path, workspace: Path, tmp_path
         wait_until(lambda: not alive(first), timeout=30, message="the old model process ended")
         # A pass the reload cut short goes again at once, with the new provider (not after a failure's backoff).
         wait_until(lambda: status()["pending_embeddings"] == 0, timeout=20, message="every chunk with its vector")
-        assert status()["daemon"]["embedding_error"] is None
+        daemon = status()["daemon"]
+        assert daemon["embedding_error"] is None and "embedding_progress" in daemon
         # The new one starts when first needed (lazily): here for a search's query vector.
         asked = subprocess.run([*CLAWMEM, "search", "--workspace", str(workspace), "--socket", str(sock), "--json",
                                 "--mode", "vector", "--min-score", "0", "which staging server"],
