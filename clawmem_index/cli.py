@@ -300,6 +300,7 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
             return
         if answer.get("warning"):
             click.echo(f"clawmem: note: {answer['warning']}", err=True)
+        _note_staleness(answer)
         results = answer["results"]
         if not results:
             click.echo("no results", err=True)
@@ -322,6 +323,20 @@ def _workspace_names(workspace_set: str | None) -> list[str] | None:
     if not workspace_set:
         return None
     return [name.strip() for name in _argument(workspace_set).split(",") if name.strip()]
+
+
+def _note_staleness(answer: dict[str, Any]) -> None:
+    """Say on stderr what the answer could not cover yet (the JSON answer carries the same counts)."""
+    index = answer.get("index") or {}
+    files = index.get("pending_files") or 0
+    if files:
+        least = "" if index.get("pending_files_complete", True) else "at least "
+        click.echo(f"clawmem: note: {least}{files} file(s) changed since the last sync: not in this answer yet",
+                   err=True)
+    waiting = index.get("pending_embeddings") or 0
+    if waiting and answer.get("mode") in ("hybrid", "vector"):
+        click.echo(f"clawmem: note: {waiting} chunk(s) wait for a vector: meaning search does not cover them yet"
+                   + (" (keyword search does)" if answer.get("mode") == "hybrid" else ""), err=True)
 
 
 def _note_unreadable(answer: dict[str, Any]) -> None:
@@ -407,6 +422,7 @@ def context(query: tuple[str, ...], budget: int | None, as_json: bool, max_resul
             return
         if answer.get("warning"):
             click.echo(f"clawmem: note: {answer['warning']}", err=True)
+        _note_staleness(answer)
         _note_unreadable(answer)
         if answer["text"]:
             click.echo(answer["text"])
