@@ -29,7 +29,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from clawmem_index.config import Settings
     from clawmem_index.engine import MemoryIndex
 
-__all__ = ["DAEMON_RETRY", "Client"]
+__all__ = ["DAEMON_RETRY", "Client", "coverage_notes"]
 
 DAEMON_RETRY = 2.0  # seconds between looks for a daemon while the index file answers
 
@@ -237,6 +237,22 @@ class Client:
         if method == "get":
             return index.get(p["path"], p.get("from"), p.get("lines"), p.get("max_bytes"))
         return index.status()
+
+
+def coverage_notes(answer: Mapping[str, Any]) -> list[str]:
+    """What a search or context answer does not cover yet, in words (its `index` counts say the same):
+    files changed since the last sync, and for a hybrid or vector answer, chunks without a vector."""
+    index = answer.get("index") or {}
+    notes = []
+    files = index.get("pending_files") or 0
+    if files:
+        least = "" if index.get("pending_files_complete", True) else "at least "
+        notes.append(f"{least}{files} file(s) changed since the last sync: not in this answer yet")
+    waiting = index.get("pending_embeddings") or 0
+    if waiting and answer.get("mode") in ("hybrid", "vector"):
+        notes.append(f"{waiting} chunk(s) wait for a vector: meaning search does not cover them yet"
+                     + (" (keyword search does)" if answer.get("mode") == "hybrid" else ""))
+    return notes
 
 
 def _path(value: StrPath | None) -> str | None:

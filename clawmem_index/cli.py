@@ -326,17 +326,11 @@ def _workspace_names(workspace_set: str | None) -> list[str] | None:
 
 
 def _note_staleness(answer: dict[str, Any]) -> None:
-    """Say on stderr what the answer could not cover yet (the JSON answer carries the same counts)."""
-    index = answer.get("index") or {}
-    files = index.get("pending_files") or 0
-    if files:
-        least = "" if index.get("pending_files_complete", True) else "at least "
-        click.echo(f"clawmem: note: {least}{files} file(s) changed since the last sync: not in this answer yet",
-                   err=True)
-    waiting = index.get("pending_embeddings") or 0
-    if waiting and answer.get("mode") in ("hybrid", "vector"):
-        click.echo(f"clawmem: note: {waiting} chunk(s) wait for a vector: meaning search does not cover them yet"
-                   + (" (keyword search does)" if answer.get("mode") == "hybrid" else ""), err=True)
+    """Say on stderr what the answer does not cover yet (the JSON answer carries the same counts)."""
+    from clawmem_index.api import coverage_notes
+
+    for note in coverage_notes(answer):
+        click.echo(f"clawmem: note: {note}", err=True)
 
 
 def _note_unreadable(answer: dict[str, Any]) -> None:

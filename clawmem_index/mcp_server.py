@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clawmem_index import DISTRIBUTION, __version__
+from clawmem_index.api import coverage_notes
 from clawmem_index.config import MAX_CONTEXT_BUDGET
 from clawmem_index.context import citation
 from clawmem_index.errors import ClawmemError, ConfigError, ExtraNotInstalled, QueryError
@@ -208,10 +209,12 @@ def _context(client: Client, args: dict[str, Any]) -> tuple[dict[str, Any], str]
                 for s in answer["sections"]]
     data = {**answer, "sections": sections}
     if answer["text"]:
-        return data, str(answer["text"])
-    if answer["hits"]:
-        return data, f"(no memory lines fit in {answer['budget']} tokens)"
-    return data, "(no memory matched this query)"
+        text = str(answer["text"])
+    elif answer["hits"]:
+        text = f"(no memory lines fit in {answer['budget']} tokens)"
+    else:
+        text = "(no memory matched this query)"
+    return data, text + "".join(f"\n(note: {note})" for note in coverage_notes(answer))
 
 
 _TOOL_CALLS: dict[str, Callable[[Client, dict[str, Any]], tuple[dict[str, Any], str]]] = {

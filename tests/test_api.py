@@ -264,3 +264,16 @@ def test_explain_goes_through_the_daemon_and_is_checked(indexed: Settings, works
         with RawClient(settings.socket_path) as raw:
             refused = raw.call("search", {"query": "ocelot", "explain": "yes"})
             assert refused["error"]["code"] == -32602 and "explain" in refused["error"]["message"]
+
+
+def test_coverage_notes_say_what_an_answer_does_not_cover_yet() -> None:
+    from clawmem_index.api import coverage_notes
+
+    assert coverage_notes({"mode": "hybrid", "index": {"pending_files": 0, "pending_embeddings": 0}}) == []
+    assert coverage_notes({"mode": "hybrid", "index": {"pending_files": 3, "pending_files_complete": False,
+                                                       "pending_embeddings": 76}}) == [
+        "at least 3 file(s) changed since the last sync: not in this answer yet",
+        "76 chunk(s) wait for a vector: meaning search does not cover them yet (keyword search does)"]
+    assert coverage_notes({"mode": "vector", "index": {"pending_embeddings": 2}}) == [
+        "2 chunk(s) wait for a vector: meaning search does not cover them yet"]
+    assert coverage_notes({"mode": "bm25", "index": {"pending_embeddings": 2}}) == []  # keywords asked: all there

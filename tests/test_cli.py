@@ -195,18 +195,3 @@ def test_a_search_says_what_its_answer_does_not_cover_yet(ws: Path) -> None:
         assert "clawmem: note: 1 file(s) changed since the last sync: not in this answer yet" in out.stderr
         assert "wait for a vector" not in out.stderr  # a keyword-only index has no vectors to wait for
 
-
-def test_the_notes_on_what_an_answer_does_not_cover(capsys: pytest.CaptureFixture[str]) -> None:
-    from clawmem_index.cli import _note_staleness
-
-    def said(answer: dict[str, object]) -> str:
-        _note_staleness(answer)
-        return capsys.readouterr().err
-
-    assert said({"mode": "hybrid", "index": {"pending_files": 0, "pending_embeddings": 0}}) == ""
-    assert said({"mode": "hybrid", "index": {"pending_files": 3, "pending_files_complete": False,
-                                             "pending_embeddings": 76}}).splitlines() == [
-        "clawmem: note: at least 3 file(s) changed since the last sync: not in this answer yet",
-        "clawmem: note: 76 chunk(s) wait for a vector: meaning search does not cover them yet (keyword search does)"]
-    assert said({"mode": "vector", "index": {"pending_embeddings": 2}}).endswith("does not cover them yet\n")
-    assert said({"mode": "bm25", "index": {"pending_embeddings": 2}}) == ""  # keywords were asked for: all there

@@ -418,3 +418,14 @@ def test_a_transcript_hit_is_not_sent_to_memory_get_blindly(workspace: Path, tmp
         assert hit["source"] == "sessions" and "okapi" in hit["snippet"]
         refused = call_tool(client, "memory_get", {"path": hit["path"]})
         assert refused.error and "session transcripts are searched, not read" in refused.text
+
+
+def test_a_context_block_says_what_it_does_not_cover_yet(indexed: Settings, sock_dir: Path) -> None:
+    """The block goes into a prompt as it is: a note under it is the only way the agent learns it may be stale."""
+    with Client(indexed.workspace, index=indexed.index_path, socket=sock_dir / "none.sock", provider="none") as client:
+        fresh = call_tool(client, "memory_context", {"query": "sqlite"})
+        assert not fresh.error and "Why sqlite" in fresh.text and "(note:" not in fresh.text
+        (indexed.workspace / "memory" / "2026-11-26.md").write_text("# 2026-11-26\n\n- sqlite stays.\n")
+        stale = call_tool(client, "memory_context", {"query": "sqlite"})
+        assert stale.text == fresh.text + "\n(note: 1 file(s) changed since the last sync: not in this answer yet)"
+        assert stale.data["index"]["pending_files"] == 1 and stale.data["text"] == fresh.data["text"]
