@@ -55,7 +55,9 @@ __all__ = ["ChunkIds", "SyncReport", "embed_pending", "sync_workspace"]
 
 Progress = Callable[[int, int], None]
 
-_DATED = re.compile(r"/((?:19|20)\d\d(?!\d).*)")  # a folder or name below the source that starts with a year
+# A folder or name below the source that starts with a year, and the month and day after it (2026/11/25, 2026-11).
+_DATED = re.compile(r"/((?:19|20)\d\d)(?!\d)(?:[-_./](\d\d?)(?!\d))?(?:[-_./](\d\d?)(?!\d))?")
+_FULL_DATE = re.compile(r"(?<!\d)((?:19|20)\d\d)[-_./](\d\d?)[-_./](\d\d?)(?!\d)")
 EMBED_BATCH = 64  # chunks per provider call and per vector transaction (progress moves once per batch)
 PARALLEL_MIN_BYTES = 12 << 20  # below, workers would save 10-20% at twice to three times the memory (docs/benchmarks.md)
 PARSE_BATCH = 32  # files per task sent to a chunking worker
@@ -181,26 +183,34 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
 def _recent_first(files: list[MemoryFile]) -> list[MemoryFile]:
     """The order a pass indexes files in, and so (by chunk number) the order their vectors are made:
     the workspace's own files (MEMORY.md) first, then dated ones (a folder or name below the source
-    starting with a year: `memory/2026-11-26.md`, `memory/2026/11/`), the latest (by the path from the
-    year on) first, then the rest by path.
+    starting with a year: `memory/2026-11-26.md`, `memory/2026/11/25.md`), the latest first, then the
+    rest by path. Dates of different layouts compare as dates (`_date_key`), not as strings.
 
     A first index or a rebuild for another model can leave chunks waiting hours for a local model
     (20,000 notes: ~3 h on two cores); meanwhile hybrid search covers the curated memory and the
     latest days, the notes an agent asks about most, instead of the oldest.
     """
     roots: list[MemoryFile] = []
-    dated: list[tuple[str, str, MemoryFile]] = []
+    dated: list[tuple[tuple[int, int, int], str, MemoryFile]] = []
     rest: list[MemoryFile] = []
     for f in files:
         if "/" not in f.path:
             roots.append(f)
         elif (found := _DATED.search(f.path)) is not None:
-            dated.append((found.group(1), f.path, f))
+            dated.append((_date_key(f.path, found), f.path, f))
         else:
             rest.append(f)
     dated.sort(reverse=True)
     by_path = operator.attrgetter("path")
     return sorted(roots, key=by_path) + [f for _, _, f in dated] + sorted(rest, key=by_path)
+
+
+def _date_key(path: str, found: re.Match[str]) -> tuple[int, int, int]:
+    """A dated file's (year, month, day), 0 for a part its path does not give: the last full date in
+    its path (`2026/2026-11-24.md`, `2026/11/25.md`), else the year and month `found` there."""
+    full = _FULL_DATE.findall(path) if found.group(3) is None else None
+    year, month, day = full[-1] if full else found.groups()
+    return int(year), int(month or 0), int(day or 0)
 
 
 def _compare(found: Iterable[MemoryFile | None], seen: dict[str, tuple[int, int]],

@@ -522,3 +522,10 @@ def test_vectors_are_made_for_the_curated_memory_and_the_latest_days_first(setti
               MemoryFile("memory/2026/01/02.md", 0, 0), MemoryFile("memory/2026/01/10.md", 0, 0)]
     assert [f.path for f in _recent_first(nested)] == ["memory/2026/01/10.md", "memory/2026/01/02.md",
                                                          "memory/2025/12/31.md", "memory/notes.md"]
+    # A workspace that changed layout: its days still come latest first, whatever spells their dates.
+    mixed = [MemoryFile(name, 0, 0) for name in ("memory/2026/11/9.md", "memory/2026-11-26.md", "memory/2026/11/25.md",
+                                                 "memory/2026/2026-11-24.md", "memory/2026-11-03-standup.md",
+                                                 "memory/2026/10/notes.md", "memory/2026/11/30.md")]
+    assert [f.path for f in _recent_first(mixed)] == [
+        "memory/2026/11/30.md", "memory/2026-11-26.md", "memory/2026/11/25.md", "memory/2026/2026-11-24.md",
+        "memory/2026/11/9.md", "memory/2026-11-03-standup.md", "memory/2026/10/notes.md"]
