@@ -17,7 +17,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,6 +230,13 @@ class Store:
         self.keywords.add(seq, fts_text, id=id, path=path, source=source, model=model, start_line=start_line,
                           end_line=end_line)
         return seq
+
+    def date_undated(self, dates: Mapping[str, str]) -> int:
+        """Give the undated chunks of these memory files (path -> ISO date) that date; returns how many."""
+        before = self.conn.total_changes()
+        self.conn.executemany("UPDATE chunks SET date = ? WHERE path = ? AND source = 'memory' AND date IS NULL",
+                              [(day, path) for path, day in dates.items()])
+        return self.conn.total_changes() - before
 
     def move_chunk(self, seq: int, start_line: int, end_line: int) -> None:
         """New line numbers for an unchanged chunk (text shifted by an edit above it)."""

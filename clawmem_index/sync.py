@@ -44,6 +44,7 @@ from clawmem_index.workspace import (
     MemoryFile,
     Skipped,
     file_date,
+    folder_date,
     path_key,
     scan,
     source_scope,
@@ -57,7 +58,7 @@ Progress = Callable[[int, int], None]
 
 # A folder or name below the source that starts with a year, and the month and day after it (2026/11/25, 2026-11).
 _DATED = re.compile(r"/((?:19|20)\d\d)(?!\d)(?:[-_./](\d\d?)(?!\d))?(?:[-_./](\d\d?)(?!\d))?")
-_FULL_DATE = re.compile(r"(?<!\d)((?:19|20)\d\d)[-_./](\d\d?)[-_./](\d\d?)(?!\d)")
+DATING = "folders"  # meta `dating`: the index's chunks are dated by names and year/month/day folders (file_date)
 EMBED_BATCH = 64  # chunks per provider call and per vector transaction (progress moves once per batch)
 PARALLEL_MIN_BYTES = 12 << 20  # below, workers would save 10-20% at twice to three times the memory (docs/benchmarks.md)
 PARSE_BATCH = 32  # files per task sent to a chunking worker
@@ -137,6 +138,8 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
     started = time.perf_counter()
     report = SyncReport()
     skipped: list[Skipped] = []
+    if store.get_meta("dating") != DATING:
+        _date_by_folders(store)
     if paths is None:
         memory, sessions = source_scope(settings)
         seen = store.file_stats()  # (mtime, size) only: whole rows are read for the files that changed
@@ -180,6 +183,16 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
     return report
 
 
+def _date_by_folders(store: Store) -> None:
+    """Date the chunks of files an older clawmem indexed undated because their date is in their folders
+    (`memory/2026/11/25.md`): from the paths alone, once per index (meta `dating`), no file read again."""
+    dates = {path: day for path in store.file_stats() if folder_date(path) is not None
+             and (day := file_date(path)) is not None}
+    with store.transaction():
+        store.date_undated(dates)
+        store.set_meta("dating", DATING)
+
+
 def _recent_first(files: list[MemoryFile]) -> list[MemoryFile]:
     """The order a pass indexes files in, and so (by chunk number) the order their vectors are made:
     the workspace's own files (MEMORY.md) first, then dated ones (a folder or name below the source
@@ -206,11 +219,11 @@ def _recent_first(files: list[MemoryFile]) -> list[MemoryFile]:
 
 
 def _date_key(path: str, found: re.Match[str]) -> tuple[int, int, int]:
-    """A dated file's (year, month, day), 0 for a part its path does not give: the last full date in
-    its path (`2026/2026-11-24.md`, `2026/11/25.md`), else the year and month `found` there."""
-    full = _FULL_DATE.findall(path) if found.group(3) is None else None
-    year, month, day = full[-1] if full else found.groups()
-    return int(year), int(month or 0), int(day or 0)
+    """A dated file's (year, month, day), 0 for a part its path does not give: its date (`file_date`),
+    else the year, month and day `found` after a folder (`2026/11/`, `2026.11.26`)."""
+    day = file_date(path)
+    year, month, mday = day.split("-") if day is not None else found.groups()
+    return int(year), int(month or 0), int(mday or 0)
 
 
 def _compare(found: Iterable[MemoryFile | None], seen: dict[str, tuple[int, int]],

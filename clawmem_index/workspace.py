@@ -32,6 +32,7 @@ __all__ = [
     "Skipped",
     "excluded",
     "file_date",
+    "folder_date",
     "is_memory_path",
     "memory_key",
     "open_memory_file",
@@ -233,17 +234,32 @@ def _glob(pattern: str) -> re.Pattern[str]:
 
 
 _DATE = re.compile(r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)")
+_FOLDER_DATE = re.compile(r"(?:^|/)(\d{4})/(\d\d?)/(\d\d?)(?!\d)")  # memory/2026/11/22.md, memory/2026/11/22/
 
 
 def file_date(key: str) -> str | None:
-    """The date of a daily file, from the YYYY-MM-DD in its name (`memory/2026/2026-11-22.md`), else None."""
-    name = key.rsplit("/", 1)[-1]
-    for match in reversed(list(_DATE.finditer(name))):
-        try:
-            return dt.date(*map(int, match.groups())).isoformat()
-        except ValueError:
-            continue
+    """The date of a daily file: the YYYY-MM-DD in its name (`memory/2026/2026-11-22.md`,
+    `memory/log/2026-11-22-standup.md`), else its year, month and day folders (`memory/2026/11/22.md`,
+    `memory/2026/11/22/notes.md`); None for a file with neither."""
+    for match in reversed(list(_DATE.finditer(key.rsplit("/", 1)[-1]))):
+        if (day := _iso_day(*match.groups())) is not None:
+            return day
+    return folder_date(key)
+
+
+def folder_date(key: str) -> str | None:
+    """The date a path's year/month/day folders give (the last such run in it), else None."""
+    for match in reversed(list(_FOLDER_DATE.finditer(key))):
+        if (day := _iso_day(*match.groups())) is not None:
+            return day
     return None
+
+
+def _iso_day(year: str, month: str, day: str) -> str | None:
+    try:
+        return dt.date(int(year), int(month), int(day)).isoformat()
+    except ValueError:
+        return None
 
 
 def is_memory_path(rel: str, extra_paths: Sequence[str] = ()) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import apsw
 import psycopg
 import pytest
 from daemon_helpers import RawClient, daemon_settings, running_daemon, short_dir, wait_until
@@ -124,6 +125,40 @@ def test_index_search_get_and_status(backend: dict[str, str], workspace: Path, w
         index.sync()
         assert index.search(SearchRequest("invoice", mode="bm25"))["results"] == []
         assert index.status()["fresh"] is True
+    finally:
+        index.close()
+
+
+def test_notes_dated_by_their_folders_are_dated_and_an_older_index_is_dated_in_place(
+        backend: dict[str, str], workspace: Path, write) -> None:
+    """`since`/`before` and recency decay see a daily log kept as memory/2026/11/25.md; an index made before
+    dates were read from folders (its chunks undated) is dated at its next sync without reading a file."""
+    for name in ("memory/2026/11/25.md", "memory/2026/11/26/standup.md", "memory/2025/12/31.md",
+                 "memory/notes/walrus.md", "MEMORY.md"):
+        write(name, f"# Note\nwalrus seen in {name}\n")
+    index = MemoryIndex(settings_for(workspace, backend))
+
+    def dated(**bounds: str) -> list[str]:
+        request = SearchRequest("walrus", mode="bm25", min_score=0.0, max_results=20, **bounds)
+        return sorted(r["path"] for r in index.search(request)["results"])
+
+    try:
+        index.sync()
+        assert dated(since="2026-11-26") == ["memory/2026/11/26/standup.md"]
+        assert dated(since="2025-01-01", before="2026-11-26") == ["memory/2025/12/31.md", "memory/2026/11/25.md"]
+        if backend["index_backend"] == "sqlite":
+            old = apsw.Connection(backend["index"])
+            old.execute("UPDATE chunks SET date = NULL; DELETE FROM meta WHERE key = 'dating'")
+            old.close()
+        else:
+            with psycopg.connect(backend["index_url"], autocommit=True) as conn:
+                conn.execute("UPDATE cm_chunks SET date = NULL")
+                conn.execute("DELETE FROM cm_meta WHERE key = 'dating'")
+        assert dated(since="2025-01-01") == []
+        report = index.sync()
+        assert (report.unchanged, report.bytes_read) == (5, 0)
+        assert dated(since="2025-01-01") == ["memory/2025/12/31.md", "memory/2026/11/25.md",
+                                             "memory/2026/11/26/standup.md"]
     finally:
         index.close()
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from clawmem_index.errors import PathError
-from clawmem_index.workspace import Skipped, is_memory_path, memory_key, open_memory_file, scan
+from clawmem_index.workspace import Skipped, file_date, is_memory_path, memory_key, open_memory_file, scan
 
 
 def resolve(workspace: Path, requested: str) -> Path:
@@ -85,6 +85,25 @@ def test_newest_first_walks_dated_names_first_latest_first(workspace: Path, writ
         "MEMORY.md", "memory/2026-02-01.md", "memory/2026-01-01.md", "memory/people.md",
         "memory/2026/01/03.md", "memory/2026/01/02.md", "memory/2025/12/31.md", "memory/projects/x.md"]
     assert sorted(f.path for f in scan(workspace)) == sorted(f.path for f in scan(workspace, newest_first=True))
+
+
+@pytest.mark.parametrize("key, day", [
+    ("memory/2026-11-22.md", "2026-11-22"),
+    ("memory/log/standup-2026-11-22.md", "2026-11-22"),
+    ("memory/2026/11/22.md", "2026-11-22"),
+    ("memory/2026/1/5.md", "2026-01-05"),
+    ("memory/2026/11/22-standup.md", "2026-11-22"),
+    ("memory/2026/11/22/notes.md", "2026-11-22"),
+    ("memory/2026/11/2026-11-20.md", "2026-11-20"),  # the name's own date wins
+    ("memory/2026/11/20/2026-13-40.md", "2026-11-20"),  # a name's impossible date: the folders'
+    ("memory/2026/02/30.md", None),
+    ("memory/2026/11/notes.md", None),
+    ("memory/ids/2026/10/123.md", None),
+    ("memory/x2026/11/22.md", None),
+    ("MEMORY.md", None),
+])
+def test_a_files_date_comes_from_its_name_else_its_year_month_day_folders(key: str, day: str | None) -> None:
+    assert file_date(key) == day
 
 
 def test_is_memory_path_matches_the_scanner_rules() -> None:

@@ -20,7 +20,7 @@ import math
 import struct
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -641,6 +641,15 @@ class PgStore:
                 (self.workspace, self.gen, *self._size_deltas))
         self._term_deltas.clear()
         self._size_deltas = [0, 0]
+
+    def date_undated(self, dates: Mapping[str, str]) -> int:
+        """Give the undated chunks of these memory files (path -> ISO date) that date; returns how many."""
+        if not dates:
+            return 0
+        return self._write(
+            "UPDATE cm_chunks AS c SET date = d.day FROM unnest(%s::text[], %s::text[]) AS d(path, day)"
+            " WHERE c.workspace = %s AND c.gen = %s AND c.path = d.path AND c.source = 'memory' AND c.date IS NULL",
+            ([pg_text(path) for path in dates], list(dates.values()), self.workspace, self.gen)).rowcount
 
     def move_chunk(self, seq: int, start_line: int, end_line: int) -> None:
         self._write("UPDATE cm_chunks SET start_line = %s, end_line = %s WHERE seq = %s AND workspace = %s",
