@@ -200,6 +200,7 @@ class Settings:
     sources: tuple[str, ...] = ("memory",)  # add "sessions" to index agent transcripts too
     sessions_dir: str = "sessions"  # *.jsonl transcripts, relative to the workspace (or absolute)
     refuse_hardlinks: bool = False  # skip (sync) and refuse (get) memory files with more than one hard link
+    max_file_bytes: int = 16 << 20  # a larger memory file is not read (it is reported as skipped); 0: no limit
     log_level: str = "info"
     chunking: ChunkingSettings = field(default_factory=ChunkingSettings)
     embedding: EmbeddingSettings = field(default_factory=EmbeddingSettings)
@@ -240,6 +241,7 @@ class Settings:
         _require(bool(self.sources) and set(self.sources) <= {"memory", "sessions"}, "sources",
                  "must list memory and/or sessions")
         _require(bool(self.sessions_dir.strip()), "sessions_dir", "must not be empty")
+        _require(self.max_file_bytes >= 0, "max_file_bytes", "must be 0 (no limit) or a number of bytes")
         _require(self.index_backend in INDEX_BACKENDS, "index_backend", f"must be one of {', '.join(INDEX_BACKENDS)}")
         _require(self.index_backend != "postgres" or self.index_url.startswith(("postgresql://", "postgres://")),
                  "index_url", "must be a postgresql:// URL when index_backend is postgres")

@@ -591,7 +591,7 @@ class MemoryIndex:
         # A file's row is a lookup in SQLite, a round trip to a shared index: that one is read whole, once.
         stat_of = store.file_stats().get if self.backend.name == "postgres" else store.file_stat
         for f in scan(self.settings.workspace, self.settings.extra_paths, exclude=self.settings.exclude,
-                      memory=memory, sessions=sessions, newest_first=True):
+                      memory=memory, sessions=sessions, newest_first=True, max_bytes=self.settings.max_file_bytes):
             row = stat_of(f.path)
             if row != (f.mtime_ns, f.size):
                 pending += 1
@@ -606,7 +606,7 @@ class MemoryIndex:
         on_disk = pending = present = 0
         memory, sessions = source_scope(self.settings)
         for f in scan(self.settings.workspace, self.settings.extra_paths, exclude=self.settings.exclude,
-                      memory=memory, sessions=sessions):
+                      memory=memory, sessions=sessions, max_bytes=self.settings.max_file_bytes):
             on_disk += 1
             row = indexed.get(f.path)
             if row != (f.mtime_ns, f.size):

@@ -47,6 +47,7 @@ from clawmem_index.workspace import (
     folder_date,
     path_key,
     scan,
+    size_reason,
     source_scope,
     stat_memory_file,
     stat_session_file,
@@ -126,7 +127,8 @@ def _stat_source_file(settings: Settings, key: str, skipped: list[Skipped]) -> M
         return stat_session_file(sessions, key, skipped, settings.exclude)
     if not memory:
         return None
-    return stat_memory_file(settings.workspace, key, settings.extra_paths, skipped, settings.exclude)
+    return stat_memory_file(settings.workspace, key, settings.extra_paths, skipped, settings.exclude,
+                            settings.max_file_bytes)
 
 
 def sync_workspace(store: Store, settings: Settings, *, progress: Progress | None = None,
@@ -144,7 +146,8 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
         memory, sessions = source_scope(settings)
         seen = store.file_stats()  # (mtime, size) only: whole rows are read for the files that changed
         found: Iterable[MemoryFile | None] = scan(settings.workspace, settings.extra_paths, skipped, settings.exclude,
-                                                  memory=memory, sessions=sessions)
+                                                  memory=memory, sessions=sessions,
+                                                  max_bytes=settings.max_file_bytes)
     else:
         wanted = {path_key(p) for p in paths}
         found = (_stat_source_file(settings, p, skipped) for p in sorted(wanted))
@@ -391,7 +394,7 @@ def _parse_all(files: Sequence[MemoryFile], settings: Settings, indexed: dict[st
     """Each file read and chunked, with what the keyword index makes of each chunk: in worker processes
     when there is enough to do, so that the writer only writes."""
     args = _ParseArgs(settings.chunking.tokens, settings.chunking.overlap, settings.chunking.tokenizer,
-                      settings.refuse_hardlinks, terms_of)
+                      settings.refuse_hardlinks, terms_of, settings.max_file_bytes)
     total = sum(f.size for f in files)
     workers = min(os.cpu_count() or 1, 8)
     if workers > 1 and total >= PARALLEL_MIN_BYTES and len(files) >= 64:
@@ -425,6 +428,7 @@ class _ParseArgs:
     tokenizer: str
     refuse_hardlinks: bool
     terms_of: Callable[[str], Any] | None  # a module-level function: it travels to the workers by name
+    max_bytes: int = 0  # a file grown past this since the scan is not read (0: no limit)
 
 
 def _parse_batch(files: Sequence[MemoryFile], args: _ParseArgs,
@@ -441,6 +445,8 @@ def _parse_one(f: MemoryFile, args: _ParseArgs, previous: FileRow | None) -> Par
     """Read one file through a descriptor opened beneath its root, and keep the stat of what was read."""
     try:
         with open_beneath(f.root, f.names, display=f.path, refuse_hardlinks=args.refuse_hardlinks) as opened:
+            if args.max_bytes and opened.stat.st_size > args.max_bytes:
+                return ParsedFile(f, "", [], 0, error=size_reason(opened.stat.st_size, args.max_bytes), refused=True)
             data = read_all(opened.fd)
             f = f.as_read(opened.stat)
     except PathError as exc:

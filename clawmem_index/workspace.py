@@ -39,6 +39,7 @@ __all__ = [
     "path_key",
     "scan",
     "sessions_dir",
+    "size_reason",
     "source_scope",
     "stat_memory_file",
     "stat_session_file",
@@ -138,14 +139,16 @@ _Found = tuple[MemoryFile, os.stat_result]
 
 def scan(workspace: Path, extra_paths: Sequence[str] = (), skipped: list[Skipped] | None = None,
          exclude: Sequence[str] = (), *, memory: bool = True, sessions: SessionsDir | None = None,
-         newest_first: bool = False) -> Iterator[MemoryFile]:
+         newest_first: bool = False, max_bytes: int = 0) -> Iterator[MemoryFile]:
     """Every memory file of the workspace, symlinks never followed, hidden and tool folders skipped.
 
     With `sessions`, also every `*.jsonl` transcript below that folder (source "sessions"); without
     `memory`, only those. What looks like memory but cannot be indexed (a symlink, FIFO or device,
     an unreadable or too long path, a name whose key another file already has) is appended to
     `skipped` with the reason. Files whose key matches an `exclude` pattern are left out quietly:
-    the user asked for that.
+    the user asked for that. A memory file larger than `max_bytes` (when not 0) is skipped with the
+    reason: one huge file would hold the whole index (and its process's memory) while it is chunked.
+    Transcripts are read a tail at a time, whatever their size.
 
     `newest_first`: in each folder, names that start with a digit (dates) before the others, each in
     descending order, files before subfolders; so a scan cut short (a bounded check of what changed)
@@ -155,8 +158,8 @@ def scan(workspace: Path, extra_paths: Sequence[str] = (), skipped: list[Skipped
     note: Note = skipped.append if skipped is not None else _ignore
     found_all = itertools.chain(_candidates(str(workspace), extra_paths, note, newest_first) if memory else (),
                                 _transcripts(sessions, note, newest_first) if sessions is not None else ())
-    if exclude:
-        found_all = ((found, st) for found, st in found_all if not excluded(found.path, exclude))
+    if exclude or max_bytes:
+        found_all = ((found, st) for found, st in found_all if _admitted(found, exclude, max_bytes, note))
     if not extra_paths:
         # One walk of one tree (the root files, memory/, transcripts named otherwise): no key comes twice.
         yield from (found for found, _ in found_all)
@@ -178,18 +181,23 @@ def source_scope(settings: Settings) -> tuple[bool, SessionsDir | None]:
 
 
 def stat_memory_file(workspace: Path, rel: str, extra_paths: Sequence[str] = (),
-                     skipped: list[Skipped] | None = None, exclude: Sequence[str] = ()) -> MemoryFile | None:
+                     skipped: list[Skipped] | None = None, exclude: Sequence[str] = (),
+                     max_bytes: int = 0) -> MemoryFile | None:
     """One memory file by its index key, or None if it is gone or no longer a memory file (for targeted syncs).
 
-    A file that is there but may not be read is appended to `skipped` with the reason.
+    A file that is there but may not be read (or is larger than `max_bytes`, when not 0) is appended
+    to `skipped` with the reason.
     """
     if excluded(path_key(rel), exclude):
         return None
     try:
         with open_memory_file(workspace, rel, extra_paths) as opened:
             st = opened.stat
-            return MemoryFile(opened.path, st.st_mtime_ns, st.st_size,
-                              root=str(workspace), names=opened.names, nlink=st.st_nlink)
+            found = MemoryFile(opened.path, st.st_mtime_ns, st.st_size,
+                               root=str(workspace), names=opened.names, nlink=st.st_nlink)
+            if max_bytes and _too_large(found, max_bytes, skipped.append if skipped is not None else _ignore):
+                return None
+            return found
     except PathError as exc:
         why = refusal_of(exc)  # None: not a memory file by name, so not one a targeted sync may look at
         if why is not None and not why.missing and skipped is not None:
@@ -213,6 +221,26 @@ def stat_session_file(where: SessionsDir, key: str, skipped: list[Skipped] | Non
         if why is not None and not why.missing and skipped is not None:
             skipped.append(Skipped(why.path, why.reason))
         return None
+
+
+def _admitted(found: MemoryFile, exclude: Sequence[str], max_bytes: int, note: Note) -> bool:
+    """Neither excluded (left out quietly) nor too large (noted): one step of a scan, for both."""
+    if excluded(found.path, exclude):
+        return False
+    return not (max_bytes and found.size > max_bytes and _too_large(found, max_bytes, note))
+
+
+def _too_large(found: MemoryFile, max_bytes: int, note: Note) -> bool:
+    """Whether a memory file is over `max_bytes` (then noted as skipped); a transcript never is."""
+    if found.size <= max_bytes or found.source != "memory":
+        return False
+    note(Skipped(found.path, size_reason(found.size, max_bytes)))
+    return True
+
+
+def size_reason(size: int, max_bytes: int) -> str:
+    return (f"larger than max_file_bytes ({size:,} > {max_bytes:,} bytes): not indexed; raise max_file_bytes"
+            " (0: no limit) to index it")
 
 
 def excluded(key: str, patterns: Sequence[str]) -> bool:

@@ -529,3 +529,52 @@ def test_vectors_are_made_for_the_curated_memory_and_the_latest_days_first(setti
     assert [f.path for f in _recent_first(mixed)] == [
         "memory/2026/11/30.md", "memory/2026-11-26.md", "memory/2026/11/25.md", "memory/2026/2026-11-24.md",
         "memory/2026/11/9.md", "memory/2026-11-03-standup.md", "memory/2026/10/notes.md"]
+
+
+def test_a_memory_file_over_max_file_bytes_is_skipped_with_its_reason_and_the_rest_is_indexed(
+        workspace: Path, tmp_path: Path, write) -> None:
+    """One huge file (a dump written into memory/) must not hold the index or its process's memory."""
+    write("memory/a.md", "# A\nwalrus notes\n")
+    write("memory/big.md", "# Big\nwalrus " + "x " * 600 + "\n")
+    (workspace / "clawmem.toml").write_text("max_file_bytes = 1000\n")
+    settings = load_settings(workspace=workspace, overrides={"index": str(tmp_path / "i.sqlite"),
+                                                             "embedding.provider": "none"})
+    assert settings.max_file_bytes == 1000
+    index = MemoryIndex(settings)
+
+    def found() -> list[str]:
+        return sorted(r["path"] for r in index.search(SearchRequest("walrus", mode="bm25", min_score=0.0))["results"])
+
+    try:
+        report = index.sync()
+        assert report.added == 1 and found() == ["memory/a.md"]
+        assert report.skipped == ["memory/big.md: larger than max_file_bytes (1,214 > 1,000 bytes): not indexed;"
+                                  " raise max_file_bytes (0: no limit) to index it"]
+        status = index.status()
+        assert status["fresh"] is True and status["files_on_disk"] == 1  # skipped, not pending
+        assert status["last_sync_problems"] == report.skipped
+        # A file indexed before it grew past the limit leaves the index: its rows no longer hold its text.
+        write("memory/a.md", "# A\nwalrus " + "y " * 600 + "\n")
+        report = index.sync(paths=["memory/a.md"])  # as a watcher asks
+        assert report.removed == 1 and found() == [] and report.skipped[0].startswith("memory/a.md: larger than")
+        assert sorted(problem.split(": ")[0] for problem in index.sync().skipped) == ["memory/a.md", "memory/big.md"]
+    finally:
+        index.close()
+    unlimited = MemoryIndex(load_settings(workspace=workspace, overrides={
+        "index": str(tmp_path / "i.sqlite"), "embedding.provider": "none", "max_file_bytes": 0}))
+    try:
+        assert unlimited.sync().added == 2
+    finally:
+        unlimited.close()
+
+
+def test_a_file_grown_past_max_file_bytes_since_the_scan_is_not_read(settings: Settings, write) -> None:
+    from clawmem_index.sync import _parse_one, _ParseArgs
+    from clawmem_index.workspace import scan
+
+    write("memory/a.md", "# A\nsmall\n")
+    (found,) = scan(settings.workspace)
+    write("memory/a.md", "# A\n" + "grown " * 400 + "\n")
+    parsed = _parse_one(found, _ParseArgs(400, 80, "cl100k_base", False, None, max_bytes=1000), None)
+    assert parsed.refused and parsed.chunks == [] and parsed.size == 0
+    assert parsed.error is not None and parsed.error.startswith("larger than max_file_bytes (2,405 > 1,000 bytes)")
