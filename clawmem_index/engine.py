@@ -590,8 +590,8 @@ class MemoryIndex:
         pending = present = 0
         # A file's row is a lookup in SQLite, a round trip to a shared index: that one is read whole, once.
         stat_of = store.file_stats().get if self.backend.name == "postgres" else store.file_stat
-        for f in scan(self.settings.workspace, self.settings.extra_paths, exclude=self.settings.exclude,
-                      memory=memory, sessions=sessions, newest_first=True, max_bytes=self.settings.max_file_bytes):
+        for f in scan(self.settings.workspace, self.settings.extra_paths, **self._scan_rules(),
+                      memory=memory, sessions=sessions, newest_first=True):
             row = stat_of(f.path)
             if row != (f.mtime_ns, f.size):
                 pending += 1
@@ -600,13 +600,18 @@ class MemoryIndex:
                 return {"pending_files": pending, "pending_files_complete": False}
         return {"pending_files": pending + store.counts()[0] - present}
 
+    def _scan_rules(self) -> dict[str, Any]:
+        """What a scan leaves out, as a sync's does: a file a sync skips is never pending."""
+        return {"exclude": self.settings.exclude, "max_bytes": self.settings.max_file_bytes,
+                "refuse_hardlinks": self.settings.refuse_hardlinks}
+
     def disk_state(self, store: Store | None) -> tuple[int, int]:
         """(files of the configured sources on disk, files changed since the last sync), by one stat scan."""
         indexed = store.file_stats() if store is not None else {}
         on_disk = pending = present = 0
         memory, sessions = source_scope(self.settings)
-        for f in scan(self.settings.workspace, self.settings.extra_paths, exclude=self.settings.exclude,
-                      memory=memory, sessions=sessions, max_bytes=self.settings.max_file_bytes):
+        for f in scan(self.settings.workspace, self.settings.extra_paths, **self._scan_rules(),
+                      memory=memory, sessions=sessions):
             on_disk += 1
             row = indexed.get(f.path)
             if row != (f.mtime_ns, f.size):

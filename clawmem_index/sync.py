@@ -28,7 +28,7 @@ from clawmem_index.config import Settings
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.embeddings.batching import in_flight
 from clawmem_index.errors import PathError, ProviderError
-from clawmem_index.files import hardlink_reason, open_beneath, read_all, refusal_of
+from clawmem_index.files import open_beneath, read_all, refusal_of
 from clawmem_index.keywords import index_text
 from clawmem_index.sessions import (
     SessionChunk,
@@ -124,11 +124,11 @@ def _stat_source_file(settings: Settings, key: str, skipped: list[Skipped]) -> M
     """One file of the configured sources by its index key (a targeted sync), None if it is no such file now."""
     memory, sessions = source_scope(settings)
     if sessions is not None and sessions.names_of(key) is not None:
-        return stat_session_file(sessions, key, skipped, settings.exclude)
+        return stat_session_file(sessions, key, skipped, settings.exclude, settings.refuse_hardlinks)
     if not memory:
         return None
     return stat_memory_file(settings.workspace, key, settings.extra_paths, skipped, settings.exclude,
-                            settings.max_file_bytes)
+                            settings.max_file_bytes, settings.refuse_hardlinks)
 
 
 def sync_workspace(store: Store, settings: Settings, *, progress: Progress | None = None,
@@ -147,12 +147,13 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
         seen = store.file_stats()  # (mtime, size) only: whole rows are read for the files that changed
         found: Iterable[MemoryFile | None] = scan(settings.workspace, settings.extra_paths, skipped, settings.exclude,
                                                   memory=memory, sessions=sessions,
-                                                  max_bytes=settings.max_file_bytes)
+                                                  max_bytes=settings.max_file_bytes,
+                                                  refuse_hardlinks=settings.refuse_hardlinks)
     else:
         wanted = {path_key(p) for p in paths}
         found = (_stat_source_file(settings, p, skipped) for p in sorted(wanted))
         seen = {p: (row.mtime, row.size) for p in wanted if (row := store.file_row(p)) is not None}
-    on_disk, stale = _compare(found, seen, skipped if settings.refuse_hardlinks else None)
+    on_disk, stale = _compare(found, seen)
     report.skipped = [str(s) for s in skipped]
     report.files_seen = len(on_disk)
 
@@ -229,21 +230,17 @@ def _date_key(path: str, found: re.Match[str]) -> tuple[int, int, int]:
     return int(year), int(month or 0), int(mday or 0)
 
 
-def _compare(found: Iterable[MemoryFile | None], seen: dict[str, tuple[int, int]],
-             hardlinks_skipped: list[Skipped] | None) -> tuple[set[str], list[MemoryFile]]:
+def _compare(found: Iterable[MemoryFile | None], seen: dict[str, tuple[int, int]]) -> tuple[set[str], list[MemoryFile]]:
     """The keys of the files found, and those whose (mtime, size) differ from what the index saw.
 
     Only the changed files are kept (as the keys alone, in a set of strings, the others are not
     tracked by the garbage collector: keeping 100,000 `MemoryFile`s made a no-change pass pay ~0.1 s of
-    collections). With `hardlinks_skipped`, a file with other names is left out and reported there.
+    collections).
     """
     present: set[str] = set()
     stale: list[MemoryFile] = []
     for f in found:
         if f is None:
-            continue
-        if hardlinks_skipped is not None and f.nlink > 1:
-            hardlinks_skipped.append(Skipped(f.path, hardlink_reason(f.nlink)))
             continue
         present.add(f.path)
         if seen.get(f.path) != (f.mtime_ns, f.size):

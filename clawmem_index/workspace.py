@@ -20,7 +20,16 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from clawmem_index.errors import PathError
-from clawmem_index.files import OpenFile, describe_mode, open_beneath, path_key, refusal_of, shown, unescape_key
+from clawmem_index.files import (
+    OpenFile,
+    describe_mode,
+    hardlink_reason,
+    open_beneath,
+    path_key,
+    refusal_of,
+    shown,
+    unescape_key,
+)
 
 if TYPE_CHECKING:
     from clawmem_index.config import Settings
@@ -139,7 +148,7 @@ _Found = tuple[MemoryFile, os.stat_result]
 
 def scan(workspace: Path, extra_paths: Sequence[str] = (), skipped: list[Skipped] | None = None,
          exclude: Sequence[str] = (), *, memory: bool = True, sessions: SessionsDir | None = None,
-         newest_first: bool = False, max_bytes: int = 0) -> Iterator[MemoryFile]:
+         newest_first: bool = False, max_bytes: int = 0, refuse_hardlinks: bool = False) -> Iterator[MemoryFile]:
     """Every memory file of the workspace, symlinks never followed, hidden and tool folders skipped.
 
     With `sessions`, also every `*.jsonl` transcript below that folder (source "sessions"); without
@@ -148,7 +157,9 @@ def scan(workspace: Path, extra_paths: Sequence[str] = (), skipped: list[Skipped
     `skipped` with the reason. Files whose key matches an `exclude` pattern are left out quietly:
     the user asked for that. A memory file larger than `max_bytes` (when not 0) is skipped with the
     reason: one huge file would hold the whole index (and its process's memory) while it is chunked.
-    Transcripts are read a tail at a time, whatever their size.
+    Transcripts are read a tail at a time, whatever their size. With `refuse_hardlinks`, a file with
+    several links is skipped with the reason. Every caller (a sync, `status`, a query's check of
+    pending files) so counts the same files: a file refused by one is never pending for another.
 
     `newest_first`: in each folder, names that start with a digit (dates) before the others, each in
     descending order, files before subfolders; so a scan cut short (a bounded check of what changed)
@@ -158,8 +169,9 @@ def scan(workspace: Path, extra_paths: Sequence[str] = (), skipped: list[Skipped
     note: Note = skipped.append if skipped is not None else _ignore
     found_all = itertools.chain(_candidates(str(workspace), extra_paths, note, newest_first) if memory else (),
                                 _transcripts(sessions, note, newest_first) if sessions is not None else ())
-    if exclude or max_bytes:
-        found_all = ((found, st) for found, st in found_all if _admitted(found, exclude, max_bytes, note))
+    if exclude or max_bytes or refuse_hardlinks:
+        found_all = ((found, st) for found, st in found_all
+                     if _admitted(found, exclude, max_bytes, refuse_hardlinks, note))
     if not extra_paths:
         # One walk of one tree (the root files, memory/, transcripts named otherwise): no key comes twice.
         yield from (found for found, _ in found_all)
@@ -182,11 +194,11 @@ def source_scope(settings: Settings) -> tuple[bool, SessionsDir | None]:
 
 def stat_memory_file(workspace: Path, rel: str, extra_paths: Sequence[str] = (),
                      skipped: list[Skipped] | None = None, exclude: Sequence[str] = (),
-                     max_bytes: int = 0) -> MemoryFile | None:
+                     max_bytes: int = 0, refuse_hardlinks: bool = False) -> MemoryFile | None:
     """One memory file by its index key, or None if it is gone or no longer a memory file (for targeted syncs).
 
-    A file that is there but may not be read (or is larger than `max_bytes`, when not 0) is appended
-    to `skipped` with the reason.
+    A file that is there but may not be read (or that `scan` would skip: larger than `max_bytes`,
+    hard-linked with `refuse_hardlinks`) is appended to `skipped` with the reason.
     """
     if excluded(path_key(rel), exclude):
         return None
@@ -195,9 +207,8 @@ def stat_memory_file(workspace: Path, rel: str, extra_paths: Sequence[str] = (),
             st = opened.stat
             found = MemoryFile(opened.path, st.st_mtime_ns, st.st_size,
                                root=str(workspace), names=opened.names, nlink=st.st_nlink)
-            if max_bytes and _too_large(found, max_bytes, skipped.append if skipped is not None else _ignore):
-                return None
-            return found
+            note: Note = skipped.append if skipped is not None else _ignore
+            return found if _admitted(found, (), max_bytes, refuse_hardlinks, note) else None
     except PathError as exc:
         why = refusal_of(exc)  # None: not a memory file by name, so not one a targeted sync may look at
         if why is not None and not why.missing and skipped is not None:
@@ -206,7 +217,7 @@ def stat_memory_file(workspace: Path, rel: str, extra_paths: Sequence[str] = (),
 
 
 def stat_session_file(where: SessionsDir, key: str, skipped: list[Skipped] | None = None,
-                      exclude: Sequence[str] = ()) -> MemoryFile | None:
+                      exclude: Sequence[str] = (), refuse_hardlinks: bool = False) -> MemoryFile | None:
     """One transcript by its index key, or None if it is gone or not a transcript (for targeted syncs)."""
     names = where.names_of(path_key(key))
     if names is None or excluded(path_key(key), exclude):
@@ -214,8 +225,10 @@ def stat_session_file(where: SessionsDir, key: str, skipped: list[Skipped] | Non
     try:
         with open_beneath(where.anchor, names, display=path_key(key)) as opened:
             st = opened.stat
-            return MemoryFile(opened.path, st.st_mtime_ns, st.st_size,
-                              source="sessions", root=where.anchor, names=opened.names, nlink=st.st_nlink)
+            found = MemoryFile(opened.path, st.st_mtime_ns, st.st_size,
+                               source="sessions", root=where.anchor, names=opened.names, nlink=st.st_nlink)
+            note: Note = skipped.append if skipped is not None else _ignore
+            return found if _admitted(found, (), 0, refuse_hardlinks, note) else None
     except PathError as exc:
         why = refusal_of(exc)
         if why is not None and not why.missing and skipped is not None:
@@ -223,9 +236,13 @@ def stat_session_file(where: SessionsDir, key: str, skipped: list[Skipped] | Non
         return None
 
 
-def _admitted(found: MemoryFile, exclude: Sequence[str], max_bytes: int, note: Note) -> bool:
-    """Neither excluded (left out quietly) nor too large (noted): one step of a scan, for both."""
+def _admitted(found: MemoryFile, exclude: Sequence[str], max_bytes: int, refuse_hardlinks: bool,
+              note: Note) -> bool:
+    """Not excluded (left out quietly), nor too large or hard-linked when refused (noted)."""
     if excluded(found.path, exclude):
+        return False
+    if refuse_hardlinks and found.nlink > 1:
+        note(Skipped(found.path, hardlink_reason(found.nlink)))
         return False
     return not (max_bytes and found.size > max_bytes and _too_large(found, max_bytes, note))
 

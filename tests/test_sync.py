@@ -326,6 +326,10 @@ def test_hard_links_are_indexed_unless_refused(workspace: Path, write, tmp_path:
     assert paths_found(strict, "alpha bravo") == {"memory/b.md"}
     assert strict.sync(paths=["memory/twin.md"]).skipped == [
         "memory/twin.md: hard-linked files are refused (2 links, refuse_hardlinks = true)"]
+    # A refused file is not "changed since the last sync" either: status and answers count what a sync takes.
+    status = strict.status()
+    assert (status["fresh"], status["files_on_disk"], status["pending_files"]) == (True, 1, 0)
+    assert strict.search(SearchRequest("bravo", mode="bm25"))["index"]["pending_files"] == 0
 
 
 def test_the_stat_stored_is_that_of_the_file_read_not_of_the_scan(settings: Settings, write, workspace: Path,
