@@ -61,6 +61,9 @@ Progress = Callable[[int, int], None]
 _DATED = re.compile(r"/((?:19|20)\d\d)(?!\d)(?:[-_./](\d\d?)(?!\d))?(?:[-_./](\d\d?)(?!\d))?")
 DATING = "folders"  # meta `dating`: the index's chunks are dated by names and year/month/day folders (file_date)
 EMBED_BATCH = 64  # chunks per provider call and per vector transaction (progress moves once per batch)
+# The first batch of a pass is small: its vectors (MEMORY.md's, the latest day's) land and the pass
+# has a rate for its ETA within seconds, not after a full batch (128 chunks: ~16 s for a local model).
+FIRST_BATCH = 16
 PARALLEL_MIN_BYTES = 12 << 20  # below, workers would save 10-20% at twice to three times the memory (docs/benchmarks.md)
 PARSE_BATCH = 32  # files per task sent to a chunking worker
 PARSE_AHEAD = 16  # batches in flight per worker: enough to keep them busy, few enough to bound memory
@@ -509,8 +512,8 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
     and leaves the rest pending (kept in the index, retried by the next pass): nothing is lost, and
     keyword search is unaffected. `cache_only` fills what the embedding cache knows and makes no
     provider call; chunks whose hash is in `exclude` (a batch job embeds them) are only filled from
-    the cache. `progress` is told after each batch: EMBED_BATCH chunks, or the provider's
-    `preferred_batch` when larger (a remote provider's requests in flight at once); `index_progress`
+    the cache. `progress` is told after each batch: FIRST_BATCH chunks first, then EMBED_BATCH, or the
+    provider's `preferred_batch` when larger (a remote provider's requests in flight at once); `index_progress`
     about the vector index's upkeep at the end (a cells build past 131k vectors takes 30-65 s at 1M).
     `precision`: how a new vector table stores its vectors (`embedding.precision`).
     """
@@ -525,8 +528,10 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
 
     def batches() -> Iterator[_Batch]:  # read on this thread, as the pass goes
         cursor = 0
+        first = True
         while not (should_stop and should_stop()):
-            pending = store.pending_chunks(size, after=cursor)
+            pending = store.pending_chunks(min(size, FIRST_BATCH) if first else size, after=cursor)
+            first = False
             if not pending:
                 return
             cursor = pending[-1][0]

@@ -203,7 +203,7 @@ class GatedProvider(FakeProvider):
 
 
 def test_a_running_pass_reports_how_far_it_is_and_when_it_should_end(settings: Settings, write: Any) -> None:
-    from clawmem_index.sync import EMBED_BATCH
+    from clawmem_index.sync import EMBED_BATCH, FIRST_BATCH
 
     for n in range(EMBED_BATCH + 6):
         write(f"memory/note-{n}.md", f"# Note {n}\nthe word number{n} alone\n")
@@ -211,8 +211,8 @@ def test_a_running_pass_reports_how_far_it_is_and_when_it_should_end(settings: S
     index = MemoryIndex(settings, provider=provider)
     with threads(index) as (writer, embedder, _):
         writer.wait_sync(writer.request_sync("startup"), timeout=10)
-        wait_until(lambda: (embedder.state()["progress"] or {}).get("embedded") == EMBED_BATCH,
-                   message="the first batch stored")
+        wait_until(lambda: (embedder.state()["progress"] or {}).get("embedded") == FIRST_BATCH,
+                   message="the first (small) batch stored")
         progress = embedder.state()["progress"]
         assert isinstance(progress, dict) and progress["of"] == EMBED_BATCH + 6
         assert progress["per_second"] > 0 and progress["eta_seconds"] >= 0

@@ -150,7 +150,7 @@ def test_the_summary_counts_the_whole_run_and_embedding_progress_moves_per_batch
     seen: list[tuple[int, int]] = []
     report = index.sync(embed_progress=lambda done, total: seen.append((done, total)))
     assert report.embedded == 150
-    assert seen == [(64, 150), (128, 150), (150, 150)]  # one step per provider batch
+    assert seen == [(16, 150), (80, 150), (144, 150), (150, 150)]  # one step per provider batch, the first small
     assert report.duration >= timed.busy > 0  # the embedding is inside the reported time
     index.close()
 
