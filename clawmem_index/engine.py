@@ -58,7 +58,8 @@ CONTEXT_READ_BYTES = 1 << 20  # at least this much of each range of hit lines is
 PENDING_CHECK_SECONDS = 0.025  # a query answered without a daemon checks files on disk for this long at most
 CACHED_RESULTS = 50  # answers with more results are not kept by the query cache
 _UNRESOLVED: Any = object()
-_REPORTED_PROBLEMS = 20  # per sync, kept in meta for `status`
+_REPORTED_PROBLEMS = 20  # problems `status` lists
+_KEPT_PROBLEMS = 1_000  # ... and those kept in meta, so that a pass over some files can keep the others'
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,10 +305,20 @@ class MemoryIndex:
 
     @staticmethod
     def _record(store: Store, report: SyncReport) -> None:
+        """The run's time and problems in `meta`, for `status`. A pass over some files (a watcher's) keeps
+        the problems the last one found with the others: a file skipped as too large stays reported
+        after an edit of another, until a pass finds it indexable (or gone)."""
         problems = [*report.errors, *report.skipped]
+        count = len(problems)
+        if report.scope is not None:
+            last = json.loads(store.get_meta("last_sync") or "{}")
+            before = list(last.get("problems", []))
+            standing = [p for p in before if not any(p.startswith(f"{key}: ") for key in report.scope)]
+            problems += standing
+            count += int(last.get("problem_count", len(before))) - (len(before) - len(standing))
         store.set_meta("last_sync", json.dumps({
-            "at": time.time(), "duration": report.duration, "problems": problems[:_REPORTED_PROBLEMS],
-            "problem_count": len(problems), "embed_error": report.embed_error}))
+            "at": time.time(), "duration": report.duration, "problems": problems[:_KEPT_PROBLEMS],
+            "problem_count": count, "embed_error": report.embed_error}))
         store.delete_meta("last_error")
 
     def _record_failure(self, exc: ClawmemError) -> None:
@@ -687,7 +698,7 @@ class MemoryIndex:
             last_sync_at=iso_time(last.get("at")),
             last_sync_duration=seconds(last.get("duration")),
             last_sync_problem_count=int(last.get("problem_count", 0)),
-            last_sync_problems=last.get("problems", []),
+            last_sync_problems=last.get("problems", [])[:_REPORTED_PROBLEMS],
             last_error=last_error,
             fresh=not reasons,
             stale_reasons=reasons,

@@ -91,13 +91,14 @@ class SyncReport:
     errors: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # "path: reason": looks like memory, not indexed
     duration: float = 0.0
+    scope: frozenset[str] | None = None  # the index keys a pass over some files looked at (None: the workspace)
 
     @property
     def changed(self) -> bool:
         return bool(self.added or self.updated or self.removed)
 
     def as_dict(self) -> dict[str, object]:
-        return {k: list(v) if isinstance(v, list) else v for k, v in self.__dict__.items()}
+        return {k: list(v) if isinstance(v, list) else v for k, v in self.__dict__.items() if k != "scope"}
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
                                                   refuse_hardlinks=settings.refuse_hardlinks)
     else:
         wanted = {path_key(p) for p in paths}
+        report.scope = frozenset(wanted)
         found = (_stat_source_file(settings, p, skipped) for p in sorted(wanted))
         seen = {p: (row.mtime, row.size) for p in wanted if (row := store.file_row(p)) is not None}
     on_disk, stale = _compare(found, seen)

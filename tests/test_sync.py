@@ -561,6 +561,17 @@ def test_a_memory_file_over_max_file_bytes_is_skipped_with_its_reason_and_the_re
         write("memory/a.md", "# A\nwalrus " + "y " * 600 + "\n")
         report = index.sync(paths=["memory/a.md"])  # as a watcher asks
         assert report.removed == 1 and found() == [] and report.skipped[0].startswith("memory/a.md: larger than")
+
+        def reported() -> list[str]:
+            status = index.status()
+            assert status["last_sync_problem_count"] == len(status["last_sync_problems"])
+            return sorted(problem.split(": ")[0] for problem in status["last_sync_problems"])
+
+        assert reported() == ["memory/a.md", "memory/big.md"]  # a pass over one file keeps the other's problem
+        write("memory/a.md", "# A\nwalrus again\n")
+        index.sync(paths=["memory/a.md"])
+        assert reported() == ["memory/big.md"] and found() == ["memory/a.md"]
+        write("memory/a.md", "# A\nwalrus " + "y " * 600 + "\n")
         assert sorted(problem.split(": ")[0] for problem in index.sync().skipped) == ["memory/a.md", "memory/big.md"]
     finally:
         index.close()
