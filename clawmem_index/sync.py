@@ -235,7 +235,8 @@ def _date_key(path: str, found: re.Match[str]) -> tuple[int, int, int]:
     return int(year), int(month or 0), int(mday or 0)
 
 
-def _compare(found: Iterable[MemoryFile | None], seen: dict[str, tuple[int, int]]) -> tuple[set[str], list[MemoryFile]]:
+def _compare(found: Iterable[MemoryFile | None],
+             seen: dict[str, tuple[int, int]]) -> tuple[set[str], list[MemoryFile]]:
     """The keys of the files found, and those whose (mtime, size) differ from what the index saw.
 
     Only the changed files are kept (as the keys alone, in a set of strings, the others are not
