@@ -285,8 +285,8 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
            before: str | None, explain: bool, workspace_set: str | None, **kwargs: Any) -> None:
     """Search the memory for QUERY.
 
-    Dated chunks are those of daily files (the YYYY-MM-DD in their name) and of transcripts; a date
-    bound leaves undated ones (MEMORY.md) out.
+    Dated chunks are those of daily files (the YYYY-MM-DD in their name, or year/month/day folders:
+    memory/2026/11/25.md) and of transcripts; a date bound leaves undated ones (MEMORY.md) out.
     """
     ctx = _ctx(kwargs)
 
