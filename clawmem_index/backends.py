@@ -189,15 +189,19 @@ class PostgresBackend:
         return f"workspace {self.workspace!r} in the shared index at {redacted(self.url)}"
 
     def exists(self) -> bool:
-        from clawmem_index.pg.store import connect
+        import psycopg
 
-        conn = connect(self.url)
+        from clawmem_index.pg.store import READER_SESSION, connect, unavailable
+
+        conn = connect(self.url, READER_SESSION)
         try:
             row = conn.execute("SELECT to_regclass('cm_workspaces') IS NOT NULL").fetchone()
             if not (row and row[0]):
                 return False
             found = conn.execute("SELECT 1 FROM cm_workspaces WHERE workspace = %s", (self.workspace,)).fetchone()
             return found is not None
+        except psycopg.OperationalError as exc:
+            raise unavailable(exc) from exc
         finally:
             conn.close()
 

@@ -279,12 +279,13 @@ class MemoryIndex:
                          paths: Iterable[str] | None) -> SyncReport:
         from clawmem_index.sync import sync_workspace
 
-        if store is not None and store.get_meta("fingerprint") == fingerprint:
+        damage = store.damage() if store is not None else None  # rows lost behind the writer's back: rebuild
+        if damage is None and store is not None and store.get_meta("fingerprint") == fingerprint:
             try:
                 return sync_workspace(store, self.settings, progress=bars.files, paths=paths)
             finally:
                 store.close()
-        if store is not None and _same_chunking(store.get_meta("fingerprint"), fingerprint):
+        if damage is None and store is not None and _same_chunking(store.get_meta("fingerprint"), fingerprint):
             try:
                 return self._switch_vectors(fingerprint, store, bars)
             except apsw.Error:
@@ -657,20 +658,27 @@ class MemoryIndex:
                         configured_provider=self._provider_state({})[0],
                         stale_reasons=["no index yet: run `clawmem index` (or start `clawmem serve`)"])
             return data
-        store = self.reader()
-        files, chunks = store.counts()
-        meta = store.all_meta()
+        try:  # a shared index's server that stalls (a lock, overload) is answered as a dead one is
+            store = self.reader()
+            files, chunks = store.counts()
+            meta = store.all_meta()
+            if self._pending_files is not None:
+                pending_files = self._pending_files()
+                on_disk = self._files_on_disk() if self._files_on_disk else files
+            else:
+                on_disk, pending_files = self.disk_state(store)
+            pending_embeddings = store.pending_embeddings() if _has_vectors(store) else 0
+            damage, batch_jobs, vector_search = store.damage(), store.job_count(), store.vector_method()
+        except IndexUnavailable as exc:
+            data.update(fresh=False, stale_reasons=[str(exc)])
+            return data
         fingerprint = json.loads(meta.get("fingerprint", "{}"))
         last = json.loads(meta.get("last_sync", "null") or "null") or {}
         failure = json.loads(meta.get("last_error", "null") or "null") or {}
         last_error = last_error or failure.get("error")
-        if self._pending_files is not None:
-            pending_files = self._pending_files()
-            on_disk = self._files_on_disk() if self._files_on_disk else files
-        else:
-            on_disk, pending_files = self.disk_state(store)
-        pending_embeddings = store.pending_embeddings() if _has_vectors(store) else 0
         provider, mismatch = self._provider_state(fingerprint)
+        if damage:
+            reasons.append(f"{damage}: the next sync rebuilds it")
         if on_disk == 0:
             reasons.append("no memory files in the workspace (MEMORY.md or memory/**/*.md): is it the right folder?")
         if pending_files:
@@ -691,10 +699,10 @@ class MemoryIndex:
             dims=int(meta.get("vector_dims") or fingerprint.get("dims", 0) or 0),
             configured_provider=provider,
             sqlite_vec_loaded=store.vec_loaded,
-            vector_search=store.vector_method(),
+            vector_search=vector_search,
             pending_files=pending_files,
             pending_embeddings=pending_embeddings,
-            batch_jobs=store.job_count(),
+            batch_jobs=batch_jobs,
             last_sync_at=iso_time(last.get("at")),
             last_sync_duration=seconds(last.get("duration")),
             last_sync_problem_count=int(last.get("problem_count", 0)),

@@ -271,6 +271,11 @@ class Store:
     def pending_embeddings(self) -> int:
         return int(self.conn.execute("SELECT count(*) FROM chunks WHERE embedded = 0").fetchone()[0])
 
+    def damage(self) -> str | None:
+        """Rows changed behind the writer's back (see PgStore.damage). A SQLite index is one private file
+        only its user writes: what can go wrong with it is what `integrity_ok` finds."""
+        return None
+
     # -- search (the keyword and vector indexes) -----------------------------------------------
 
     def text_search(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[TextHit]:

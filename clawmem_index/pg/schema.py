@@ -384,6 +384,49 @@ MIGRATIONS.append(("0010_drop_a_generations_graphs", """
 # inserted each new vector into it one by one (at 2,000 notes a switch back from the cache took 3.1 s, 1.75 s
 # with the graph dropped first and built whole after the fill)
 
+# Every function of the schema resolves names in the schema (after pg_catalog) and in pg_temp last. Left to the
+# caller's search_path, PostgreSQL looks relations up in the caller's pg_temp first, and any role may create
+# temporary tables: a `cm_access` or `pg_roles` of its own then granted it every workspace, through the
+# row-level security policies and the SECURITY DEFINER functions alike. Run after every migration, so a
+# function a later one (re)creates is pinned too (`CREATE OR REPLACE` drops the settings it does not repeat).
+_PIN_SEARCH_PATHS = """
+    DO $$
+    DECLARE f record;
+    BEGIN
+        FOR f IN SELECT p.oid::regprocedure AS signature, n.nspname AS schema FROM pg_catalog.pg_proc AS p
+                 JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+                 WHERE p.proname LIKE 'cm\\_%' AND n.nspname = current_schema() LOOP
+            EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f.signature, f.schema);
+        END LOOP;
+    END $$;
+"""
+
+MIGRATIONS.append(("0011_search_paths_pinned", _PIN_SEARCH_PATHS + """
+    ALTER TABLE cm_access ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY cm_access_own ON cm_access FOR SELECT USING (EXISTS (
+        SELECT 1 FROM pg_catalog.pg_roles AS r WHERE r.rolname = cm_access.role_name
+        AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER')));
+"""))  # and a role reads only its own grants: every login listed every workspace's name and who writes it
+
+MIGRATIONS.append(("0012_partitions_attached", """
+    CREATE OR REPLACE FUNCTION cm_add_partition(ws text) RETURNS void LANGUAGE plpgsql SET lock_timeout = '5s' AS $$
+    DECLARE parent text; part text;
+    BEGIN
+        FOREACH parent IN ARRAY ARRAY['cm_chunks', 'cm_vectors'] LOOP
+            part := CASE parent WHEN 'cm_chunks' THEN cm_partition_name(ws) ELSE cm_vector_partition_name(ws) END;
+            IF to_regclass(quote_ident(part)) IS NULL THEN
+                EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS)', part, parent);
+            END IF;
+            IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits WHERE inhrelid = to_regclass(quote_ident(part))) THEN
+                EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES IN (%L)', parent, part, ws);
+            END IF;
+        END LOOP;
+    END $$;
+"""))  # a new workspace's partitions are made apart and attached: CREATE TABLE ... PARTITION OF waited for an
+# exclusive lock on the parent, behind any tenant's open transaction that had read it, and every other tenant's
+# query then queued behind it (a fleet frozen by one idle session). ATTACH takes a lock readers and writers never
+# wait for; the few that conflict with it (another DDL) give up after 5 s instead of queueing the fleet.
+
 
 def migrate(conn: psycopg.Connection) -> None:
     """Apply what this database has not had, under an advisory lock (daemons may start together).
@@ -408,6 +451,7 @@ def migrate(conn: psycopg.Connection) -> None:
                 for name, body in missing:
                     conn.execute(body)  # type: ignore[arg-type]
                     conn.execute("INSERT INTO cm_migrations VALUES(%s, %s)", (name, time.time()))
+                conn.execute(_PIN_SEARCH_PATHS)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise IndexUnavailable(
                 f"the shared index's schema is missing {', '.join(n for n, _ in missing)} and this role may not"

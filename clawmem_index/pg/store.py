@@ -53,11 +53,24 @@ def chunk_terms_of(text: str) -> ChunkTerms:
     return chunk_terms(pg_text(text))
 
 
-def connect(url: str) -> psycopg.Connection:
-    """An autocommit connection (transactions are explicit), or IndexUnavailable saying why not."""
+# A reader gives up on a statement after this: a tenant's open transaction, a queued lock or a stalled server
+# then costs a search a clear error (and `status` fresh: false with the reason), not minutes of waiting.
+READ_TIMEOUT = "5s"
+# A writer waits this long for a lock (one a tenant's `LOCK TABLE` holds, say), then fails the pass, says why,
+# and the next one tries again. Not a statement timeout: building a large workspace's vector graph takes minutes.
+WRITE_LOCK_TIMEOUT = "30s"
+READER_SESSION = f"SET statement_timeout = '{READ_TIMEOUT}'"
+WRITER_SESSION = f"SET lock_timeout = '{WRITE_LOCK_TIMEOUT}'"
+
+
+def connect(url: str, session: str = "") -> psycopg.Connection:
+    """An autocommit connection (transactions are explicit) with `session`'s settings, or IndexUnavailable
+    saying why not."""
     try:
         conn = psycopg.connect(url, autocommit=True, connect_timeout=10, prepare_threshold=None)
         conn.adapters.register_dumper(PgVector, _VectorDumper)
+        if session:
+            conn.execute(session)  # type: ignore[arg-type]
         return conn
     except psycopg.Error as exc:
         raise IndexUnavailable(f"cannot reach the shared index: {_one_line(exc)}") from exc
@@ -65,6 +78,14 @@ def connect(url: str) -> psycopg.Connection:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
+
+
+def unavailable(exc: psycopg.OperationalError) -> IndexUnavailable:
+    """What a failed statement tells the caller: a lost server, or one that did not answer in time."""
+    if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+        return IndexUnavailable(f"the shared index did not answer in time ({_one_line(exc)}): another session holds"
+                                " a lock it needs, or the server is overloaded; try again shortly")
+    return IndexUnavailable(f"lost the shared index: {_one_line(exc)}")
 
 
 @dataclass
@@ -89,6 +110,7 @@ class _Connection:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.session = ""  # settings every connection of it takes (`use_session`), a new one after a loss too
         self.raw = connect(url)
         self.levels: list[_Level] = []
         self._copy: contextlib.ExitStack | None = None  # a COPY of chunks left open while Python goes on
@@ -101,8 +123,12 @@ class _Connection:
             self.levels.clear()
             self._copy = None
             self._staged = None
-            self.raw = connect(self.url)
+            self.raw = connect(self.url, self.session)
         return self.raw
+
+    def use_session(self, session: str) -> None:
+        self.session = session
+        self._live().execute(session)  # type: ignore[arg-type]
 
     def type_vectors(self) -> None:
         """Bind vectors with pgvector's type (looked up once per connection, once the extension exists):
@@ -188,7 +214,7 @@ class _Connection:
             self._prepare()
             return raw.execute(query, args, binary=binary)
         except psycopg.OperationalError as exc:
-            raise IndexUnavailable(f"lost the shared index: {_one_line(exc)}") from exc
+            raise unavailable(exc) from exc
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -207,7 +233,7 @@ class _Connection:
             else:
                 yield from self._nested()
         except psycopg.OperationalError as exc:
-            raise IndexUnavailable(f"lost the shared index: {_one_line(exc)}") from exc
+            raise unavailable(exc) from exc
 
     def _nested(self) -> Iterator[None]:
         level = _Level()
@@ -425,6 +451,7 @@ class PgStore:
             if not read_only:
                 migrate(self.conn)
             self.gen = self._generation(new=new_generation, create=create and not read_only)
+            self.conn.use_session(READER_SESSION if read_only else WRITER_SESSION)
             if new_generation:
                 self.conn.execute(_BULK_SESSION)
         except psycopg.Error as exc:
@@ -692,6 +719,25 @@ class PgStore:
             (self.workspace, self.gen, self.workspace, self.gen)).fetchone()
         assert row is not None
         return int(row[0]), int(row[1])
+
+    def damage(self) -> str | None:
+        """What this generation lost (or gained) behind its writer's back, or None when whole.
+
+        The writer keeps the chunks' number in `cm_stats` with every change it makes, and every chunk
+        has its row in `cm_vectors`: rows deleted or added by anyone else (an operator's SQL, a hole
+        in the row-level security) leave the numbers apart, and the sync rebuilds the generation.
+        """
+        row = self.conn.execute(
+            "SELECT (SELECT chunks FROM cm_stats WHERE workspace = %(w)s AND gen = %(g)s),"
+            " (SELECT count(*) FROM cm_chunks WHERE workspace = %(w)s AND gen = %(g)s),"
+            " (SELECT count(*) FROM cm_vectors WHERE workspace = %(w)s AND gen = %(g)s)",
+            {"w": self.workspace, "g": self.gen}).fetchone()
+        assert row is not None
+        stored, chunks, vectors = int(row[0] or 0), int(row[1]), int(row[2])
+        if stored == chunks == vectors:
+            return None
+        return (f"the shared index holds {chunks:,} chunks and {vectors:,} vector rows of the {stored:,} chunks its"
+                " writer stored: rows were changed outside clawmem")
 
     def pending_embeddings(self) -> int:
         row = self.conn.execute("SELECT count(*) FROM cm_vectors WHERE workspace = %s AND gen = %s AND NOT embedded",

@@ -1,0 +1,183 @@
+"""The shared index's security boundary, attacked the way a tenant would: with its own SQL.
+
+Every role here logs in to the real PostgreSQL with only what `grant_workspace` gave it, and
+tries what any login may do (temporary tables shadowing the schema's, the schema's own functions
+called by hand). The owner then checks that the other tenant's memory is whole, and clawmem that
+an index changed behind its back is never called fresh.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from clawmem_index.config import Settings, load_settings
+from clawmem_index.engine import MemoryIndex
+from clawmem_index.pg.schema import grant_workspace
+from clawmem_index.search import SearchRequest
+
+# What an attacker creates in its own session: tables named as the schema's, or as the catalog's.
+SHADOWS = {
+    "cm_access": "CREATE TEMP TABLE cm_access(role_name name, workspace text, writable boolean);"
+                 " INSERT INTO cm_access VALUES (current_user, 'beta', true), (current_user, 'alpha', true)",
+    # every role's name, each with this role's own oid: "member of every role that holds a grant"
+    "pg_roles": "CREATE TEMP TABLE pg_roles(rolname name, oid oid);"
+                " INSERT INTO pg_roles SELECT rolname, (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user)"
+                " FROM pg_catalog.pg_roles",
+}
+
+
+def shared(workspace: Path, url: str) -> Settings:
+    return load_settings(workspace=workspace, overrides={"embedding.provider": "none", "index_backend": "postgres",
+                                                         "index_url": url})
+
+
+@pytest.fixture
+def tenants(tmp_path: Path, pg_url: str, pg_role):  # type: ignore[no-untyped-def]
+    """Workspaces alpha and beta indexed by the owner; a reader and a writer of alpha (their URLs), a writer of beta."""
+    for name in ("alpha", "beta"):
+        ws = tmp_path / name
+        (ws / "memory").mkdir(parents=True)
+        (ws / "MEMORY.md").write_text(f"# {name}\n\nThe {name} team keeps its launch code here.\n")
+        (ws / "memory" / "secret.md").write_text(f"the {name} launch code is {len(name) * 1111}\n")
+        index = MemoryIndex(shared(ws, pg_url))
+        try:
+            index.sync()
+        finally:
+            index.close()
+    (reader, reader_url), (writer, writer_url), (other, _) = pg_role("reader"), pg_role("writer"), pg_role("other")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        grant_workspace(conn, reader, "alpha")
+        grant_workspace(conn, writer, "alpha", writable=True)
+        grant_workspace(conn, other, "beta", writable=True)  # beta's own agent: a grant the attacker can borrow
+        before = conn.execute("SELECT count(*), string_agg(text, '|' ORDER BY seq) FROM cm_chunks"
+                              " WHERE workspace = 'beta'").fetchone()
+    return {"reader": reader_url, "writer": writer_url, "beta_before": before, "root": tmp_path}
+
+
+def beta_rows(pg_url: str) -> tuple[int, str]:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*), string_agg(text, '|' ORDER BY seq) FROM cm_chunks"
+                           " WHERE workspace = 'beta'").fetchone()
+    assert row is not None
+    return row
+
+
+@pytest.mark.parametrize("shadow", sorted(SHADOWS))
+@pytest.mark.parametrize("who", ["reader", "writer"])
+def test_a_temporary_table_shadowing_the_schema_gives_a_role_no_other_workspace(tenants, pg_url: str, who: str,
+                                                                                shadow: str) -> None:  # type: ignore[no-untyped-def]
+    with psycopg.connect(tenants[who], autocommit=True) as conn:
+        for statement in SHADOWS[shadow].split(";"):
+            conn.execute(statement)  # type: ignore[arg-type]
+        assert {r[0] for r in conn.execute("SELECT workspace FROM cm_chunks")} == {"alpha"}
+        assert {r[0] for r in conn.execute("SELECT workspace FROM cm_vectors")} == {"alpha"}
+        assert {r[0] for r in conn.execute("SELECT workspace FROM cm_files")} == {"alpha"}
+        for attack in ("DELETE FROM cm_chunks WHERE workspace = 'beta'",
+                       "UPDATE cm_chunks SET text = 'planted' WHERE workspace = 'beta'",
+                       "DELETE FROM cm_files WHERE workspace = 'beta'"):
+            try:
+                assert conn.execute(attack).rowcount == 0  # type: ignore[arg-type]
+            except psycopg.errors.InsufficientPrivilege:
+                pass  # the reader may not write at all
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT cm_drop_vector_indexes('beta')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT cm_index_vectors('beta', 0, 3)")
+        if who == "reader":
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT * FROM cm_cached('p', 'm', 'k', '{h}', NULL)")
+    assert beta_rows(pg_url) == tenants["beta_before"]
+    beta = MemoryIndex(shared(tenants["root"] / "beta", pg_url), read_only=True)
+    try:
+        assert beta.status()["fresh"] is True
+        found = beta.search(SearchRequest("launch code", mode="bm25"))["results"]
+        assert {r["path"] for r in found} == {"MEMORY.md", "memory/secret.md"}
+        assert all("planted" not in r["snippet"] for r in found)
+    finally:
+        beta.close()
+
+
+def test_every_function_of_the_schema_looks_names_up_in_the_schema_before_temporary_tables(pg_url: str) -> None:
+    """The class of hole, not one instance: a function of the schema resolving a name through the caller's
+    search_path finds a temporary table first. Each one pins its own path with pg_temp last."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        functions = conn.execute(
+            "SELECT p.oid::regprocedure::text, n.nspname, coalesce(p.proconfig, '{}') FROM pg_proc AS p"
+            " JOIN pg_namespace AS n ON n.oid = p.pronamespace WHERE p.proname LIKE 'cm\\_%'").fetchall()
+    assert len(functions) >= 10
+    for name, schema, config in functions:
+        assert f"search_path={schema}, pg_temp" in config, name
+
+
+def test_a_role_sees_only_its_own_grants(tenants, pg_url: str) -> None:  # type: ignore[no-untyped-def]
+    with psycopg.connect(tenants["reader"], autocommit=True) as conn:
+        seen = conn.execute("SELECT role_name, workspace FROM cm_access").fetchall()
+    assert [workspace for _, workspace in seen] == ["alpha"]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM cm_access").fetchone() == (3,)
+
+
+def test_rows_lost_behind_the_writers_back_are_reported_and_the_next_sync_puts_them_back(tenants, pg_url: str) -> None:  # type: ignore[no-untyped-def]
+    """Whatever removed them (a hole, an operator's DELETE), an index missing rows is not fresh, and a sync
+    (not only `reindex`) repairs it."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM cm_chunks WHERE workspace = 'beta' AND path = 'memory/secret.md'")
+    beta = MemoryIndex(shared(tenants["root"] / "beta", pg_url))
+    try:
+        status = beta.status()
+        assert status["fresh"] is False
+        assert any("outside clawmem" in reason for reason in status["stale_reasons"]), status["stale_reasons"]
+        beta.sync()
+        status = beta.status()
+        assert status["fresh"] is True, status["stale_reasons"]
+        found = beta.search(SearchRequest("launch code 4444", mode="bm25"))["results"]
+        assert found and found[0]["path"] == "memory/secret.md"
+    finally:
+        beta.close()
+    assert beta_rows(pg_url)[0] == tenants["beta_before"][0]
+
+
+def test_a_tenants_open_transaction_does_not_hold_up_a_new_workspace_or_anyones_searches(tenants, pg_url: str) -> None:  # type: ignore[no-untyped-def]
+    """A reader left in a transaction that read the chunks; the owner adds workspace gamma meanwhile. Made with
+    CREATE TABLE ... PARTITION OF, gamma's first sync queued for an exclusive lock and every query of every
+    tenant queued behind it until the idle transaction ended."""
+    root = tenants["root"]
+    with psycopg.connect(tenants["reader"]) as idle:
+        idle.execute("SELECT count(*) FROM cm_chunks")  # and the transaction stays open
+        (root / "gamma" / "memory").mkdir(parents=True)
+        (root / "gamma" / "MEMORY.md").write_text("# gamma\n\nThe gamma team keeps its launch code here.\n")
+        gamma = MemoryIndex(shared(root / "gamma", pg_url))
+        try:
+            assert gamma.sync().added == 1
+        finally:
+            gamma.close()
+        alpha = MemoryIndex(shared(root / "alpha", tenants["reader"]), read_only=True)
+        try:
+            assert alpha.search(SearchRequest("launch code", mode="bm25"))["results"]
+        finally:
+            alpha.close()
+        assert idle.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+
+
+def test_a_tenant_locking_the_chunks_costs_others_a_clear_error_not_a_hang(tenants, pg_url: str) -> None:  # type: ignore[no-untyped-def]
+    """A writer may lock the table it writes (its UPDATE right lets it): readers then give up after their
+    statement timeout with the reason, `status` says the index is not fresh and why, and all is well once
+    the lock goes."""
+    from clawmem_index.errors import IndexUnavailable
+
+    alpha = MemoryIndex(shared(tenants["root"] / "alpha", tenants["reader"]), read_only=True)
+    try:
+        with psycopg.connect(tenants["writer"]) as locker:
+            locker.execute("LOCK TABLE cm_chunks IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(IndexUnavailable, match="did not answer in time"):
+                alpha.search(SearchRequest("launch code", mode="bm25"))
+            status = alpha.status()
+            assert status["fresh"] is False
+            assert any("did not answer in time" in reason for reason in status["stale_reasons"])
+        assert alpha.search(SearchRequest("launch code", mode="bm25"))["results"]
+        assert alpha.status()["fresh"] is True
+    finally:
+        alpha.close()
