@@ -12,6 +12,7 @@ import errno
 import fcntl
 import functools
 import os
+import secrets
 import socket
 import time
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ from clawmem_index.vector_cells import SHARED_BYTES, SharedCells
 if TYPE_CHECKING:
     from clawmem_index.pg.store import PgStore
 
-__all__ = ["Backend", "PostgresBackend", "SqliteBackend", "backend_for", "redacted", "writer_identity"]
+__all__ = ["Backend", "PostgresBackend", "SqliteBackend", "backend_for", "former_writer_identity", "redacted", "writer_identity"]
 
 AnyStore = Any  # Store or PgStore: the same interface (see clawmem_index.store)
 
@@ -50,9 +51,33 @@ class Backend(Protocol):
     def memory(self) -> dict[str, object]: ...
 
 
-def writer_identity(workspace: Path) -> str:
-    """Which folder of which machine writes a workspace of the shared index, as a hash (the database
-    learns no host path): the machine's id (its host name where it has none) and the folder's real path."""
+def writer_identity(state: Path) -> str:
+    """Which folder writes a workspace of the shared index: a random id kept in `state` (beside the index's
+    local state), made at its first write. Hosts cloned from one image share their machine id and
+    usually the folder's path, so those could not tell two clones apart: each then replaced the other's
+    rows. Clones made before the first write each make their own id (an image made after it carries
+    its id: delete `state` in the image)."""
+    make_private_dirs(state.parent)
+    try:
+        fd = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        made = state.read_text(encoding="ascii", errors="replace").strip()
+        if len(made) == 32 and all(c in "0123456789abcdef" for c in made):
+            return made
+        os.unlink(state)  # damaged (a crash as it was written): a new one; `claim` says if that matters
+        fd = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    made = secrets.token_hex(16)
+    with os.fdopen(fd, "w", encoding="ascii") as out:
+        out.write(made + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    return made
+
+
+def former_writer_identity(workspace: Path) -> str:
+    """The identity clawmem gave a folder before `writer_identity`: a hash of the machine's id (its host
+    name where it has none) and the folder's real path. A workspace claimed so is taken over by the
+    folder that still answers to it, once, as it upgrades."""
     machine = ""
     for candidate in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
         with contextlib.suppress(OSError):
@@ -238,7 +263,7 @@ class PostgresBackend:
                 time.sleep(0.05)
             live = PgStore(self.url, self.workspace)
             try:
-                live.claim(*self._writer)
+                live.claim(*self._writer, formerly=former_writer_identity(self.settings.workspace))
                 live.drop_strays()
             finally:
                 live.close()
@@ -249,7 +274,7 @@ class PostgresBackend:
     @functools.cached_property
     def _writer(self) -> tuple[str, str]:
         """(this folder's writer identity, host name): read once, not at every write lock."""
-        return writer_identity(self.settings.workspace), socket.gethostname()
+        return writer_identity(self.settings.index_path.parent / "writer-id"), socket.gethostname()
 
     def take_over(self) -> None:
         """Make this folder the writer of its workspace (moved from another host or folder): the one

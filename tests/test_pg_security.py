@@ -181,3 +181,63 @@ def test_a_tenant_locking_the_chunks_costs_others_a_clear_error_not_a_hang(tenan
         assert alpha.status()["fresh"] is True
     finally:
         alpha.close()
+
+
+def test_hosts_cloned_from_one_image_are_two_writers(tmp_path: Path, pg_url: str) -> None:
+    """Two clones share the machine id and the folder's path; each keeps its own local state. The second to
+    write the workspace is refused, as another folder is, instead of replacing the first one's rows."""
+    from clawmem_index.errors import WorkspaceTaken
+
+    ws = tmp_path / "ops"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "memory" / "lighthouse.md").write_text("lighthouse keeper notes\n")
+
+    def clone(name: str) -> MemoryIndex:  # the same folder, machine and path; the clone's own cache
+        return MemoryIndex(load_settings(workspace=ws, overrides={
+            "embedding.provider": "none", "index_backend": "postgres", "index_url": pg_url,
+            "index": str(tmp_path / name / "cache" / "unused.sqlite")}))
+
+    first, second = clone("host-a"), clone("host-b")
+    try:
+        assert first.sync().added == 1
+        with pytest.raises(WorkspaceTaken, match="another folder"):
+            second.sync()
+        assert first.sync().added == 0  # and the first is still the writer, at every pass
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_workspace_claimed_by_an_older_clawmem_stays_its_folders(tmp_path: Path, pg_url: str) -> None:
+    """Claimed under the former identity (machine id and path), the folder upgrading keeps writing it and
+    takes it under its new id; another folder is still refused."""
+    from clawmem_index.backends import former_writer_identity
+    from clawmem_index.errors import WorkspaceTaken
+
+    ws = tmp_path / "ops"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "memory" / "lighthouse.md").write_text("lighthouse keeper notes\n")
+    index = MemoryIndex(shared(ws, pg_url))
+    try:
+        index.sync()
+    finally:
+        index.close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE cm_workspaces SET writer = %s WHERE workspace = 'ops'", (former_writer_identity(ws),))
+    (ws / "memory" / "harbour.md").write_text("harbour master notes\n")
+    index = MemoryIndex(shared(ws, pg_url))
+    try:
+        assert index.sync().added == 1
+    finally:
+        index.close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        assert conn.execute("SELECT writer FROM cm_workspaces WHERE workspace = 'ops'").fetchone() != \
+            (former_writer_identity(ws),)
+    other = tmp_path / "elsewhere" / "ops"
+    (other / "memory").mkdir(parents=True)
+    index = MemoryIndex(shared(other, pg_url))
+    try:
+        with pytest.raises(WorkspaceTaken):
+            index.sync()
+    finally:
+        index.close()

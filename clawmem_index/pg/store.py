@@ -1141,9 +1141,10 @@ class PgStore:
         self.gen = fresh.gen
         self._drop_stale_vector_indexes()  # after the commit: a DROP INDEX holds off readers until its own
 
-    def claim(self, writer: str, host: str, *, take_over: bool = False) -> None:
+    def claim(self, writer: str, host: str, *, take_over: bool = False, formerly: str | None = None) -> None:
         """Make sure the folder `writer` names is the one writing this workspace: the first to write it
-        claims it; another folder is refused with WorkspaceTaken unless it takes it over.
+        claims it; another folder is refused with WorkspaceTaken unless it takes it over, or the
+        workspace is claimed by `formerly`, this folder's identity of an older clawmem.
 
         Read first and written only when it changes, so a writer's every lock costs no commit.
         """
@@ -1151,7 +1152,7 @@ class PgStore:
                                 (self.workspace,)).fetchone()
         if row is not None and row[0] == writer:
             return
-        if row is not None and row[0] is not None and not take_over:
+        if row is not None and row[0] is not None and row[0] != formerly and not take_over:
             since = time.strftime("%Y-%m-%d %H:%M", time.localtime(row[2])) if row[2] else "an earlier run"
             raise WorkspaceTaken(
                 f"workspace {self.workspace!r} of the shared index is written by another folder (host {row[1]},"
