@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 import xxhash
 
 from clawmem_index.config import Settings
-from clawmem_index.errors import IndexBusy, IndexCorrupt
+from clawmem_index.errors import IndexBusy, IndexCorrupt, IndexUnavailable
 from clawmem_index.keyword_index import SHARED_POSTINGS, PostingsCache
 from clawmem_index.store import Store, make_private_dirs, make_private_file
 from clawmem_index.vector_cells import SHARED_BYTES, SharedCells
@@ -216,7 +216,7 @@ class PostgresBackend:
     def exists(self) -> bool:
         import psycopg
 
-        from clawmem_index.pg.store import READER_SESSION, connect, unavailable
+        from clawmem_index.pg.store import READER_SESSION, one_line, connect, unavailable
 
         conn = connect(self.url, READER_SESSION)
         try:
@@ -225,6 +225,10 @@ class PostgresBackend:
                 return False
             found = conn.execute("SELECT 1 FROM cm_workspaces WHERE workspace = %s", (self.workspace,)).fetchone()
             return found is not None
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise IndexUnavailable(
+                f"role {conn.info.user!r} may not read the shared index ({one_line(exc)}): the database's owner"
+                " grants a role its workspaces (see docs/shared-index.md)") from exc
         except psycopg.OperationalError as exc:
             raise unavailable(exc) from exc
         finally:

@@ -8,6 +8,10 @@ an index changed behind its back is never called fresh.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import psycopg
@@ -241,3 +245,60 @@ def test_a_workspace_claimed_by_an_older_clawmem_stays_its_folders(tmp_path: Pat
             index.sync()
     finally:
         index.close()
+
+
+def _clawmem(workspace: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CLAWMEM_INDEX_BACKEND": "postgres", "CLAWMEM_INDEX_URL": url, "CLAWMEM_PROVIDER": "none"}
+    return subprocess.run([sys.executable, "-m", "clawmem_index", *args, "--workspace", str(workspace)], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_role_with_no_grant_gets_one_line_saying_so(tenants, pg_url: str, pg_role) -> None:  # type: ignore[no-untyped-def]
+    _, url = pg_role("nobody")
+    for args in (("search", "launch", "--mode", "bm25"), ("search", "launch", "--workspace-set", "beta")):
+        out = _clawmem(tenants["root"] / "alpha", url, *args)
+        assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr
+        assert "may not read the shared index" in out.stderr and "grants" in out.stderr
+    status = _clawmem(tenants["root"] / "alpha", url, "status", "--json")
+    assert status.returncode == 0, status.stderr
+    data = json.loads(status.stdout)
+    assert data["fresh"] is False and "may not read the shared index" in data["stale_reasons"][0]
+
+
+def test_a_writer_is_granted_the_temporary_tables_it_stages_chunks_in(tmp_path: Path, pg_url: str, pg_role) -> None:  # type: ignore[no-untyped-def]
+    """Databases where PUBLIC lost TEMP (a hardened server): a writable grant carries it, and a writer
+    without it is told what to grant instead of a traceback."""
+    from urllib.parse import urlsplit
+
+    database = urlsplit(pg_url).path.lstrip("/")
+    (granted, granted_url), (bare, bare_url) = pg_role("writer"), pg_role("bare")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"REVOKE TEMPORARY ON DATABASE {database} FROM PUBLIC")
+        grant_workspace(conn, granted, "gamma", writable=True)
+        grant_workspace(conn, bare, "delta", writable=True)
+        conn.execute(f"REVOKE TEMPORARY ON DATABASE {database} FROM {bare}")
+    for name in ("gamma", "delta"):
+        (tmp_path / name / "memory").mkdir(parents=True)
+        (tmp_path / name / "MEMORY.md").write_text(f"# {name}\n\nthe {name} runbook\n")
+    ok = _clawmem(tmp_path / "gamma", granted_url, "index")
+    assert ok.returncode == 0, ok.stderr
+    refused = _clawmem(tmp_path / "delta", bare_url, "index")
+    assert refused.returncode == 3 and "Traceback" not in refused.stderr, refused.stderr
+    assert f"GRANT TEMPORARY ON DATABASE {database} TO {bare}" in refused.stderr
+
+
+def test_a_database_without_pgvector_is_put_to_a_superuser_not_to_its_owner(pg_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    name = f"nv_{os.urandom(4).hex()}"
+    owner = f"owner_{os.urandom(4).hex()}"
+    with psycopg.connect(pg_cluster.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {owner} LOGIN")
+        conn.execute(f"CREATE DATABASE {name} OWNER {owner}")
+    try:
+        (tmp_path / "ws" / "memory").mkdir(parents=True)
+        (tmp_path / "ws" / "MEMORY.md").write_text("# notes\n")
+        out = _clawmem(tmp_path / "ws", pg_cluster.url(name, role=owner), "index")
+        assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr
+        assert "only a superuser" in out.stderr and "CREATE EXTENSION vector" in out.stderr
+    finally:
+        with psycopg.connect(pg_cluster.url(), autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -453,6 +453,11 @@ def migrate(conn: psycopg.Connection) -> None:
                     conn.execute("INSERT INTO cm_migrations VALUES(%s, %s)", (name, time.time()))
                 conn.execute(_PIN_SEARCH_PATHS)
         except psycopg.errors.InsufficientPrivilege as exc:
+            if not _has_vector(conn):
+                raise IndexUnavailable(
+                    "the shared index needs PostgreSQL's `vector` extension (pgvector) in this database, and only a"
+                    " superuser may add it: a superuser connected to it runs `CREATE EXTENSION vector` once, then the"
+                    " database's owner runs `clawmem index`") from exc
             raise IndexUnavailable(
                 f"the shared index's schema is missing {', '.join(n for n, _ in missing)} and this role may not"
                 f" create it ({exc.diag.message_primary}): run `clawmem index` once as the database's owner") from exc
@@ -460,11 +465,16 @@ def migrate(conn: psycopg.Connection) -> None:
         conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK,))
 
 
+def _has_vector(conn: psycopg.Connection) -> bool:
+    row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'vector')").fetchone()
+    return bool(row and row[0])
+
+
 def grant_workspace(conn: psycopg.Connection, role: str, workspace: str, *, writable: bool = False) -> None:
     """Let `role` (and its members) read `workspace` in the shared index, and write it if `writable`.
 
-    Run as the tables' owner. Reading also needs the tables; writing, the chunks' sequence and the
-    workspace's partition of the chunks, made here (only the owner may add one).
+    Run as the tables' owner. Reading also needs the tables; writing, the chunks' sequence, temporary
+    tables and the workspace's partition of the chunks, made here (only the owner may add one).
     """
     with conn.transaction():
         conn.execute("INSERT INTO cm_access VALUES(%s, %s, %s) ON CONFLICT(role_name, workspace)"
@@ -476,3 +486,6 @@ def grant_workspace(conn: psycopg.Connection, role: str, workspace: str, *, writ
             conn.execute(sql.SQL("GRANT {} ON {} TO {}").format(rights, sql.Identifier(table), who))
         if writable:
             conn.execute(sql.SQL("GRANT USAGE ON SEQUENCE cm_chunks_seq_seq TO {}").format(who))
+            # a writer stages its chunks in a temporary table (COPY cannot write where row-level security applies)
+            conn.execute(sql.SQL("GRANT TEMPORARY ON DATABASE {} TO {}").format(
+                sql.Identifier(conn.info.dbname), who))

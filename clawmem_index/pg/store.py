@@ -38,7 +38,7 @@ from clawmem_index.storable import storable
 from clawmem_index.store import ChunkRow, FileRow, JobRow
 from clawmem_index.vector_index import VectorHit
 
-__all__ = ["PgStore", "connect", "pg_text"]
+__all__ = ["PgStore", "connect", "one_line", "pg_text", "unavailable"]
 
 K1, B = 1.2, 0.75  # FTS5's bm25() defaults
 
@@ -73,19 +73,19 @@ def connect(url: str, session: str = "") -> psycopg.Connection:
             conn.execute(session)  # type: ignore[arg-type]
         return conn
     except psycopg.Error as exc:
-        raise IndexUnavailable(f"cannot reach the shared index: {_one_line(exc)}") from exc
+        raise IndexUnavailable(f"cannot reach the shared index: {one_line(exc)}") from exc
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
 def unavailable(exc: psycopg.OperationalError) -> IndexUnavailable:
     """What a failed statement tells the caller: a lost server, or one that did not answer in time."""
     if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
-        return IndexUnavailable(f"the shared index did not answer in time ({_one_line(exc)}): another session holds"
+        return IndexUnavailable(f"the shared index did not answer in time ({one_line(exc)}): another session holds"
                                 " a lock it needs, or the server is overloaded; try again shortly")
-    return IndexUnavailable(f"lost the shared index: {_one_line(exc)}")
+    return IndexUnavailable(f"lost the shared index: {one_line(exc)}")
 
 
 @dataclass
@@ -155,7 +155,14 @@ class _Connection:
             self._staged = bool(row and row[0])
         if not self._staged:
             return _COPY_CHUNKS
-        self.raw.execute(_STAGE_CHUNKS)
+        try:
+            self.raw.execute(_STAGE_CHUNKS)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            database, role = self.raw.info.dbname, self.raw.info.user
+            raise IndexUnavailable(
+                f"role {role!r} may not create temporary tables in database {database!r}, where a writer stages its"
+                f" chunks ({one_line(exc)}): the database's owner runs GRANT TEMPORARY ON DATABASE {database} TO"
+                f" {role} (grant_workspace does, for a writable grant)") from exc
         return _COPY_STAGED
 
     def _unstage(self) -> None:
@@ -456,7 +463,7 @@ class PgStore:
                 self.conn.execute(_BULK_SESSION)
         except psycopg.Error as exc:
             self.conn.close()
-            raise IndexUnavailable(f"the shared index cannot be used: {_one_line(exc)}") from exc
+            raise IndexUnavailable(f"the shared index cannot be used: {one_line(exc)}") from exc
         except BaseException:
             self.conn.close()
             raise
