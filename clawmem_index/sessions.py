@@ -59,6 +59,7 @@ __all__ = [
     "chunk_messages",
     "chunk_transcript",
     "describe_malformed",
+    "describe_oversized",
     "read_transcript",
 ]
 
@@ -150,6 +151,8 @@ class Transcript:
     malformed_lines: list[int] = field(default_factory=list)  # line numbers of the lines skipped this read
     bytes_read: int = 0
     rewindow_from: int | None = None  # the file's chunks from this JSONL line on are made again from `messages`
+    oversized_lines: list[int] = field(default_factory=list)  # lines longer than the bound, skipped unread
+    complete: bool = True  # False: the read stopped at its byte budget, the rest is for another read
 
 
 class TranscriptReader:
@@ -163,6 +166,7 @@ class TranscriptReader:
         self.fd = fd
         self.size = size
         self.bytes_read = 0
+        self.stopped = False  # the last `lines` ended at its budget, before the file's end
 
     def pread(self, count: int, offset: int) -> bytes:
         count = max(0, min(count, self.size - offset))
@@ -170,14 +174,18 @@ class TranscriptReader:
         self.bytes_read += len(data)
         return data
 
-    def lines(self, offset: int) -> Iterator[tuple[bytes, int]]:
+    def lines(self, offset: int, *, max_line: int = 0, budget: int = 0) -> Iterator[tuple[bytes | None, int]]:
         """Complete lines from `offset` (without their newline), each with the offset just after it.
 
         A last line without its newline is a write in progress: it is not yielded. Each block is
-        searched once, so a line of any length costs time linear in its length.
+        searched once, so a line of any length costs time linear in its length. A line longer than
+        `max_line` is yielded as None, its bytes dropped as they are read (one 50 MB line held whole
+        took the daemon to 344 MB); with a `budget`, no line starts after that many bytes (`stopped`).
         """
+        self.stopped = False
         buf = bytearray()
         origin = pos = offset  # file offsets of buf[0] and of the next block
+        skipping = False  # inside a line longer than max_line
         while pos < self.size:
             block = self.pread(_BLOCK, pos)
             if not block:
@@ -187,18 +195,27 @@ class TranscriptReader:
             pos += len(block)
             start = 0
             while (end := buf.find(b"\n", search)) >= 0:
-                yield bytes(buf[start:end]), origin + end + 1
+                yield (None if skipping else bytes(buf[start:end])), origin + end + 1
+                skipping = False
                 start = search = end + 1
+                if budget and origin + start - offset >= budget and origin + start < self.size:
+                    self.stopped = True
+                    return
             del buf[:start]
             origin += start
+            if max_line and len(buf) > max_line:
+                skipping = True
+                origin += len(buf)
+                del buf[:]
 
 
 def read_transcript(reader: TranscriptReader, previous: TailState | None,
-                    chunking: tuple[int, int, str]) -> Transcript:
+                    chunking: tuple[int, int, str], *, max_bytes: int = 0) -> Transcript:
     """The messages not indexed yet: from `previous` when the file only grew, else from the start.
 
     The new samples come from the bytes read anyway (the previous tail sample, verified, and the
     lines consumed now), so a tail read costs the appended bytes plus at most two samples.
+    `max_bytes` (0: none) bounds one line and the lines one read takes (`complete` False: more to read).
     """
     before = _verified_tail(reader, previous) if previous is not None and previous.chunking == chunking else None
     if previous is not None and before is not None:
@@ -211,8 +228,18 @@ def read_transcript(reader: TranscriptReader, previous: TailState | None,
     whole = before is None
     messages: list[Message] = []
     bad: list[int] = []
-    for raw, end in reader.lines(offset):
+    oversized: list[int] = []
+    for raw, end in reader.lines(offset, max_line=max_bytes, budget=max_bytes):
         line_no += 1
+        if raw is None:  # its bytes were dropped: the samples take theirs from the file, a few KB
+            oversized.append(line_no)
+            start, offset = offset, end
+            if head is not None and len(head) < SAMPLE_BYTES:
+                head += reader.pread(SAMPLE_BYTES - len(head), start)
+            n = min(SAMPLE_BYTES, end - start)
+            tail += reader.pread(n, end - n)
+            del tail[:-SAMPLE_BYTES]
+            continue
         offset = end
         consumed = raw + b"\n"
         if head is not None and len(head) < SAMPLE_BYTES:
@@ -239,7 +266,7 @@ def read_transcript(reader: TranscriptReader, previous: TailState | None,
     if messages and carry:  # with nothing new, the last chunks stay as they are
         messages[:0] = carry
         rewindow_from = carry[0].line
-    return Transcript(messages, state, whole, bad, reader.bytes_read, rewindow_from)
+    return Transcript(messages, state, whole, bad, reader.bytes_read, rewindow_from, oversized, not reader.stopped)
 
 
 def _verified_tail(reader: TranscriptReader, previous: TailState) -> bytes | None:
@@ -263,6 +290,13 @@ def describe_malformed(lines: Sequence[int]) -> str:
     """A report line for skipped transcript lines: how many, and the first few line numbers."""
     shown = ", ".join(map(str, lines[:_MALFORMED_SHOWN])) + (", ..." if len(lines) > _MALFORMED_SHOWN else "")
     return f"{len(lines)} malformed transcript line{'s' if len(lines) != 1 else ''} skipped (line {shown})"
+
+
+def describe_oversized(lines: Sequence[int], max_bytes: int) -> str:
+    """A report line for transcript lines too long to read: how many, which, and the setting that bounds them."""
+    shown = ", ".join(map(str, lines[:_MALFORMED_SHOWN])) + (", ..." if len(lines) > _MALFORMED_SHOWN else "")
+    return (f"{len(lines)} transcript line{'s' if len(lines) != 1 else ''} larger than max_file_bytes"
+            f" ({max_bytes:,} bytes) skipped (line {shown}); raise max_file_bytes (0: no limit) to index them")
 
 
 # -- parsing ----------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from clawmem_index.sessions import (
     Transcript,
     TranscriptReader,
     chunk_transcript,
-    describe_malformed,
+    describe_malformed, describe_oversized,
     read_transcript,
 )
 from clawmem_index.store import FileRow, Store
@@ -122,6 +122,7 @@ class ParsedSession:
     chunks: list[SessionChunk]
     error: str | None = None
     refused: bool = False
+    max_bytes: int = 0  # the bound its read had (for the report)
 
 
 def _stat_source_file(settings: Settings, key: str, skipped: list[Skipped]) -> MemoryFile | None:
@@ -179,8 +180,11 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
     transcripts = [f for f in stale if f.source == "sessions"]
     parsed = itertools.chain[ParsedFile | ParsedSession](
         _parse_all(notes, settings, indexed, store.terms_of), (_parse_session(f, settings, indexed.get(f.path)) for f in transcripts))
+    unfinished: list[MemoryFile] = []  # transcripts whose read stopped at its budget
     for done, item in enumerate(parsed, start=1):
         batch.append(item)
+        if isinstance(item, ParsedSession) and item.transcript is not None and not item.transcript.complete:
+            unfinished.append(item.file)
         if len(batch) >= per_transaction:
             _apply_batch(store, batch, indexed, report)
             batch = []
@@ -188,8 +192,21 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
             progress(done, len(stale))
     if batch:
         _apply_batch(store, batch, indexed, report)
+    for f in unfinished:
+        _read_on(store, settings, f, report)
     report.duration = time.perf_counter() - started
     return report
+
+
+def _read_on(store: Store, settings: Settings, f: MemoryFile, report: SyncReport) -> None:
+    """Read a long transcript on, one budget of bytes at a time, each committed before the next is read:
+    a pass over a transcript of any size holds at most one budget's messages (`max_file_bytes`)."""
+    for _ in range(f.size // max(1, settings.max_file_bytes) + 2):  # each read takes a budget or reaches the end
+        previous = store.file_row(f.path)
+        item = _parse_session(f, settings, previous)
+        _apply_batch(store, [item], {f.path: previous} if previous is not None else {}, report)
+        if item.transcript is None or item.transcript.complete:
+            return
 
 
 def _date_by_folders(store: Store) -> None:
@@ -299,6 +316,8 @@ def _apply_session(store: Store, item: ParsedSession, previous: FileRow | None, 
     if transcript.malformed_lines:
         report.malformed_lines += len(transcript.malformed_lines)
         report.skipped.append(f"{f.path}: {describe_malformed(transcript.malformed_lines)}")
+    if transcript.oversized_lines:
+        report.skipped.append(f"{f.path}: {describe_oversized(transcript.oversized_lines, item.max_bytes)}")
     if transcript.whole:
         report.chunks_removed += store.delete_file(f.path)
     elif transcript.rewindow_from is not None:
@@ -311,7 +330,9 @@ def _apply_session(store: Store, item: ParsedSession, previous: FileRow | None, 
                            fts_text=index_text(chunk.text), date=chunk.date)
     report.chunks_added += len(item.chunks)
     state = transcript.state
-    store.upsert_file(FileRow(f.path, "sessions", f"{state.offset}:{state.tail}", f.mtime_ns, f.size,
+    # A read stopped at its budget records the size it reached: the file is seen as changed, and read on from there.
+    size = f.size if transcript.complete else state.offset
+    store.upsert_file(FileRow(f.path, "sessions", f"{state.offset}:{state.tail}", f.mtime_ns, size,
                               state.to_json()))
     if previous is None:
         report.added += 1
@@ -476,7 +497,8 @@ def _parse_session(f: MemoryFile, settings: Settings, previous: FileRow | None) 
     state = TailState.from_json(previous.state) if previous is not None and previous.source == "sessions" else None
     try:
         with open_beneath(f.root, f.names, display=f.path, refuse_hardlinks=settings.refuse_hardlinks) as opened:
-            transcript = read_transcript(TranscriptReader(opened.fd, opened.stat.st_size), state, params)
+            transcript = read_transcript(TranscriptReader(opened.fd, opened.stat.st_size), state, params,
+                                         max_bytes=settings.max_file_bytes)
             f = f.as_read(opened.stat)
     except PathError as exc:
         why = refusal_of(exc)
@@ -487,7 +509,7 @@ def _parse_session(f: MemoryFile, settings: Settings, previous: FileRow | None) 
         return ParsedSession(f, None, [], error=f"cannot read: {exc.strerror or exc}")
     chunks, state = chunk_transcript(transcript, max_tokens=chunking.tokens, overlap=chunking.overlap,
                                      tokenizer=chunking.tokenizer)
-    return ParsedSession(f, replace(transcript, state=state), chunks)
+    return ParsedSession(f, replace(transcript, state=state), chunks, max_bytes=settings.max_file_bytes)
 
 
 @dataclass(frozen=True)

@@ -463,3 +463,60 @@ def test_a_lone_surrogate_in_a_transcript_stops_nothing(ssettings: Settings, wri
     assert index.sync().errors == []  # an existing index keeps syncing too
     assert ranges(index, "marigolds")[0][0] == KEY
     assert index.status()["fresh"]
+
+
+def _bounded(ssettings: Settings, max_bytes: int) -> Settings:
+    from dataclasses import replace
+
+    return replace(ssettings, max_file_bytes=max_bytes)
+
+
+def test_a_transcript_line_over_max_file_bytes_is_skipped_unheld_and_appends_still_read_only_their_bytes(
+        ssettings: Settings, write) -> None:
+    """One 5 MB line (a tool dumping a file into the conversation) with a 100 KB bound: it is reported and
+    skipped, its bytes never held (a 50 MB line took the daemon to 344 MB), the messages around it indexed."""
+    import tracemalloc
+
+    settings = _bounded(ssettings, 100_000)
+    huge = message("assistant", "blob " * 1_000_000)
+    path = write(KEY, jsonl(header(), message("user", "where is the wombat runbook"), huge,
+                            message("assistant", "the wombat runbook is in the wiki")))
+    index = MemoryIndex(settings)
+    try:
+        tracemalloc.start()
+        report = index.sync()
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < 2_000_000, peak
+        assert report.skipped == [f"{KEY}: 1 transcript line larger than max_file_bytes (100,000 bytes) skipped"
+                                  " (line 3); raise max_file_bytes (0: no limit) to index them"]
+        assert [r[1:3] for r in ranges(index, "wombat runbook")] == [(2, 4)]
+        with path.open("a") as fh:
+            fh.write(jsonl(message("user", "and the kinkajou plan")))
+        again = index.sync()
+        assert again.bytes_read < 3 * SAMPLE_BYTES  # an append, not a read from the start
+        assert ranges(index, "kinkajou")
+        assert index.status()["fresh"] is True
+    finally:
+        index.close()
+
+
+def test_a_transcript_larger_than_max_file_bytes_is_read_a_budget_at_a_time_and_whole(ssettings: Settings,
+                                                                                     write) -> None:
+    settings = _bounded(ssettings, 20_000)
+    lines: list[object] = [header()]
+    for n in range(400):
+        lines.append(message("user" if n % 2 else "assistant", f"note {n} marmot{n} " + "filler " * 20))
+    path = write(KEY, jsonl(*lines))
+    assert path.stat().st_size > 5 * 20_000
+    index = MemoryIndex(settings)
+    try:
+        report = index.sync()
+        assert report.bytes_read >= path.stat().st_size and not report.skipped
+        for n in (0, 199, 399):
+            assert ranges(index, f"marmot{n}"), n
+        status = index.status()
+        assert status["fresh"] is True and status["pending_files"] == 0
+        assert index.sync().bytes_read == 0  # and nothing is left to read
+    finally:
+        index.close()
