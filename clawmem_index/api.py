@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from clawmem_index.config import Settings
     from clawmem_index.engine import MemoryIndex
 
-__all__ = ["DAEMON_RETRY", "Client", "coverage_notes"]
+__all__ = ["DAEMON_RETRY", "Client", "coverage_notes", "daemon_differs"]
 
 DAEMON_RETRY = 2.0  # seconds between looks for a daemon while the index file answers
 
@@ -208,13 +208,8 @@ class Client:
         """
         status = self._daemon.call("status", {}, timeout=self.timeout)
         self._daemon_checked = True
-        differs = []
-        if self._asked_for["index"] and Path(str(status.get("index_path"))) != self._settings.index_path:
-            differs.append(f"its index is {status.get('index_path')}, not {self._settings.index_path}")
-        wanted = self._asked_for["provider"]
-        serving = str(status.get("configured_provider") or "")  # "provider/model", or "none"
-        if wanted and serving and serving.split("/")[0] != wanted:  # "" from an older daemon: not known
-            differs.append(f"it uses provider {serving}, not {wanted}")
+        differs = daemon_differs(status, self._settings, index=bool(self._asked_for["index"]),
+                                 provider=self._asked_for["provider"])
         if differs:
             pid = (status.get("daemon") or {}).get("pid")
             self.daemon_differs = (f"the daemon of this workspace (pid {pid}) was not asked: " + "; ".join(differs)
@@ -229,6 +224,9 @@ class Client:
                 from clawmem_index.engine import MemoryIndex
 
                 self._index = MemoryIndex(self._settings, read_only=True)
+                if self.daemon_differs:  # its writes are the daemon's, with the daemon's own provider
+                    self._index.rebuilt_by = ("the daemon serving this workspace keeps its own provider and will not"
+                                              " rebuild it: stop the daemon, then run `clawmem index` with this one")
             index = self._index
         if method == "search":
             return index.search(search_request(p))
@@ -237,6 +235,18 @@ class Client:
         if method == "get":
             return index.get(p["path"], p.get("from"), p.get("lines"), p.get("max_bytes"))
         return index.status()
+
+
+def daemon_differs(status: Mapping[str, Any], settings: Settings, *, index: bool, provider: str | None) -> list[str]:
+    """How a daemon (its `status`) serves another index or provider than asked for by name (`index`: an
+    index path was given; `provider`: a provider named, not auto), in words; empty when it serves those."""
+    differs = []
+    if index and Path(str(status.get("index_path"))) != settings.index_path:
+        differs.append(f"its index is {status.get('index_path')}, not {settings.index_path}")
+    serving = str(status.get("configured_provider") or "")  # "provider/model", or "none"
+    if provider and provider != "auto" and serving and serving.split("/")[0] != provider:  # "": an older daemon
+        differs.append(f"it uses provider {serving}, not {provider}")
+    return differs
 
 
 def coverage_notes(answer: Mapping[str, Any]) -> list[str]:

@@ -164,6 +164,7 @@ def take_over(**kwargs: Any) -> None:
 def _index(ctx: Context, progress: bool | None, *, force: bool) -> None:
     client = ctx.daemon()
     if client is not None:
+        _refuse_what_the_daemon_would_not_do(ctx, client, "reindex" if force else "index")
         _index_by_daemon(client, force=force)
         return
     memory = ctx.index()
@@ -499,6 +500,24 @@ def main() -> None:
 
 
 # -- the daemon and its service units ---------------------------------------------------------
+
+
+def _refuse_what_the_daemon_would_not_do(ctx: Context, client: Any, command: str) -> None:
+    """A run handed to the daemon is done with the daemon's index and provider: one asked for by name that
+    differs is refused with the reason (the daemon holds the write lock, so it cannot run here either)."""
+    from clawmem_index.api import daemon_differs
+    from clawmem_index.errors import IndexBusy
+
+    provider = ctx.flags["embedding.provider"]
+    if provider in (None, "auto") and ctx.flags["index"] is None:
+        return
+    with client:
+        status = client.status()
+    differs = daemon_differs(status, ctx.settings(), index=ctx.flags["index"] is not None, provider=provider)
+    if differs:
+        pid = (status.get("daemon") or {}).get("pid")
+        raise IndexBusy(f"the daemon of this workspace (pid {pid}) does its writes, and " + "; ".join(differs)
+                        + f": stop it to run `clawmem {command}` with these options here, or run it without them")
 
 
 def _index_by_daemon(client: Any, *, force: bool) -> None:

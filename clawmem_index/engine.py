@@ -98,6 +98,7 @@ class MemoryIndex:
         self.lock_timeout = lock_timeout
         self._provider = provider
         self.provider_note = ""
+        self.rebuilt_by = "the next sync rebuilds it"  # what a provider mismatch in `status` leads to
         self.fallback_used = False
         self._queries: Any = None
         self._local = threading.local()
@@ -729,7 +730,7 @@ class MemoryIndex:
             current = {"provider": info.provider, "model": info.model, "endpoint": info.endpoint, "dims": info.dims}
         name = f"{current['provider']}/{current['model']}" if current["model"] else str(current["provider"])
         if any(built.get(k) != v for k, v in current.items()):
-            return name, f"{_built_otherwise(built, current)}: the next sync rebuilds it"
+            return name, f"{_built_otherwise(built, current)}: {self.rebuilt_by}"
         return name, None
 
 

@@ -118,6 +118,17 @@ def test_flags_a_running_daemon_does_not_share_are_honoured_and_said(ws: Path, t
             assert "it uses provider none, not openai" in other.stderr
             found = clawmem("search", "--mode", "bm25", *where, "--provider", "openai", "staging")
             assert found.returncode == 0 and "was not asked" in found.stderr
+            # The daemon would not rebuild for another provider: status says so instead of "the next sync".
+            local = json.loads(clawmem("status", "--json", *where, "--provider", "local").stdout)
+            assert any("will not rebuild" in reason for reason in local["stale_reasons"]), local["stale_reasons"]
+            assert not any("the next sync rebuilds it" in reason for reason in local["stale_reasons"])
+            # A write it would do with its own provider is refused with the reason, not handed to it.
+            for command, provider in (("index", "local"), ("reindex", "openai")):
+                refused = clawmem(command, *where, "--provider", provider)
+                assert refused.returncode == 3 and "Traceback" not in refused.stderr, refused.stderr
+                assert f"it uses provider none, not {provider}" in refused.stderr and "stop it" in refused.stderr
+            handed = clawmem("index", *where, "--provider", "none")
+            assert handed.returncode == 0 and "the daemon synced the index" in handed.stderr
         finally:
             stop_process(daemon)
 
