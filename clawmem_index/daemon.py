@@ -91,9 +91,10 @@ class InstanceLock:
                     at = f", socket {where}" if where else ""
                     raise IndexBusy(f"another clawmem daemon ({who}{at}) is already running for this workspace"
                                     f" (lock {path}); stop it first, or query it with `clawmem status`") from None
-                os.ftruncate(fd, 0)
-                os.write(fd, f"{os.getpid()}\n{self.socket_path or ''}\n".encode())
                 self._fds.append(fd)
+                with contextlib.suppress(OSError):  # a note for a refused second daemon: the lock holds without it
+                    os.ftruncate(fd, 0)  # (on a full disk the daemon still serves what is indexed)
+                    os.write(fd, f"{os.getpid()}\n{self.socket_path or ''}\n".encode())
             if self.directory is not None:  # last: a lock file above names the holder's socket when it can
                 self._lock_directory(self.directory)
         except BaseException:

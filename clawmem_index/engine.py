@@ -36,6 +36,7 @@ from clawmem_index.config import MAX_CONTEXT_BUDGET, Settings, check_workspace, 
 from clawmem_index.embeddings.base import KEYWORDS_ONLY, EmbeddingProvider
 from clawmem_index.errors import (
     ClawmemError,
+    DiskFull,
     IndexUnavailable,
     PathError,
     ProviderError,
@@ -239,18 +240,20 @@ class MemoryIndex:
             try:
                 fingerprint = self.fingerprint_json()
                 report = work(fingerprint, self._open_live())
+                store = self._open_live()
+                assert store is not None
+                try:
+                    if embed and self.provider is not None:
+                        self._embed(store, self.provider, fingerprint, report, bars, notify)
+                    report.duration = time.perf_counter() - started
+                    self._record(store, report)
+                finally:
+                    store.close()
+            except apsw.FullError as exc:
+                raise self._disk_full(exc) from exc
             except ClawmemError as exc:
                 self._record_failure(exc)
                 raise
-            store = self._open_live()
-            assert store is not None
-            try:
-                if embed and self.provider is not None:
-                    self._embed(store, self.provider, fingerprint, report, bars, notify)
-                report.duration = time.perf_counter() - started
-                self._record(store, report)
-            finally:
-                store.close()
         return report
 
     def _embed(self, store: Store, provider: EmbeddingProvider, fingerprint: str, report: SyncReport,
@@ -322,6 +325,14 @@ class MemoryIndex:
             "at": time.time(), "duration": report.duration, "problems": problems[:_KEPT_PROBLEMS],
             "problem_count": count, "embed_error": report.embed_error}))
         store.delete_meta("last_error")
+
+    def _disk_full(self, exc: apsw.FullError) -> DiskFull:
+        """What a full disk under the index says, recorded for `status` where there is room for it."""
+        where = self.settings.index_path.parent
+        error = DiskFull(f"the disk holding the index ({where}) is full ({exc}): free some space; the next"
+                         " `clawmem index`, or the daemon's next pass, goes on from what was committed")
+        self._record_failure(error)
+        return error
 
     def _record_failure(self, exc: ClawmemError) -> None:
         """Remember a failed sync in the index, so `status` cannot call the index fresh (best effort)."""

@@ -118,6 +118,10 @@ class IndexBusy(IndexUnavailable):
     """Another process holds the workspace's sync lock."""
 
 
+class DiskFull(IndexUnavailable):
+    """No space left where the index is written: no file's fault, so the run stops (and resumes later)."""
+
+
 class IndexCorrupt(IndexUnavailable):
     """The index file is not a database or is damaged; it is disposable, so a sync rebuilds it."""
 

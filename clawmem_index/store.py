@@ -12,6 +12,7 @@ the one way to group writes, nesting as savepoints.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import json
 import os
@@ -115,6 +116,8 @@ class Store:
                 make_private_file(path)
             self.conn = apsw.Connection(str(path), flags=flags)
             self.conn.set_busy_timeout(10_000)
+            if not fast_unsafe:
+                _keep_wal_files(self.conn)
             if read_only:
                 pass  # the writer set WAL mode; a reader joins it as it is
             elif fast_unsafe:
@@ -669,6 +672,16 @@ def _pragmas(conn: apsw.Connection, *settings: str) -> None:
     that answers a row (journal_mode does) and the rest never run."""
     for setting in settings:
         conn.execute(f"PRAGMA {setting}").fetchall()
+
+
+def _keep_wal_files(conn: apsw.Connection) -> None:
+    """Leave the -wal and -shm files in place when the last connection closes (SQLITE_FCNTL_PERSIST_WAL).
+
+    Opening a WAL index makes its -shm file when missing, and on a full disk that fails: a daemon
+    restarted then (systemd does) could not even serve what is indexed. Kept, they need no new space.
+    """
+    keep = ctypes.c_int(1)
+    conn.file_control("main", apsw.SQLITE_FCNTL_PERSIST_WAL, ctypes.addressof(keep))
 
 
 def make_private_dirs(directory: Path, *, tighten: bool = False) -> None:

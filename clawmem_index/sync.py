@@ -291,6 +291,8 @@ def _apply_batch(store: Store, batch: Sequence[ParsedFile | ParsedSession], inde
                     else:
                         _apply_file(store, item, previous, report)
             except (apsw.Error, UnicodeError, ValueError, OverflowError, MemoryError, RecursionError) as exc:
+                if isinstance(exc, apsw.FullError):  # the disk's, not the file's: every later file would fail too
+                    raise
                 report.__dict__.update(before.__dict__)  # the savepoint undid what was counted
                 report.errors.append(f"{item.file.path}: not indexed ({type(exc).__name__}: {exc})")
 
