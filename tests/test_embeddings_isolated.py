@@ -216,25 +216,33 @@ def test_a_query_waits_for_one_small_call_not_for_a_whole_indexing_batch(model: 
     texts = [f"note {i}: " + "the staging server moved to another rack and back again " * 35 for i in range(40)]
     assert len(module._groups(texts, module.CALL_CHARS)) == len(texts)  # each long text is its own call
     provider.warm()
-    started, done = threading.Event(), threading.Event()
-    real_call = provider._call
+    done = threading.Event()
+    served: list[str] = []  # whose call the child served, in order (noted while the lock is held)
 
-    def watched(method: str, *args: object) -> object:
-        if method == "embed_documents":
-            started.set()
-        return real_call(method, *args)
+    class Queued(type(provider._lock)):  # type: ignore[misc]
+        """The batch's first call, once it holds the lock, waits for the query to take its turn behind it:
+        the race is settled by events, not by how busy the machine is."""
 
-    provider._call = watched  # type: ignore[method-assign]
+        def __enter__(self) -> None:
+            super().__enter__()
+            if threading.current_thread() is batch and not served:
+                wait_until(lambda: self._next >= 2, 60, message="the query asking for its turn")
+
+        def __exit__(self, *exc: object) -> None:
+            served.append("batch" if threading.current_thread() is batch else "query")
+            super().__exit__(*exc)
+
+    provider._lock = Queued()
     batch = threading.Thread(target=lambda: (provider.embed_documents(texts), done.set()))
     batch.start()
     try:
-        assert started.wait(60)
+        wait_until(lambda: provider._lock._next >= 1, 60, message="the batch taking the lock")
         assert len(provider.embed_query("which rack")) == provider.info.dims
-        assert not done.is_set(), "the query was answered only after the whole batch"
+        assert served[:2] == ["batch", "query"], "the query was answered only after more of the batch"
     finally:
         batch.join(120)
         provider.close()
-    assert done.is_set()
+    assert done.is_set() and served.count("batch") == len(texts)
 
 
 def test_groups_keep_order_and_put_a_long_text_alone() -> None:
