@@ -71,6 +71,9 @@ class EmbeddingSettings:
     timeout: float = 60.0
     cache_max_entries: int = 50_000
     threads: int = 0
+    # A query is a few tokens: on a busy machine all cores' threads wait on each other (2 cores, load 4 besides:
+    # p95 2.1-3.9 s against 0.12 s on one thread; docs/benchmarks.md). 0: as `threads`.
+    query_threads: int = 1
     isolate_local: bool = True  # the daemon runs a local model in a child process (embeddings.isolated)
     concurrency: int = 4  # remote requests in flight at once
     precision: str = "float32"  # or "float16": the SQLite index stores each vector in half the bytes
@@ -89,6 +92,7 @@ class EmbeddingSettings:
         _require(self.local_window == 0 or self.local_window >= 16, "embedding.local_window",
                  "must be 0 (128 for MiniLM models, else the model's context) or >= 16")
         _require(self.threads >= 0, "embedding.threads", "must be >= 0 (0 means all cores)")
+        _require(self.query_threads >= 0, "embedding.query_threads", "must be >= 0 (0 means as embedding.threads)")
         _require(1 <= self.concurrency <= 32, "embedding.concurrency", "must be between 1 and 32")
 
 
@@ -109,6 +113,7 @@ class SearchSettings:
     rrf_k: int = 60
     snippet_chars: int = 700
     query_timeout: float = 2.0  # seconds a search waits for its query vector before answering keyword-only
+    first_query_timeout: float = 30.0  # ... and, before that, for the model to load, the first time
     decay_half_life_days: float = 0.0  # 0: off; else dated chunks lose half their score every so many days
     decay_floor: float = 0.85  # the share of its score the oldest chunk keeps
     mmr_lambda: float = 0.0  # 0: off; else relevance vs diversity (1.0: relevance only)
@@ -142,6 +147,7 @@ class SearchSettings:
         _require(0.1 <= self.text_exponent <= 4, "search.text_exponent", "must be between 0.1 and 4")
         _require(self.snippet_chars >= 40, "search.snippet_chars", "must be >= 40")
         _require(0 < self.query_timeout <= 600, "search.query_timeout", "must be > 0 and <= 600 seconds")
+        _require(0 <= self.first_query_timeout <= 600, "search.first_query_timeout", "must be >= 0 and <= 600 seconds")
         _require(self.decay_half_life_days >= 0, "search.decay_half_life_days", "must be >= 0 (0 turns decay off)")
         _require(0.0 <= self.mmr_lambda <= 1.0, "search.mmr_lambda", "must be between 0 (off) and 1")
         _require(0 <= self.context_budget <= MAX_CONTEXT_BUDGET, "search.context_budget",

@@ -480,7 +480,8 @@ class MemoryIndex:
         if self._queries is None:
             from clawmem_index.embeddings.deadline import QueryDeadline
 
-            self._queries = QueryDeadline(provider, self.settings.search.query_timeout)
+            self._queries = QueryDeadline(provider, self.settings.search.query_timeout,
+                                          first_use=self.settings.search.first_query_timeout)
         return self._queries, None
 
     def get(self, path: str, start: int | None = None, lines: int | None = None,

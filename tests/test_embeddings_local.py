@@ -227,6 +227,24 @@ def test_threads_default_to_the_available_cores(provider: LocalProvider) -> None
     assert provider.threads == len(os.sched_getaffinity(0))
 
 
+def test_a_query_runs_on_one_thread_and_gets_the_vector_a_document_gets(model_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Threads of all cores waiting on each other made a busy machine's query vectors late (and searches
+    keyword-only): a query decodes on `query_threads`, then the context goes back to `threads`."""
+    import llama_cpp
+
+    provider = LocalProvider(EmbeddingSettings(threads=2), model_path)
+    text = "what did we decide about the staging server"
+    document = provider.embed_documents([text])[0]
+    calls: list[tuple[int, int]] = []
+    real = llama_cpp.llama_set_n_threads
+    monkeypatch.setattr(llama_cpp, "llama_set_n_threads", lambda ctx, n, b: (calls.append((n, b)), real(ctx, n, b)))
+    assert list(provider.embed_query(text)) == list(document)  # bit for bit
+    assert calls == [(1, 1), (2, 2)]
+    assert llama_cpp.llama_n_threads(provider._llama.ctx) == 2
+    assert list(provider.embed_documents([text])[0]) == list(document)
+    assert LocalProvider(EmbeddingSettings(threads=2, query_threads=0), model_path).query_threads == 2
+
+
 def test_a_file_that_is_not_a_model_is_a_provider_error(tmp_path: Path, model_path: Path) -> None:
     text = tmp_path / "notes.gguf"
     text.write_text("hello")

@@ -6,6 +6,10 @@ cannot be interrupted, so it runs on a thread of its own and the search waits fo
 the background (its SDK timeout bounds it) with its result dropped. At most `slots` such calls are
 in flight: while that many are stuck, further searches do not wait at all. The threads are daemon
 threads, so a stuck call never holds up the exit of `clawmem search` either.
+
+Loading the model (a local model's weights, a remote SDK's import) is not the query's own time: until
+the provider has loaded once, a search first waits up to `first_use` seconds for that, then the usual
+`timeout` for its vector (a busy machine's first search after a start fell back to keyword-only).
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ __all__ = ["QueryDeadline"]
 class QueryDeadline:
     """An EmbeddingProvider whose `embed_query` gives up after `timeout` seconds (documents pass through)."""
 
-    def __init__(self, provider: EmbeddingProvider, timeout: float, *, slots: int = 2) -> None:
+    def __init__(self, provider: EmbeddingProvider, timeout: float, *, slots: int = 2, first_use: float = 0.0) -> None:
         self.provider = provider
         self.timeout = timeout
+        self.first_use = first_use
         self._slots = threading.BoundedSemaphore(slots)
+        self._loaded = threading.Event()  # the provider's `warm` has returned once
 
     @property
     def info(self) -> ProviderInfo:
@@ -39,17 +45,28 @@ class QueryDeadline:
             raise ProviderTimeout("the embedding provider has not answered earlier queries yet")
         outcome: list[object] = []
         done = threading.Event()
+        loaded = threading.Event()  # the model is there, or the call ended without it
 
         def call() -> None:
             try:
+                if not self._loaded.is_set():
+                    warm = getattr(self.provider, "warm", None)
+                    if warm is not None:
+                        warm()
+                    self._loaded.set()
+                loaded.set()
                 outcome.append(self.provider.embed_query(text))
             except BaseException as exc:  # handed to the waiting search, if it still waits
                 outcome.append(exc)
             finally:
+                loaded.set()
                 done.set()
                 self._slots.release()
 
+        loading = not self._loaded.is_set()
         threading.Thread(target=call, name="clawmem-query-embed", daemon=True).start()
+        if loading and not loaded.wait(self.first_use):
+            raise ProviderTimeout(f"the embedding model was still loading after {self.first_use:g} s")
         if not done.wait(self.timeout):
             raise ProviderTimeout(f"the embedding provider did not answer within {self.timeout:g} s")
         result = outcome[0]
@@ -58,3 +75,4 @@ class QueryDeadline:
         if isinstance(result, BaseException):
             raise ProviderError(f"embedding the query failed: {type(result).__name__}: {result}")
         return result  # type: ignore[return-value]
+

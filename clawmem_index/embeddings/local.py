@@ -96,6 +96,7 @@ class LocalProvider:
         self.pack_tokens = pack_tokens or DEFAULT_PACK_TOKENS
         self._n_batch = max(self.pack_tokens, self.n_ctx)
         self.threads = settings.threads or _available_cpus()
+        self.query_threads = min(self.threads, settings.query_threads or self.threads)
         self._max_seqs = max(1, settings.batch_size)
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
@@ -142,7 +143,14 @@ class LocalProvider:
         return combine(plan, [vectors[number] for number in range(len(pieces))])
 
     def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
+        """As a document (the same vector, bit for bit), on `query_threads` threads."""
+        pieces = self._pieces(text, 0)
+        plan = Plan(tuple(pieces), self._packs(pieces), 1)
+        vectors: dict[int, list[float]] = {}
+        for pack in plan.batches:
+            vectors.update(zip(pack, self._embed([pieces[i].text for i in pack], threads=self.query_threads),
+                               strict=True))
+        return combine(plan, [vectors[number] for number in range(len(pieces))])[0]
 
     def count_tokens(self, text: str) -> int:
         """Tokens the model sees for `text`, its special tokens included."""
@@ -242,16 +250,31 @@ class LocalProvider:
             packs.append(tuple(current))
         return tuple(packs)
 
-    def _embed(self, texts: list[str]) -> list[list[float]]:
-        """One llama.cpp decode for `texts`, which fit one micro-batch together."""
+    def _embed(self, texts: list[str], *, threads: int | None = None) -> list[list[float]]:
+        """One llama.cpp decode for `texts`, which fit one micro-batch together (on `threads` threads, if given)."""
         try:
             with self._lock:
-                raw: Any = self._llama.embed(texts, normalize=False, truncate=False)
+                if threads is None or threads == self.threads:
+                    raw: Any = self._llama.embed(texts, normalize=False, truncate=False)
+                else:
+                    raw = self._embed_on(threads, texts)
         except (ValueError, RuntimeError) as exc:
             raise ProviderError(f"local embedding failed ({self.model_path.name}): {exc}") from exc
         if len(raw) != len(texts):
             raise ProviderError(f"llama.cpp returned {len(raw)} vectors for {len(texts)} texts")
         return [list(map(float, vector)) for vector in raw]
+
+
+    def _embed_on(self, threads: int, texts: list[str]) -> Any:
+        """`embed` with the context's thread count set for this decode only (the caller holds `_lock`)."""
+        import llama_cpp
+
+        llama = self._llama
+        llama_cpp.llama_set_n_threads(llama.ctx, threads, threads)
+        try:
+            return llama.embed(texts, normalize=False, truncate=False)
+        finally:
+            llama_cpp.llama_set_n_threads(llama.ctx, self.threads, self.threads)
 
 
 def _available_cpus() -> int:
