@@ -6,15 +6,20 @@ answer is 401 and nothing of the memory is read. The token is generated on first
 file in clawmem's 0700 config folder (beside the systemd EnvironmentFile), or read from
 `--token-file`. The SDK's Host/Origin checks (DNS-rebinding protection) stay on.
 
-Sessions are bounded so that a flood of `initialize` requests cannot exhaust memory or lock the
-real client out: at most MAX_SESSIONS at once, each closed after SESSION_IDLE_SECONDS without a
-request, and at the cap a new session ends the longest-idle one instead of being refused. A
-request body over MAX_BODY_BYTES is refused (413, by the SDK's own limit) as soon as it is seen to be.
+Sessions are bounded so that a flood of `initialize` requests, or many clients, cannot exhaust
+memory or lock the real client out: at most MAX_SESSIONS at once, each closed after
+SESSION_IDLE_SECONDS without a request, and at the cap a new session ends the least recently used
+one instead of being refused. A session's GET stream (one at most, the SDK's rule; every SDK client
+holds one) does not count as use: it carries only keep-alives, so counting it would keep every
+connected client's session forever and fill the cap for good. An ended session's id answers 404
+"session not found ... initialize a new session", as the MCP spec asks. A request body over
+MAX_BODY_BYTES is refused (413, by the SDK's own limit) as soon as it is seen to be.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import math
 import os
 import secrets
@@ -112,25 +117,50 @@ async def _plain(send: Any, status: int, body: bytes, headers: list[tuple[bytes,
     await send({"type": "http.response.body", "body": body})
 
 
+SESSION_GONE = ("session not found (closed after being idle, or to make room for a newer client):"
+                " initialize a new session")
+
+
 def _session_manager_class() -> type:
+    from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
+    header = MCP_SESSION_ID_HEADER.lower().encode("ascii")
+
     class EvictingSessionManager(StreamableHTTPSessionManager):  # type: ignore[misc]
-        """At the session cap, a new session ends the one idle longest instead of being refused (503).
+        """At the session cap, a new session ends the least recently used one instead of being refused (503).
 
         A session's transport keeps its idle deadline (infinite while a request is in flight): the
-        smallest finite deadline is the session idle longest. Cancelling its idle scope ends it the
-        way an idle timeout does; it is forgotten at once, so its id answers 404 from then on.
+        smallest finite deadline is the session used least recently. A GET stream is served without
+        entering that count, so a session holding only its stream still ages, expires when idle and
+        can be evicted. Cancelling the idle scope ends a session the way an idle timeout does (its
+        stream closes too); it is forgotten at once, so its id answers 404 from then on.
         """
 
         evicted = 0
 
+        async def _handle_stateful_request(self, scope: Any, receive: Any, send: Any) -> None:
+            session_id = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == header), None)
+            if session_id is None:
+                await super()._handle_stateful_request(scope, receive, send)
+                return
+            transport = self._server_instances.get(session_id)
+            if transport is None:
+                await _session_gone(send)
+                return
+            idle = transport.idle_scope
+            if (scope["method"] == "GET" and idle is not None and not idle.cancel_called
+                    and session_id not in self._session_owners):
+                await transport._handle_request(scope, receive, send)  # not `handle_request`: no hold on the session
+                return
+            await super()._handle_stateful_request(scope, receive, send)
+
         def _admit_session(self, requestor: Any) -> Any:
             if self.max_sessions is not None and len(self._server_instances) >= self.max_sessions:
-                self._evict_longest_idle()
+                self._evict_least_recently_used()
             return super()._admit_session(requestor)
 
-        def _evict_longest_idle(self) -> None:
+        def _evict_least_recently_used(self) -> None:
             idle = [(transport.idle_scope.deadline, session_id, transport)
                     for session_id, transport in self._server_instances.items()
                     if transport.idle_scope is not None and math.isfinite(transport.idle_scope.deadline)]
@@ -143,6 +173,14 @@ def _session_manager_class() -> type:
             EvictingSessionManager.evicted += 1
 
     return EvictingSessionManager
+
+
+async def _session_gone(send: Any) -> None:
+    """404 with a JSON-RPC error (as the SDK answers an unknown session), saying what the client should do."""
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": SESSION_GONE}}).encode()
+    await send({"type": "http.response.start", "status": 404,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def build_app(server: Any, token: str, *, path: str, host: str, max_sessions: int = MAX_SESSIONS,
