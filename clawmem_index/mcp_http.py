@@ -28,13 +28,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from clawmem_index.errors import ConfigError
+from clawmem_index.errors import TokenFileError
 
-__all__ = ["MAX_BODY_BYTES", "MAX_SESSIONS", "SESSION_IDLE_SECONDS", "build_app", "default_token_path", "load_token"]
+__all__ = ["MAX_BODY_BYTES", "MAX_SESSIONS", "MAX_TOKEN_CHARS", "MIN_TOKEN_CHARS", "SESSION_GONE",
+           "SESSION_IDLE_SECONDS", "build_app", "default_token_path", "load_token"]
 
 MAX_SESSIONS = 64  # sessions of one server at once; an agent host keeps one or two
 SESSION_IDLE_SECONDS = 10 * 60.0  # a session without any request for this long is closed
 MAX_BODY_BYTES = 1 << 20  # a tool call is a few hundred bytes
+MIN_TOKEN_CHARS = 16  # a --token-file token; the generated one has 43
+MAX_TOKEN_CHARS = 4096  # well inside what HTTP servers take as one header
 _TOKEN_BYTES = 32
 
 
@@ -45,24 +48,30 @@ def default_token_path(environ: Mapping[str, str] = os.environ) -> Path:
 
 
 def load_token(path: Path | None = None, *, environ: Mapping[str, str] = os.environ) -> tuple[str, Path, bool]:
-    """(token, its file, whether it was just created).
+    """(token, its file, whether it was just created); a file no client could use is a TokenFileError.
 
-    A given `path` (`--token-file`) must exist and hold a token of at least 16 characters. The
-    default file is created on first use (0600, in a 0700 folder), never rewritten afterwards.
+    A given `path` (`--token-file`) must be a regular file of this user's holding one token: 16 to
+    MAX_TOKEN_CHARS visible ASCII characters (what an HTTP header can carry). The default file is
+    created on first use (0600, in a 0700 folder), never rewritten afterwards.
     """
     if path is not None:
-        return _read_token(path), path, False
+        token = _read_token(path)
+        if token is None:
+            raise TokenFileError(f"the MCP token file {path} does not exist: write one token of at least"
+                                 f" {MIN_TOKEN_CHARS} characters into it (chmod 600), or leave out --token-file")
+        return token, path, False
     path = default_token_path(environ)
-    try:
-        return _read_token(path), path, False
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    token = _read_token(path)
+    if token is not None:
+        return token, path, False
     token = secrets.token_urlsafe(_TOKEN_BYTES)
     try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileExistsError:  # another server made it a moment ago: use that one
-        return _read_token(path), path, False
+        return load_token(path)
+    except OSError as exc:
+        raise TokenFileError(f"the MCP token file {path} cannot be created: {exc.strerror or exc}") from None
     try:
         os.fchmod(fd, 0o600)
         os.write(fd, (token + "\n").encode("ascii"))
@@ -71,26 +80,68 @@ def load_token(path: Path | None = None, *, environ: Mapping[str, str] = os.envi
     return token, path, True
 
 
-def _read_token(path: Path) -> str:
+_KINDS = {stat.S_IFIFO: "FIFO", stat.S_IFDIR: "directory", stat.S_IFCHR: "device", stat.S_IFBLK: "device",
+          stat.S_IFSOCK: "socket", stat.S_IFLNK: "symbolic link"}
+
+
+def _read_token(path: Path) -> str | None:
+    """The token in `path`, or None when nothing is there. Checked before it is opened, and opened
+    non-blocking, so that a FIFO or a device cannot hold the server up at start."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        kind = stat.S_IFMT(os.lstat(path).st_mode)
+        if kind != stat.S_IFREG:
+            raise TokenFileError(f"the MCP token file {path} is a {_KINDS.get(kind, 'special file')}, not a regular"
+                                 " file: give the file that holds the token itself")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise
+        return None
     except OSError as exc:
-        raise ConfigError(f"cannot read the MCP token file {path}: {exc.strerror}") from None
+        raise TokenFileError(f"the MCP token file {path} cannot be read: {exc.strerror or exc}") from None
     try:
-        st = os.fstat(fd)
+        st = os.fstat(fd)  # the file opened, should it have been swapped since lstat
         if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"the MCP token file {path} is not a regular file")
+            raise TokenFileError(f"the MCP token file {path} is not a regular file: give the file itself")
         if st.st_mode & 0o077:
-            raise ConfigError(f"the MCP token file {path} is readable by other users: chmod 600 it")
-        raw = os.read(fd, 4096)
+            raise TokenFileError(f"the MCP token file {path} is readable by other users: chmod 600 it")
+        raw = _read_at_most(fd, 2 * MAX_TOKEN_CHARS + 1)  # room for blank lines around a longest token
     finally:
         os.close(fd)
-    token = raw.decode("utf-8", "replace").strip()
-    if len(token) < 16 or any(c.isspace() for c in token):
-        raise ConfigError(f"the MCP token file {path} must hold one token of at least 16 characters")
-    return token
+    return _checked_token(path, raw)
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    """Up to `limit` bytes: a huge file is known too long without reading it all."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = os.read(fd, limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _checked_token(path: Path, raw: bytes) -> str:
+    """One token of visible ASCII, the only kind an HTTP client can send in `Authorization: Bearer`."""
+    text = raw.strip(b" \t\r\n")
+    if len(text) > MAX_TOKEN_CHARS:
+        raise TokenFileError(f"the MCP token file {path} holds more than {MAX_TOKEN_CHARS} characters: it should"
+                             f" hold one token of {MIN_TOKEN_CHARS} to {MAX_TOKEN_CHARS}")
+    if any(byte > 0x7F for byte in text):
+        raise TokenFileError(f"the MCP token file {path} holds non-ASCII bytes: a token is visible ASCII characters"
+                             " only (letters, digits, punctuation)")
+    if any(byte in b" \t\r\n" for byte in text):
+        raise TokenFileError(f"the MCP token file {path} holds more than one word: a token has no spaces or line"
+                             " breaks inside")
+    if any(byte < 0x21 or byte == 0x7F for byte in text):
+        raise TokenFileError(f"the MCP token file {path} holds control characters (such as NUL): a token is visible"
+                             " ASCII characters only")
+    if len(text) < MIN_TOKEN_CHARS:
+        held = f"a token of {len(text)} characters" if text else "no token"
+        raise TokenFileError(f"the MCP token file {path} holds {held}: it must hold one token of at least"
+                             f" {MIN_TOKEN_CHARS} characters")
+    return text.decode("ascii")
 
 
 class BearerAuth:

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 from daemon_helpers import wait_until
-from hostile import FIXED_JSON, FIXED_TEXTS
+from hostile import FIXED_JSON, FIXED_TEXTS, FIXED_TOKEN_FILES
 
 from clawmem_index.mcp_http import MAX_BODY_BYTES, default_token_path, load_token
 
@@ -291,3 +291,67 @@ def test_the_cli_says_where_the_token_is_and_never_prints_it(tmp_path: Path, wor
     usage = subprocess.run([*args, "--port", "8765"], env=env, capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "--port and --token-file are for --http" in usage.stderr
 
+
+#: Token files that are not regular files of the user's (or are not there): refused without being opened blocking.
+TOKEN_FILE_KINDS = ("missing", "fifo", "directory", "device", "symlink", "readable by others", "in a missing folder")
+
+
+def hostile_token_file(tmp_path: Path, case: str) -> Path:
+    path = tmp_path / "token"
+    if case in FIXED_TOKEN_FILES:
+        path.write_bytes(FIXED_TOKEN_FILES[case])
+        path.chmod(0o600)
+    elif case == "fifo":
+        os.mkfifo(path, 0o600)  # opened for reading, it would wait for a writer forever
+    elif case == "directory":
+        path.mkdir(mode=0o700)
+    elif case == "device":
+        return Path("/dev/null")
+    elif case in ("symlink", "readable by others"):
+        real = tmp_path / "real-token"
+        real.write_text("a-fine-token-0123456789\n")
+        real.chmod(0o600 if case == "symlink" else 0o644)
+        if case == "symlink":
+            path.symlink_to(real)
+        else:
+            path = real
+    elif case == "in a missing folder":
+        return tmp_path / "no-such-folder" / "token"
+    return path
+
+
+@pytest.mark.parametrize("case", [*FIXED_TOKEN_FILES, *TOKEN_FILE_KINDS])
+def test_an_unusable_token_file_is_one_line_and_exit_2(case: str, tmp_path: Path, workspace: Path) -> None:
+    path = hostile_token_file(tmp_path, case)
+    out = subprocess.run([sys.executable, "-m", "clawmem_index", "mcp", "--workspace", str(workspace), "--index",
+                          str(tmp_path / "i.sqlite"), "--socket", str(tmp_path / "none.sock"), "--http", "--port", "0",
+                          "--token-file", str(path)], env={**os.environ, "CLAWMEM_PROVIDER": "none"},
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2, out.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"clawmem: error: the MCP token file {path} "), out.stderr
+    assert "http://" not in out.stderr  # refused before anything listens
+
+
+def test_a_token_of_any_visible_ascii_is_accepted(tmp_path: Path) -> None:
+    given = tmp_path / "token"
+    token = "".join(chr(c) for c in range(0x21, 0x7F))  # letters, digits and every punctuation mark
+    given.write_text(f"  {token}\r\n")
+    given.chmod(0o600)
+    assert load_token(given) == (token, given, False)
+
+
+@pytest.mark.parametrize("case", ["fifo", "config folder is a file"])
+def test_an_unusable_default_token_file_is_one_line_and_exit_2(case: str, tmp_path: Path, workspace: Path) -> None:
+    env = {**os.environ, "CLAWMEM_PROVIDER": "none", "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    if case == "fifo":
+        default_token_path(env).parent.mkdir(mode=0o700, parents=True)
+        os.mkfifo(default_token_path(env), 0o600)
+    else:
+        (tmp_path / "config").write_text("not a folder\n")
+    out = subprocess.run([sys.executable, "-m", "clawmem_index", "mcp", "--workspace", str(workspace), "--index",
+                          str(tmp_path / "i.sqlite"), "--socket", str(tmp_path / "none.sock"), "--http", "--port", "0"],
+                         env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2, out.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"clawmem: error: the MCP token file {default_token_path(env)} ")
