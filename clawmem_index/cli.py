@@ -559,9 +559,9 @@ def serve(log_level: str | None, **kwargs: Any) -> None:
 @click.option("--http", "http", is_flag=True, help="Serve Streamable HTTP on 127.0.0.1 instead of stdio.")
 @click.option("--port", type=click.IntRange(0, 65535), default=None,
               help="Port for --http (default 0: pick a free one; the URL is printed on stderr).")
-@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="File holding the bearer token --http requires [default: $XDG_CONFIG_HOME/clawmem/mcp-token,"
-                   " made on first use].")
+@click.option("--token-file", type=click.Path(path_type=Path), default=None,
+              help="File (0600) holding the bearer token --http requires: 16 to 4096 visible ASCII characters"
+                   " [default: $XDG_CONFIG_HOME/clawmem/mcp-token, made on first use].")
 def mcp(http: bool, port: int | None, token_file: Path | None, **kwargs: Any) -> None:
     """Serve the memory tools to agent hosts over MCP: memory_search, memory_get, memory_status, memory_context.
 
@@ -574,10 +574,12 @@ def mcp(http: bool, port: int | None, token_file: Path | None, **kwargs: Any) ->
     ctx = _ctx(kwargs)
 
     def action() -> None:
+        from clawmem_index.mcp_http import load_token
         from clawmem_index.mcp_server import require_sdk, serve
 
+        token = load_token(token_file) if http else None  # a bad token file stops it before anything else
         require_sdk()
-        sys.exit(serve(ctx.client(), http=http, port=port or 0, token_file=token_file))
+        sys.exit(serve(ctx.client(), http=http, port=port or 0, token=token))
 
     _run(action)
 

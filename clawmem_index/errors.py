@@ -2,6 +2,7 @@
 
     ClawmemError
     ├── ConfigError            a bad setting (names the key)            exit 1, rpc -32010
+    │   └── TokenFileError     an MCP token file no client could use    exit 2
     ├── PathError              a path `get` refuses or cannot find      exit 1, rpc -32011
     ├── QueryError             a query that cannot be answered          exit 1, rpc -32012
     ├── ExtraNotInstalled      an optional part whose extra is missing  exit 1, rpc -32013
@@ -42,6 +43,7 @@ __all__ = [
     "QueryError",
     "RateLimited",
     "ServerBusy",
+    "TokenFileError",
     "WorkspaceTaken",
 ]
 
@@ -55,6 +57,13 @@ class ConfigError(ClawmemError):
     """A setting has a bad name, type or value; the message names the key."""
 
     rpc_code = -32010
+
+
+class TokenFileError(ConfigError):
+    """`clawmem mcp --http` cannot use its token file (missing, not a regular file, not one visible-ASCII token):
+    a bad `--token-file` is a usage error, like any other option given a value it cannot take."""
+
+    exit_code = 2
 
 
 class PathError(ClawmemError):

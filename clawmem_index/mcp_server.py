@@ -354,12 +354,13 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def serve(client: Client, *, http: bool = False, port: int = 0, token_file: Path | None = None,
+def serve(client: Client, *, http: bool = False, port: int = 0, token: tuple[str, Path, bool] | None = None,
           announce: Callable[[str], None] | None = None) -> int:
     """Serve until the host hangs up (stdio) or a signal stops the server (HTTP); returns the exit status.
 
-    Over HTTP every request needs the bearer token (clawmem_index.mcp_http): read from `token_file`, else
-    from the default token file, made on first use. Where it is is said on start; the token never is.
+    Over HTTP every request needs the bearer token (clawmem_index.mcp_http): `token` is what `load_token`
+    gave, else the default token file is read (made on first use). Where it is is said on start; the
+    token never is.
     """
     say = announce or _to_stderr
     pool = ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="clawmem-mcp")
@@ -368,7 +369,7 @@ def serve(client: Client, *, http: bool = False, port: int = 0, token_file: Path
         if http:
             from clawmem_index.mcp_http import load_token
 
-            token, where, created = load_token(token_file)
+            secret, where, created = token or load_token()
             # uvicorn stops gracefully on SIGTERM, then raises the signal again: end with status 0 then.
             signal.signal(signal.SIGTERM, _exit_quietly)
             listener = _listen(port)
@@ -376,7 +377,7 @@ def serve(client: Client, *, http: bool = False, port: int = 0, token_file: Path
                 f" http://{HOST}:{listener.getsockname()[1]}{PATH}")
             say(f"clawmem: every request needs 'Authorization: Bearer <token>', the token in {where}"
                 + (" (just created)" if created else ""))
-            asyncio.run(_serve_http(server, listener, token))
+            asyncio.run(_serve_http(server, listener, secret))
         else:
             asyncio.run(_serve_stdio(server))
     except KeyboardInterrupt:

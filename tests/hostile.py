@@ -62,6 +62,25 @@ FIXED_NAMES: dict[str, bytes] = {
 }
 
 
+#: Contents of an MCP token file (`clawmem mcp --http --token-file`) that no HTTP client could send as a bearer token,
+#: or that is not one token: each is refused at start with one line and exit 2.
+FIXED_TOKEN_FILES: dict[str, bytes] = {
+    "nul bytes": b"\x00" * 32,
+    "nul inside": b"token-with-a-nul-\x00-0123456789",
+    "non-ascii utf-8": "t\u00f6ken-with-\u00fcmlauts-0123456789".encode(),
+    "latin-1 bytes": b"\xe9" * 24,
+    "utf-16 with bom": "token-token-0123456789".encode("utf-16"),
+    "control characters": b"token\x07with\x1b[31mcontrols-0123",
+    "delete character": b"token-with-del-\x7f-0123456789",
+    "space inside": b"two words token 0123456789",
+    "two lines": b"first-token-0123456789\nsecond-token-0123456789\n",
+    "empty": b"",
+    "whitespace only": b"  \n\t\n",
+    "too short": b"abc\n",
+    "too long": b"a" * 100_000,
+}
+
+
 def many_identical_chunks(size_bytes: int, line: str = "the same line again\n") -> str:
     """A document of identical lines, so that every chunk has the same text (a quadratic-id trap)."""
     return line * max(1, size_bytes // len(line))

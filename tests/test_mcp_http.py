@@ -11,12 +11,14 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from daemon_helpers import wait_until
-from hostile import FIXED_JSON, FIXED_TEXTS
+from hostile import FIXED_JSON, FIXED_TEXTS, FIXED_TOKEN_FILES
 
 from clawmem_index.mcp_http import MAX_BODY_BYTES, default_token_path, load_token
 
@@ -135,6 +137,99 @@ def test_an_idle_session_expires(served: Any) -> None:
     assert server.open_session()
 
 
+async def sdk_client(server: Served, stack: AsyncExitStack) -> Any:
+    """A real SDK client on its own connections, initialized: like any SDK client it then holds a GET stream."""
+    import httpx2
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    http = await stack.enter_async_context(httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {server.token}"}, timeout=httpx2.Timeout(30.0, read=300.0)))
+    read, write = await stack.enter_async_context(
+        streamable_http_client(f"http://127.0.0.1:{server.port}/mcp", http_client=http))
+    session = await stack.enter_async_context(ClientSession(read, write))
+    with anyio.fail_after(30):
+        await session.initialize()
+    return session
+
+
+def streaming(server: Served) -> set[str]:
+    """The sessions that hold their GET stream now."""
+    from mcp.server.streamable_http import GET_STREAM_KEY
+
+    live = dict(server.app.state.session_manager._server_instances)
+    return {sid for sid, transport in live.items() if GET_STREAM_KEY in transport._request_streams}
+
+
+async def wait_for(predicate: Any, message: str, timeout: float = 10) -> None:
+    """wait_until on a worker thread, so the SDK clients on this event loop keep running meanwhile."""
+    await anyio.to_thread.run_sync(lambda: wait_until(predicate, timeout=timeout, message=message))
+
+
+async def read_memory(client: Any) -> bool:
+    """One tool call: memory_get of MEMORY.md, answered with its text."""
+    with anyio.fail_after(30):
+        answer = await client.call_tool("memory_get", {"path": "MEMORY.md"})
+    return not answer.is_error and "pinecone" in answer.content[0].text
+
+
+def test_at_the_cap_of_sdk_clients_holding_streams_a_new_one_is_served(served: Any) -> None:
+    from mcp import MCPError
+
+    server = served(max_sessions=4)
+
+    async def run() -> None:
+        async with AsyncExitStack() as stack:
+            clients = [await sdk_client(server, stack) for _ in range(4)]
+            await wait_for(lambda: len(streaming(server)) == 4, "each SDK client to hold its GET stream")
+            for client in clients:  # the first is now the least recently used
+                assert await read_memory(client)
+            newcomer = await sdk_client(server, stack)
+            assert await read_memory(newcomer)
+            with pytest.raises(MCPError, match="session not found.*initialize a new session"):
+                await read_memory(clients[0])
+            for client in clients[1:]:
+                assert await read_memory(client)
+
+    anyio.run(run)
+    assert len(server.app.state.session_manager._server_instances) <= 4
+
+
+def test_a_session_holding_only_its_get_stream_expires_when_idle(served: Any) -> None:
+    from mcp import MCPError
+
+    server = served(idle_seconds=1.0)
+    live = server.app.state.session_manager._server_instances  # watched without a request, which would renew it
+
+    async def run() -> None:
+        async with AsyncExitStack() as stack:
+            client = await sdk_client(server, stack)
+            await wait_for(lambda: streaming(server), "the SDK client to hold its GET stream")
+            held = next(iter(live))
+            await wait_for(lambda: held not in live, "the idle session to expire though its stream is open")
+            with pytest.raises(MCPError, match="initialize a new session"):
+                await read_memory(client)
+            assert await read_memory(await sdk_client(server, stack))
+
+    anyio.run(run)
+
+
+def test_a_session_has_one_get_stream_at_most(served: Any) -> None:
+    server = served()
+    session = server.open_session()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    headers = {"Accept": "text/event-stream", "Authorization": f"Bearer {server.token}", "Mcp-Session-Id": session,
+               "Host": f"127.0.0.1:{server.port}"}
+    conn.request("GET", "/mcp", headers=headers)
+    assert conn.getresponse().status == 200  # the stream stays open
+    wait_until(lambda: session in streaming(server), message="the GET stream to open")
+    second = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    second.request("GET", "/mcp", headers=headers)
+    assert second.getresponse().status == 409
+    second.close()
+    conn.close()
+
+
 def test_hostile_bodies_get_http_or_json_rpc_errors_and_the_server_keeps_serving(served: Any) -> None:
     server = served()
     session = server.open_session()
@@ -195,3 +290,68 @@ def test_the_cli_says_where_the_token_is_and_never_prints_it(tmp_path: Path, wor
     assert token not in "".join(lines)
     usage = subprocess.run([*args, "--port", "8765"], env=env, capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "--port and --token-file are for --http" in usage.stderr
+
+
+#: Token files that are not regular files of the user's (or are not there): refused without being opened blocking.
+TOKEN_FILE_KINDS = ("missing", "fifo", "directory", "device", "symlink", "readable by others", "in a missing folder")
+
+
+def hostile_token_file(tmp_path: Path, case: str) -> Path:
+    path = tmp_path / "token"
+    if case in FIXED_TOKEN_FILES:
+        path.write_bytes(FIXED_TOKEN_FILES[case])
+        path.chmod(0o600)
+    elif case == "fifo":
+        os.mkfifo(path, 0o600)  # opened for reading, it would wait for a writer forever
+    elif case == "directory":
+        path.mkdir(mode=0o700)
+    elif case == "device":
+        return Path("/dev/null")
+    elif case in ("symlink", "readable by others"):
+        real = tmp_path / "real-token"
+        real.write_text("a-fine-token-0123456789\n")
+        real.chmod(0o600 if case == "symlink" else 0o644)
+        if case == "symlink":
+            path.symlink_to(real)
+        else:
+            path = real
+    elif case == "in a missing folder":
+        return tmp_path / "no-such-folder" / "token"
+    return path
+
+
+@pytest.mark.parametrize("case", [*FIXED_TOKEN_FILES, *TOKEN_FILE_KINDS])
+def test_an_unusable_token_file_is_one_line_and_exit_2(case: str, tmp_path: Path, workspace: Path) -> None:
+    path = hostile_token_file(tmp_path, case)
+    out = subprocess.run([sys.executable, "-m", "clawmem_index", "mcp", "--workspace", str(workspace), "--index",
+                          str(tmp_path / "i.sqlite"), "--socket", str(tmp_path / "none.sock"), "--http", "--port", "0",
+                          "--token-file", str(path)], env={**os.environ, "CLAWMEM_PROVIDER": "none"},
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2, out.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"clawmem: error: the MCP token file {path} "), out.stderr
+    assert "http://" not in out.stderr  # refused before anything listens
+
+
+def test_a_token_of_any_visible_ascii_is_accepted(tmp_path: Path) -> None:
+    given = tmp_path / "token"
+    token = "".join(chr(c) for c in range(0x21, 0x7F))  # letters, digits and every punctuation mark
+    given.write_text(f"  {token}\r\n")
+    given.chmod(0o600)
+    assert load_token(given) == (token, given, False)
+
+
+@pytest.mark.parametrize("case", ["fifo", "config folder is a file"])
+def test_an_unusable_default_token_file_is_one_line_and_exit_2(case: str, tmp_path: Path, workspace: Path) -> None:
+    env = {**os.environ, "CLAWMEM_PROVIDER": "none", "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    if case == "fifo":
+        default_token_path(env).parent.mkdir(mode=0o700, parents=True)
+        os.mkfifo(default_token_path(env), 0o600)
+    else:
+        (tmp_path / "config").write_text("not a folder\n")
+    out = subprocess.run([sys.executable, "-m", "clawmem_index", "mcp", "--workspace", str(workspace), "--index",
+                          str(tmp_path / "i.sqlite"), "--socket", str(tmp_path / "none.sock"), "--http", "--port", "0"],
+                         env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2, out.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"clawmem: error: the MCP token file {default_token_path(env)} ")
