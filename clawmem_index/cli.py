@@ -362,12 +362,16 @@ def get(path: str, start: int | None, lines: int | None, **kwargs: Any) -> None:
     ctx = _ctx(kwargs)
 
     def action() -> None:
+        from clawmem_index.errors import QueryError
         from clawmem_index.files import path_key
 
         client, key = ctx.client(), path_key(path)
         first, left = start or 1, lines
         while True:  # a large file comes in bounded pieces: print each, ask for the next
             answer = client.get(key, start=first, lines=left)
+            if "file_lines" in answer:
+                raise QueryError(f"{answer['path']} has {answer['file_lines']} line(s): --from {first} is past its"
+                                 " end")
             text = str(answer["text"])
             if answer.get("lines"):
                 click.echo(text)

@@ -42,7 +42,7 @@ from clawmem_index.errors import (
     ProviderError,
     QueryError,
 )
-from clawmem_index.files import GET_MAX_BYTES, Window, read_window
+from clawmem_index.files import GET_MAX_BYTES, Window, count_lines, read_window
 from clawmem_index.query_cache import QueryCache
 from clawmem_index.search import SearchOutcome, SearchRequest, run_search
 from clawmem_index.store import SCHEMA_VERSION, Store
@@ -496,11 +496,17 @@ class MemoryIndex:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise QueryError(f"'{name}' must be {what} >= 1")
         first = start or 1
-        key, window = self._read_window(path, first, lines, GET_MAX_BYTES if max_bytes is None else max_bytes)
+        with open_memory_file(self.settings.workspace, path, self.settings.extra_paths,
+                              refuse_hardlinks=self.settings.refuse_hardlinks, exclude=self.settings.exclude) as opened:
+            key, window = opened.path, read_window(opened.fd, first, lines,
+                                                   GET_MAX_BYTES if max_bytes is None else max_bytes)
+            past_end = count_lines(opened.fd) if first > 1 and not window.lines else None
         answer: dict[str, object] = {"path": key, "text": window.text, "from": first, "lines": window.lines,
                                      "truncated": window.truncated}
         if window.next_from is not None:
             answer["next_from"] = window.next_from
+        if past_end is not None:  # nothing from `from` on: how many lines the file has
+            answer["file_lines"] = past_end
         return answer
 
     def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, object]:

@@ -30,6 +30,7 @@ __all__ = [
     "GET_MAX_BYTES",
     "OpenFile",
     "Refusal",
+    "count_lines",
     "Window",
     "describe_mode",
     "hardlink_reason",
@@ -297,6 +298,17 @@ def read_window(fd: int, first: int, count: int | None, max_bytes: int) -> Windo
             cut = text.encode("utf-8")[:max_bytes].decode("utf-8", "ignore")
             return Window(cut, 1, True, first + 1, cut=True)
     return Window("\n".join(picked), len(picked))
+
+
+def count_lines(fd: int) -> int:
+    """The lines of a file as `read_window` numbers them (a last line without its newline counts), in blocks."""
+    lines, last = 0, b"\n"
+    with open(fd, "rb", buffering=0, closefd=False) as fh:
+        fh.seek(0)
+        while block := fh.read(_BLOCK):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
 
 
 def _skip_lines(fh: BinaryIO, n: int) -> bool:

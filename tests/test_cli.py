@@ -41,6 +41,10 @@ def test_init_index_search_get_status_round_trip(ws: Path) -> None:
 
     out = clawmem("get", "MEMORY.md", "--from", "1", "--lines", "1", cwd=ws)
     assert out.returncode == 0 and out.stdout == "# MEMORY\n"
+    out = clawmem("get", "MEMORY.md", "--from", "9999", cwd=ws)  # not silence and 0: how long the file is
+    lines = len((ws / "MEMORY.md").read_text().splitlines())
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr == f"clawmem: error: MEMORY.md has {lines} line(s): --from 9999 is past its end\n"
 
     out = clawmem("status", "--json", cwd=ws)
     status = json.loads(out.stdout)

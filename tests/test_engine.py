@@ -218,6 +218,11 @@ def test_get_returns_line_ranges_and_refuses_bad_values(settings: Settings, writ
                                         "truncated": False}
     assert index.get("memory/a.md", 2, 2)["text"] == "l2\nl3"
     assert index.get("memory/a.md", 9)["text"] == ""
+    assert index.get("memory/a.md", 9)["file_lines"] == 4  # past the end: the answer says how far the file goes
+    assert index.get("memory/a.md", 5)["file_lines"] == 4
+    assert "file_lines" not in index.get("memory/a.md", 4)
+    write("memory/b.md", "l1\nl2 without its newline")
+    assert index.get("memory/b.md", 3)["file_lines"] == 2
     with pytest.raises(QueryError):
         index.get("memory/a.md", 0)
     with pytest.raises(PathError):
