@@ -202,7 +202,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
     query = request.query.strip() if isinstance(request.query, str) else ""
     if not query:
         raise QueryError("the query is empty: give some words to search for")
-    mode = request.mode or settings.mode
+    mode = asked = request.mode or settings.mode
     if mode not in ("hybrid", "bm25", "vector"):
         raise QueryError(f"unknown search mode {mode!r}: use hybrid, bm25 or vector")
     limit = request.max_results or settings.max_results
@@ -266,7 +266,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         cands = pools.candidates
 
     ranked = _passing(cands, min_score)
-    if not ranked and settings.prefix_fallback:
+    if not ranked and settings.prefix_fallback and asked != "vector":  # a vector search asked for meaning alone
         prefix = build_prefix_match(query)
         if prefix is not None:
             pools = gather(Sides(text=_KeywordSide(store, prefix, where, settings.candidate_cap).hits), weights=(1.0, 0.0),

@@ -455,6 +455,9 @@ def test_when_nothing_matches_the_beginnings_of_the_words_are_searched(settings:
     assert index.search(SearchRequest("staging", mode=mode))["mode"] == mode  # found as typed: no fallback
     off = MemoryIndex(with_overrides(settings, search={"prefix_fallback": False}), provider=FakeProvider(dims=512))
     assert off.search(SearchRequest("stagng", mode=mode, min_score=0.3))["results"] == []
+    # A vector search asked for matches by meaning: word beginnings are not that, so it never falls back.
+    vector = index.search(SearchRequest("stagng", mode="vector", min_score=0.3))
+    assert vector["mode"] == "vector" and vector["results"] == []
     index.close()
     off.close()
 
