@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from clawmem_index import __version__
-from clawmem_index.errors import ClawmemError
+from clawmem_index.errors import ClawmemError, IndexUnavailable
 
 if TYPE_CHECKING:
     from clawmem_index.api import Client
@@ -157,6 +157,44 @@ def take_over(**kwargs: Any) -> None:
                               " a SQLite index belongs to its folder already")
         backend.take_over()
         click.echo(f"this folder now writes {backend.describe()}; its next sync makes the rows its own")
+
+    _run(action)
+
+
+@cli.command()
+@click.argument("role")
+@click.argument("workspace_name", metavar="WORKSPACE")
+@click.option("--write", "writable", is_flag=True, help="Let ROLE write the workspace too (its agent's daemon).")
+@click.option("--url", metavar="URL", help="The shared index, connected to as its owner [env CLAWMEM_INDEX_URL].")
+def grant(role: str, workspace_name: str, writable: bool, url: str | None) -> None:
+    """Let a PostgreSQL role read (or --write) one workspace of the shared index (run as the tables' owner).
+
+    Creates the schema first if the database has none yet. See docs/postgres-setup.md.
+    """
+    from clawmem_index.config import workspace_id
+    from clawmem_index.errors import ConfigError
+
+    def action() -> None:
+        import psycopg
+
+        from clawmem_index.pg.schema import grant_workspace, migrate
+        from clawmem_index.pg.store import connect
+
+        target = url or os.environ.get("CLAWMEM_INDEX_URL", "")
+        if not target.startswith(("postgresql://", "postgres://")):
+            raise ConfigError("grant needs the shared index's postgresql:// URL: --url or CLAWMEM_INDEX_URL")
+        name = workspace_id(workspace_name)
+        if not name:
+            raise ConfigError(f"workspace {workspace_name!r} holds no letter or digit")
+        conn = connect(target)
+        try:
+            migrate(conn)
+            grant_workspace(conn, role, name, writable=writable)
+        except psycopg.Error as exc:
+            raise IndexUnavailable(f"cannot grant {name!r} to {role!r}: {' '.join(str(exc).split())}") from exc
+        finally:
+            conn.close()
+        click.echo(f"role {role} may now {'read and write' if writable else 'read'} workspace {name!r}")
 
     _run(action)
 
