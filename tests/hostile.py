@@ -81,6 +81,18 @@ FIXED_TOKEN_FILES: dict[str, bytes] = {
 }
 
 
+#: SQL any role of the shared index may run in its own session (temporary tables need no grant): tables named as
+#: the schema's or the catalog's, each made to grant its role every workspace if a function looked names up in pg_temp.
+FIXED_SQL_SHADOWS: dict[str, str] = {
+    "cm_access": "CREATE TEMP TABLE cm_access(role_name name, workspace text, writable boolean);"
+                 " INSERT INTO cm_access VALUES (current_user, 'beta', true), (current_user, 'alpha', true)",
+    # every role's name, each with this role's own oid: "member of every role that holds a grant"
+    "pg_roles": "CREATE TEMP TABLE pg_roles(rolname name, oid oid);"
+                " INSERT INTO pg_roles SELECT rolname, (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user)"
+                " FROM pg_catalog.pg_roles",
+}
+
+
 def many_identical_chunks(size_bytes: int, line: str = "the same line again\n") -> str:
     """A document of identical lines, so that every chunk has the same text (a quadratic-id trap)."""
     return line * max(1, size_bytes // len(line))

@@ -16,21 +16,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hostile import FIXED_SQL_SHADOWS
 
 from clawmem_index.config import Settings, load_settings
 from clawmem_index.engine import MemoryIndex
 from clawmem_index.pg.schema import grant_workspace
 from clawmem_index.search import SearchRequest
 
-# What an attacker creates in its own session: tables named as the schema's, or as the catalog's.
-SHADOWS = {
-    "cm_access": "CREATE TEMP TABLE cm_access(role_name name, workspace text, writable boolean);"
-                 " INSERT INTO cm_access VALUES (current_user, 'beta', true), (current_user, 'alpha', true)",
-    # every role's name, each with this role's own oid: "member of every role that holds a grant"
-    "pg_roles": "CREATE TEMP TABLE pg_roles(rolname name, oid oid);"
-                " INSERT INTO pg_roles SELECT rolname, (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user)"
-                " FROM pg_catalog.pg_roles",
-}
 
 
 def shared(workspace: Path, url: str) -> Settings:
@@ -69,12 +61,12 @@ def beta_rows(pg_url: str) -> tuple[int, str]:
     return row
 
 
-@pytest.mark.parametrize("shadow", sorted(SHADOWS))
+@pytest.mark.parametrize("shadow", sorted(FIXED_SQL_SHADOWS))
 @pytest.mark.parametrize("who", ["reader", "writer"])
 def test_a_temporary_table_shadowing_the_schema_gives_a_role_no_other_workspace(tenants, pg_url: str, who: str,
                                                                                 shadow: str) -> None:  # type: ignore[no-untyped-def]
     with psycopg.connect(tenants[who], autocommit=True) as conn:
-        for statement in SHADOWS[shadow].split(";"):
+        for statement in FIXED_SQL_SHADOWS[shadow].split(";"):
             conn.execute(statement)  # type: ignore[arg-type]
         assert {r[0] for r in conn.execute("SELECT workspace FROM cm_chunks")} == {"alpha"}
         assert {r[0] for r in conn.execute("SELECT workspace FROM cm_vectors")} == {"alpha"}
