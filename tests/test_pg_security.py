@@ -106,6 +106,10 @@ def test_every_function_of_the_schema_looks_names_up_in_the_schema_before_tempor
     assert len(functions) >= 10
     for name, schema, config in functions:
         assert f"search_path={schema}, pg_temp" in config, name
+    # The DDL functions give up on a lock rather than queue a workspace's (or every workspace's) readers behind it.
+    ddl = {name: config for name, _, config in functions if name.startswith(("cm_add_partition", "cm_index_vectors",
+                                                                            "cm_drop_"))}
+    assert len(ddl) == 4 and all("lock_timeout=5s" in config for config in ddl.values()), ddl
 
 
 def test_a_role_sees_only_its_own_grants(tenants, pg_url: str) -> None:  # type: ignore[no-untyped-def]

@@ -427,6 +427,14 @@ MIGRATIONS.append(("0012_partitions_attached", """
 # query then queued behind it (a fleet frozen by one idle session). ATTACH takes a lock readers and writers never
 # wait for; the few that conflict with it (another DDL) give up after 5 s instead of queueing the fleet.
 
+MIGRATIONS.append(("0013_graph_ddl_gives_up", """
+    ALTER FUNCTION cm_index_vectors(text, bigint, integer) SET lock_timeout = '5s';
+    ALTER FUNCTION cm_drop_vector_indexes(text) SET lock_timeout = '5s';
+    ALTER FUNCTION cm_drop_generation_vector_indexes(text, bigint) SET lock_timeout = '5s';
+"""))  # a DROP INDEX queues for an exclusive lock on the workspace's partition, and the workspace's readers queue
+# behind it: while a reader of that workspace sits in an open transaction, the DDL gives up after 5 s (the graph is
+# built, or a stale one dropped, at a later pass) instead of holding every search of the workspace up
+
 
 def migrate(conn: psycopg.Connection) -> None:
     """Apply what this database has not had, under an advisory lock (daemons may start together).

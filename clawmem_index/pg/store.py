@@ -1005,8 +1005,10 @@ class PgStore:
         self._vectors_indexed = {key for key in self._vectors_indexed if key[0] != self.gen}
 
     def _drop_stale_vector_indexes(self) -> None:
-        """The HNSW indexes of generations (or sizes of vector) no longer live: each held its rows' graph."""
-        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+        """The HNSW indexes of generations (or sizes of vector) no longer live: each held its rows' graph.
+        One that cannot be dropped now (a reader of the workspace holds its lock past the function's
+        lock_timeout) goes at a later drop: searches never read a graph of a generation not live."""
+        with contextlib.suppress(psycopg.errors.InsufficientPrivilege, IndexUnavailable):
             self.conn.execute("SELECT cm_drop_vector_indexes(%s)", (self.workspace,))
 
     # -- vectors of chunks ----------------------------------------------------------------------
