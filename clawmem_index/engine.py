@@ -283,7 +283,9 @@ class MemoryIndex:
                          paths: Iterable[str] | None) -> SyncReport:
         from clawmem_index.sync import sync_workspace
 
-        damage = store.damage() if store is not None else None  # rows lost behind the writer's back: rebuild
+        # Rows lost behind the writer's back: rebuilt. Checked by a whole pass (a start, `clawmem index`, a
+        # rescan), not by each watcher's pass over a few files: it counts the workspace's rows.
+        damage = store.damage() if store is not None and paths is None else None
         if damage is None and store is not None and store.get_meta("fingerprint") == fingerprint:
             try:
                 return sync_workspace(store, self.settings, progress=bars.files, paths=paths)
@@ -687,7 +689,7 @@ class MemoryIndex:
             else:
                 on_disk, pending_files = self.disk_state(store)
             pending_embeddings = store.pending_embeddings() if _has_vectors(store) else 0
-            damage, batch_jobs, vector_search = store.damage(), store.job_count(), store.vector_method()
+            damage, batch_jobs, vector_search = store.damage(chunks), store.job_count(), store.vector_method()
         except IndexUnavailable as exc:
             data.update(fresh=False, stale_reasons=[str(exc)])
             return data

@@ -274,7 +274,7 @@ class Store:
     def pending_embeddings(self) -> int:
         return int(self.conn.execute("SELECT count(*) FROM chunks WHERE embedded = 0").fetchone()[0])
 
-    def damage(self) -> str | None:
+    def damage(self, chunks: int | None = None) -> str | None:
         """Rows changed behind the writer's back (see PgStore.damage). A SQLite index is one private file
         only its user writes: what can go wrong with it is what `integrity_ok` finds."""
         return None

@@ -727,18 +727,21 @@ class PgStore:
         assert row is not None
         return int(row[0]), int(row[1])
 
-    def damage(self) -> str | None:
+    def damage(self, chunks: int | None = None) -> str | None:
         """What this generation lost (or gained) behind its writer's back, or None when whole.
 
         The writer keeps the chunks' number in `cm_stats` with every change it makes, and every chunk
         has its row in `cm_vectors`: rows deleted or added by anyone else (an operator's SQL, a hole
         in the row-level security) leave the numbers apart, and the sync rebuilds the generation.
+        Two counts of the workspace's rows (35 ms at 87,000 chunks): `chunks`, when the caller has
+        just counted them (`counts`), saves one.
         """
+        counted = "%(n)s" if chunks is not None else \
+            "(SELECT count(*) FROM cm_chunks WHERE workspace = %(w)s AND gen = %(g)s)"
         row = self.conn.execute(
-            "SELECT (SELECT chunks FROM cm_stats WHERE workspace = %(w)s AND gen = %(g)s),"
-            " (SELECT count(*) FROM cm_chunks WHERE workspace = %(w)s AND gen = %(g)s),"
+            f"SELECT (SELECT chunks FROM cm_stats WHERE workspace = %(w)s AND gen = %(g)s), {counted},"
             " (SELECT count(*) FROM cm_vectors WHERE workspace = %(w)s AND gen = %(g)s)",
-            {"w": self.workspace, "g": self.gen}).fetchone()
+            {"w": self.workspace, "g": self.gen, "n": chunks}).fetchone()
         assert row is not None
         stored, chunks, vectors = int(row[0] or 0), int(row[1]), int(row[2])
         if stored == chunks == vectors:
