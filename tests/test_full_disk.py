@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -99,8 +100,12 @@ def scenario(name: str, base: Path) -> dict[str, Any]:
 def _in_namespace(name: str, tmp_path: Path) -> dict[str, Any]:
     if shutil.which("unshare") is None:
         pytest.skip("unshare (util-linux) is not installed: no private tmpfs to fill")
-    out = subprocess.run(["unshare", "-rm", sys.executable, __file__, name, str(tmp_path)], capture_output=True,
-                         text=True, timeout=4 * DEADLINE, cwd=Path(__file__).parent.parent)
+    base = Path(tempfile.mkdtemp(prefix="cm-disk-", dir="/tmp"))  # short: the daemon's socket lives under it
+    try:
+        out = subprocess.run(["unshare", "-rm", sys.executable, __file__, name, str(base)], capture_output=True,
+                             text=True, timeout=4 * DEADLINE, cwd=Path(__file__).parent.parent)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
