@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -95,11 +96,27 @@ def _fail(exc: ClawmemError) -> NoReturn:
     sys.exit(exc.exit_code)
 
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command a Ctrl-C stopped
+
+
+def _interrupted(message: str) -> NoReturn:
+    """A Ctrl-C: one line saying what it left and what comes next, exit 130 (click's own is `Aborted!`, exit 1).
+
+    A second Ctrl-C while the command winds up (the index closed, a local model's decode in flight
+    waited for) is ignored: it would end it with a traceback, or under that decode (a crash).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    click.echo(f"clawmem: {message}", err=True)
+    sys.exit(EXIT_INTERRUPTED)
+
+
 def _run(action: Callable[[], Any]) -> Any:
     try:
         return action()
     except ClawmemError as exc:
         _fail(exc)
+    except KeyboardInterrupt:
+        _interrupted("interrupted")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -214,11 +231,27 @@ def _index(ctx: Context, progress: bool | None, *, force: bool) -> None:
             report = run(progress=bar.update, embed_progress=ebar.update, vectors_progress=vbar.update,
                          notify=lambda message: click.echo(f"clawmem: {message}", err=True))
         waiting = memory.reader().pending_embeddings() if report.embed_error else 0
+    except KeyboardInterrupt:
+        _interrupted(_where_it_stopped(memory.rebuilding, force=force))
     finally:
         memory.close()
     _summary(f"indexed {memory.settings.workspace}", report.as_dict(), waiting)
     if memory.provider is None and memory.provider_note:
         click.echo(f"clawmem: note: {memory.provider_note}", err=True)
+
+
+def _where_it_stopped(rebuilding: bool, *, force: bool) -> str:
+    """What an interrupted `index`/`reindex` leaves, and how the next run goes on.
+
+    A sync commits each file, and embedding each batch of vectors, as it is done: the next run does
+    only the rest. A rebuild (or a switch of model) is written aside and put in place whole: stopped
+    before that, the index in use is untouched and the work starts over.
+    """
+    if rebuilding:
+        again = "`clawmem reindex` starts it again" if force else "the next `clawmem index` starts it again"
+        return f"interrupted before the rebuilt index was put in place: the index in use is as it was; {again}"
+    return ("interrupted: the files and vectors indexed so far are kept; the next `clawmem index` resumes where"
+            " this one stopped")
 
 
 def _summary(head: str, report: dict[str, Any], waiting: int = 0) -> None:
@@ -567,8 +600,11 @@ def _index_by_daemon(client: Any, *, force: bool) -> None:
 
     Its embedding thread makes the vectors afterwards; `clawmem status` shows how many wait.
     """
-    with client:
-        run = client.reindex(wait=True) if force else client.sync(wait=True)
+    try:
+        with client:
+            run = client.reindex(wait=True) if force else client.sync(wait=True)
+    except KeyboardInterrupt:
+        _interrupted("interrupted: stopped waiting; the daemon finishes the run (`clawmem status` shows how it went)")
     report = {**(run.get("report") or {}), "duration": run.get("duration")}
     _summary(f"the daemon {'rebuilt' if force else 'synced'} the index", report)
 

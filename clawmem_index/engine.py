@@ -101,6 +101,9 @@ class MemoryIndex:
         self.provider_note = ""
         self.rebuilt_by = "the next sync rebuilds it"  # what a provider mismatch in `status` leads to
         self.fallback_used = False
+        self.rebuilding = False
+        """True from the start of a write's rebuild (or switch of model) until it is in place: after an interrupt,
+        the index in use is still the one before it (a sync, or embedding, commits each file or batch as done)."""
         self._queries: Any = None
         self._local = threading.local()
         self._stores: list[Store] = []
@@ -236,6 +239,7 @@ class MemoryIndex:
                                    " updates it")
         check_workspace(self.settings.workspace)
         started = time.perf_counter()
+        self.rebuilding = False
         with self.write_lock():
             try:
                 fingerprint = self.fingerprint_json()
@@ -366,6 +370,7 @@ class MemoryIndex:
         """
         from clawmem_index.sync import embed_pending, sync_workspace
 
+        self.rebuilding = True
         try:
             store.release_vector_index()  # a graph kept would take each new vector one by one
             with store.transaction():
@@ -381,6 +386,7 @@ class MemoryIndex:
                                                          index_progress=bars.vectors,
                                                          precision=self.settings.embedding.precision)
                 report.from_cache += taken_back
+            self.rebuilding = False
         finally:
             store.close()
         report.chunks_kept = chunks - report.chunks_removed
@@ -393,6 +399,7 @@ class MemoryIndex:
         if replacing is not None:
             replacing.close()
         started = time.perf_counter()
+        self.rebuilding = True
         with self.backend.fresh() as fresh:
             fresh.set_meta("fingerprint", fingerprint)
             report = sync_workspace(fresh, self.settings, progress=bars.files, bulk=True)
@@ -407,6 +414,7 @@ class MemoryIndex:
                                           progress=bars.chunks, index_progress=bars.vectors, precision=precision)
                 report.from_cache += cached
             self.backend.swap_in(fresh)
+        self.rebuilding = False
         report.duration = time.perf_counter() - started
         return report
 

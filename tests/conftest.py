@@ -69,14 +69,21 @@ def template_workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def local_provider(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """The real default local model (MiniLM), made as a user's first run makes it: converted, no network."""
+def local_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real default local model's GGUF file (MiniLM), made as a user's first run makes it: converted, no network."""
     from clawmem_index.config import EmbeddingSettings
-    from clawmem_index.embeddings.local import LocalProvider
     from clawmem_index.embeddings.models import ensure_local_model
 
-    path = ensure_local_model(EmbeddingSettings(), tmp_path_factory.mktemp("models"))
-    return LocalProvider(EmbeddingSettings(), path)
+    return ensure_local_model(EmbeddingSettings(), tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def local_provider(local_model: Path):  # type: ignore[no-untyped-def]
+    """The real default local model (MiniLM), loaded in this process on first use."""
+    from clawmem_index.config import EmbeddingSettings
+    from clawmem_index.embeddings.local import LocalProvider
+
+    return LocalProvider(EmbeddingSettings(), local_model)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

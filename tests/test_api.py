@@ -277,3 +277,28 @@ def test_coverage_notes_say_what_an_answer_does_not_cover_yet() -> None:
     assert coverage_notes({"mode": "vector", "index": {"pending_embeddings": 2}}) == [
         "2 chunk(s) wait for a vector: meaning search does not cover them yet"]
     assert coverage_notes({"mode": "bm25", "index": {"pending_embeddings": 2}}) == []  # keywords asked: all there
+
+
+@pytest.mark.slow
+def test_a_program_whose_query_vector_missed_its_deadline_exits_0(workspace: Path, tmp_path: Path,
+                                                                 local_model: Path) -> None:
+    """Without a daemon the local model runs in the program: it crashed in exit() (139) under the decode of a
+    query vector past its deadline, about 2 runs in 5 (see test_cli for why this deadline and query)."""
+    (workspace / "MEMORY.md").write_text("# Memory\n\n- The staging server is kiln; deploys go through zephyr.\n")
+    env = {**os.environ, "CLAWMEM_PROVIDER": "local", "CLAWMEM_LOCAL_MODEL": str(local_model),
+           "CLAWMEM_INDEX": str(tmp_path / "index.sqlite")}
+    subprocess.run([sys.executable, "-m", "clawmem_index", "index", "-w", str(workspace)], env=env, check=True,
+                   capture_output=True, timeout=120)
+    config = tmp_path / "clawmem.toml"
+    config.write_text("[search]\nquery_timeout = 1.0\n")
+    program = ("import json, sys\n"
+               "from clawmem_index import Client\n"
+               "with Client(sys.argv[1], config=sys.argv[2]) as memory:\n"
+               "    answer = memory.search('staging server deploy zephyr ' * 3000)\n"
+               "print(json.dumps([answer.get('warning', ''), [r['path'] for r in answer['results']]]))\n")
+    for _ in range(6):
+        out = subprocess.run([sys.executable, "-c", program, str(workspace), str(config)], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        warning, paths = json.loads(out.stdout)
+        assert "did not answer within 1 s" in warning and paths == ["MEMORY.md"]

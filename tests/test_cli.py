@@ -2,11 +2,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from clawmem_index.config import Settings
 
 
 def clawmem(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -210,3 +213,98 @@ def test_a_search_says_what_its_answer_does_not_cover_yet(ws: Path) -> None:
         assert "clawmem: note: 1 file(s) changed since the last sync: not in this answer yet" in out.stderr
         assert "wait for a vector" not in out.stderr  # a keyword-only index has no vectors to wait for
 
+
+
+# -- exits while the local model computes: the real CLI, the real model --------------------------
+
+LONG_QUERY = ("staging server deploy zephyr " * 3000).split()
+"""A query whose vector takes the local model some 60 decodes (8 s on 2 cores): past its deadline, the
+thread that embeds it is still in llama.cpp when the command ends."""
+RESUMES = "clawmem: interrupted: the files and vectors indexed so far are kept; the next `clawmem index` resumes" \
+          " where this one stopped"
+
+
+def local(model: Path) -> dict[str, str]:
+    return {"CLAWMEM_PROVIDER": "local", "CLAWMEM_LOCAL_MODEL": str(model)}
+
+
+@pytest.mark.slow
+def test_a_search_whose_query_vector_missed_its_deadline_exits_0_with_its_answer(ws: Path, local_model: Path,
+                                                                                 tmp_path: Path) -> None:
+    """It printed its keyword answer, then crashed in exit() (139) under the query's decode, 2 runs in 5.
+
+    The deadline falls after the model's load (a process that ends during the load ends before the
+    first decode) and well inside the query's decodes.
+    """
+    env = local(local_model)
+    assert clawmem("index", cwd=ws, env=env).returncode == 0
+    config = tmp_path / "clawmem.toml"
+    config.write_text("[search]\nquery_timeout = 1.0\n")
+    for _ in range(8):
+        out = clawmem("search", "--config", str(config), *LONG_QUERY, cwd=ws, env=env)
+        assert out.returncode == 0, out.stderr
+        assert "did not answer within 1 s" in out.stderr, "the query vector must still be in the making at exit"
+        assert "MEMORY.md:" in out.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_index_exits_130_and_the_next_index_resumes(tmp_path: Path, local_model: Path) -> None:
+    """Ctrl-C while the vectors are made: exit 130 and one line saying the next run resumes (it was click's
+    `Aborted!` and 1, or a crash in exit() under a decode, 1 run in 5), and each run keeps what it embedded.
+    A second Ctrl-C while it winds up changes nothing."""
+    ws = tmp_path / "notes"
+    (ws / "memory").mkdir(parents=True)
+    for n in range(600):
+        (ws / "memory" / f"note-{n:03}.md").write_text(f"- note {n}: the {('kiln', 'heron', 'lathe')[n % 3]} moved\n")
+    env = {**os.environ, **local(local_model), "CLAWMEM_INDEX": str(tmp_path / "index.sqlite")}
+    waiting = []
+    for _ in range(4):
+        with subprocess.Popen([sys.executable, "-m", "clawmem_index", "index", "--progress"], cwd=ws, env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) as proc:
+            try:
+                assert proc.stderr is not None
+                # The embedding bar's label comes with the first batch of vectors stored: more are in the making.
+                seen = next((line for line in iter(proc.stderr.readline, "") if line.startswith("embedding")), None)
+                proc.send_signal(signal.SIGINT)
+                said = next((line for line in iter(proc.stderr.readline, "") if line.startswith("clawmem:")), "")
+                proc.send_signal(signal.SIGINT)  # impatient: again while it winds up
+                rest = said + proc.stderr.read()
+                code = proc.wait(timeout=60)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        assert seen is not None, "embedding never started"
+        assert code == 130, rest
+        assert rest.splitlines()[-1] == RESUMES
+        status = clawmem("status", "--json", cwd=ws, env=env)
+        waiting.append(json.loads(status.stdout)["pending_embeddings"])
+    assert waiting == sorted(set(waiting), reverse=True) and waiting[-1] > 0, f"each run resumes: {waiting}"
+
+
+def test_an_interrupt_says_whether_the_index_in_use_changed(settings: Settings, write) -> None:
+    """A sync commits each file (and each batch of vectors) as done; a rebuild is put in place whole or not at all."""
+    from clawmem_index.cli import _where_it_stopped
+    from clawmem_index.engine import MemoryIndex
+
+    def ctrl_c(done: int, total: int) -> None:
+        raise KeyboardInterrupt
+
+    write("MEMORY.md", "# Memory\n- the staging server is kiln\n")
+    index = MemoryIndex(settings)
+    with pytest.raises(KeyboardInterrupt):
+        index.sync(progress=ctrl_c)  # the first build is a rebuild
+    assert index.rebuilding and not index.backend.exists()
+    assert _where_it_stopped(index.rebuilding, force=False).endswith(
+        "the index in use is as it was; the next `clawmem index` starts it again")
+    index.sync()
+    assert not index.rebuilding
+    write("memory/2026-11-24.md", "# Today\n- heron\n")
+    with pytest.raises(KeyboardInterrupt):
+        index.reindex(progress=ctrl_c)
+    assert index.rebuilding
+    assert _where_it_stopped(index.rebuilding, force=True).endswith("`clawmem reindex` starts it again")
+    with pytest.raises(KeyboardInterrupt):
+        index.sync(progress=ctrl_c)
+    assert not index.rebuilding and "clawmem: " + _where_it_stopped(index.rebuilding, force=False) == RESUMES
+    index.close()

@@ -221,6 +221,20 @@ def test_loading_and_embedding_print_nothing(model_path: Path, capfd: pytest.Cap
     assert local.threads == 1
 
 
+def test_a_query_against_a_deadline_is_loaded_for_first(model_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """The load points the process's stdout at /dev/null: a search past its deadline printed its answer into
+    that and exited 0 with nothing said (on a busy machine, half the runs of a 0.6 s deadline)."""
+    from clawmem_index.embeddings.deadline import QueryDeadline
+    from clawmem_index.errors import ProviderTimeout
+
+    fresh = LocalProvider(EmbeddingSettings(), model_path)
+    with pytest.raises(ProviderTimeout):
+        QueryDeadline(fresh, 0.001).embed_query("the staging server moved " * 40)
+    print("the keyword answer")
+    assert capfd.readouterr().out == "the keyword answer\n"
+    assert fresh._model is not None, "loaded before the clock started, not while the caller answers"
+
+
 def test_threads_default_to_the_available_cores(provider: LocalProvider) -> None:
     import os
 

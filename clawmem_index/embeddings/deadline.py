@@ -5,11 +5,15 @@ cannot be interrupted, so it runs on a thread of its own and the search waits fo
 `timeout` seconds; past that, it answers with keyword results and a warning, and the call ends in
 the background (its SDK timeout bounds it) with its result dropped. At most `slots` such calls are
 in flight: while that many are stuck, further searches do not wait at all. The threads are daemon
-threads, so a stuck call never holds up the exit of `clawmem search` either.
+threads, so a stuck network call never holds up the exit of `clawmem search` either; a local model's
+call is different: the exit waits for the decode in flight (about a second at most), since exiting
+under it crashes the process, and the model is loaded before the clock starts, since the load points
+the process's output at /dev/null (clawmem_index.embeddings.local).
 
-Loading the model (a local model's weights, a remote SDK's import) is not the query's own time: until
-the provider has loaded once, a search first waits up to `first_use` seconds for that, then the usual
-`timeout` for its vector (a busy machine's first search after a start fell back to keyword-only).
+Loading the model (a local model's weights in the child process of the daemon, a remote SDK's import)
+is not the query's own time either: until the provider has loaded once, a search first waits up to
+`first_use` seconds for that, then the usual `timeout` for its vector (a busy machine's first search
+after a start fell back to keyword-only).
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ class QueryDeadline:
         return self.provider.embed_documents(texts)
 
     def embed_query(self, text: str) -> list[float]:
+        load = getattr(self.provider, "load", None)  # a local model: its load silences the process (see `load`)
+        if load is not None:
+            load()
         if not self._slots.acquire(blocking=False):
             raise ProviderTimeout("the embedding provider has not answered earlier queries yet")
         outcome: list[object] = []

@@ -28,15 +28,25 @@ How the work reaches llama.cpp, and why (measured on 2 busy cores with all-MiniL
 - One lock guards the model, held per decode call: a search's query can slip in between the
   calls of a long indexing batch instead of waiting for all of it.
 - verbose=False keeps llama.cpp quiet; note that llama-cpp-python then points the process's stdout
-  and stderr at /dev/null for the moment a model loads.
+  and stderr at /dev/null for the moment a model loads: what another thread prints meanwhile is
+  lost, so a search loads the model before its query's deadline starts (`load`).
+- A process never exits under a llama.cpp call: C's exit() destroys ggml's static state while a
+  compute thread still reads it, a SIGSEGV (exit 139) after the answer was printed (a query vector
+  past its deadline, a Ctrl-C during `clawmem index`: those calls run on daemon threads). At exit
+  (atexit, which runs before the interpreter's teardown) each loaded model's call in flight, one
+  decode, tokenization or load, is waited for (at most EXIT_WAIT seconds) and no other is begun.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import re
 import threading
-from collections.abc import Sequence
+import time
+import weakref
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,14 +59,18 @@ from clawmem_index.errors import ProviderError
 if TYPE_CHECKING:
     from llama_cpp import Llama
 
-__all__ = ["DEFAULT_PACK_TOKENS", "MAX_CONTEXT", "SHORT_INPUT_WINDOW", "LocalProvider"]
+__all__ = ["DEFAULT_PACK_TOKENS", "EXIT_WAIT", "MAX_CONTEXT", "SHORT_INPUT_WINDOW", "LocalProvider"]
 
 MAX_CONTEXT = 1024
 """Longer contexts are split instead: attention memory grows with the square of the context."""
 DEFAULT_PACK_TOKENS = 256
 SHORT_INPUT_WINDOW = 128
 """The window of a MiniLM model when `embedding.local_window` is 0: the input length it was trained on."""
+EXIT_WAIT = 30.0
+"""Seconds a process's exit waits for the llama.cpp call in flight: one decode of at most `pack_tokens`
+tokens, a tokenization or a model load (0.1-0.7 s on 2 busy cores)."""
 _SEGMENT = re.compile(r"\s*\S+\s*|\s+")
+_MODELS: weakref.WeakSet[LocalProvider] = weakref.WeakSet()  # providers that may run llama.cpp
 
 
 def _line_end(words: Sequence[tuple[str, int]], start: int, end: int, used: int, budget: int) -> int:
@@ -98,8 +112,9 @@ class LocalProvider:
         self.threads = settings.threads or _available_cpus()
         self.query_threads = min(self.threads, settings.query_threads or self.threads)
         self._max_seqs = max(1, settings.batch_size)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # around every llama.cpp call once loaded; taken before `_load_lock`
         self._load_lock = threading.Lock()
+        self._exiting = False
         self._has_pooling = f"{arch}.pooling_type" in meta
         self._model: Llama | None = None
         self._special_count: int | None = None
@@ -114,15 +129,47 @@ class LocalProvider:
         if self._model is None:
             with self._load_lock:
                 if self._model is None:
+                    _MODELS.add(self)
                     self._model = self._load(has_pooling=self._has_pooling)
         return self._model
+
+    @contextlib.contextmanager
+    def _native(self) -> Iterator[Llama]:
+        """The model for one llama.cpp call, under `_lock`; refused once the process exits (`finish_for_exit`)."""
+        with self._lock:
+            if self._exiting:
+                raise ProviderError("the process is exiting: the local model takes no more work")
+            yield self._llama
+
+    def finish_for_exit(self, deadline: float) -> bool:
+        """Wait (until `time.monotonic()` reaches `deadline`) for the llama.cpp call in flight, and begin no other.
+
+        Both locks stay held: a thread that wants the model waits until the process is gone, so C's
+        exit() never runs under a computation. False if the call was still running at the deadline.
+        """
+        self._exiting = True
+        for lock in (self._lock, self._load_lock):
+            if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                return False
+        _MODELS.discard(self)
+        return True
 
     @property
     def _specials(self) -> int:
         """Tokens the model adds to every text (BOS/EOS)."""
         if self._special_count is None:
-            self._special_count = len(self._llama.tokenize(b"", add_bos=True, special=False))
+            with self._native() as llama:
+                self._special_count = len(llama.tokenize(b"", add_bos=True, special=False))
         return self._special_count
+
+    def load(self) -> None:
+        """Load the model if it is not yet, and nothing more (no lock a decode holds is taken).
+
+        QueryDeadline calls it on the caller's thread before its clock starts: the load points the
+        process's stdout and stderr at /dev/null, and a search past its deadline printed its answer
+        into that and exited 0 with nothing said.
+        """
+        self._llama  # noqa: B018
 
     def warm(self) -> None:
         """Load the model now (the daemon does, off the query path)."""
@@ -154,8 +201,8 @@ class LocalProvider:
 
     def count_tokens(self, text: str) -> int:
         """Tokens the model sees for `text`, its special tokens included."""
-        with self._lock:
-            return len(self._llama.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+        with self._native() as llama:
+            return len(llama.tokenize(text.encode("utf-8"), add_bos=True, special=False))
 
     def _load(self, *, has_pooling: bool) -> Llama:
         try:
@@ -230,8 +277,8 @@ class LocalProvider:
         return parts
 
     def _count_bare(self, text: str) -> int:
-        with self._lock:
-            return len(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+        with self._native() as llama:
+            return len(llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
     def _packs(self, pieces: Sequence[Piece]) -> tuple[tuple[int, ...], ...]:
         """Piece numbers grouped into decode calls of at most `pack_tokens` tokens, longest first."""
@@ -253,28 +300,38 @@ class LocalProvider:
     def _embed(self, texts: list[str], *, threads: int | None = None) -> list[list[float]]:
         """One llama.cpp decode for `texts`, which fit one micro-batch together (on `threads` threads, if given)."""
         try:
-            with self._lock:
+            with self._native() as llama:
                 if threads is None or threads == self.threads:
-                    raw: Any = self._llama.embed(texts, normalize=False, truncate=False)
+                    raw: Any = llama.embed(texts, normalize=False, truncate=False)
                 else:
-                    raw = self._embed_on(threads, texts)
+                    raw = self._embed_on(llama, threads, texts)
         except (ValueError, RuntimeError) as exc:
             raise ProviderError(f"local embedding failed ({self.model_path.name}): {exc}") from exc
         if len(raw) != len(texts):
             raise ProviderError(f"llama.cpp returned {len(raw)} vectors for {len(texts)} texts")
         return [list(map(float, vector)) for vector in raw]
 
-
-    def _embed_on(self, threads: int, texts: list[str]) -> Any:
+    def _embed_on(self, llama: Llama, threads: int, texts: list[str]) -> Any:
         """`embed` with the context's thread count set for this decode only (the caller holds `_lock`)."""
         import llama_cpp
 
-        llama = self._llama
         llama_cpp.llama_set_n_threads(llama.ctx, threads, threads)
         try:
             return llama.embed(texts, normalize=False, truncate=False)
         finally:
             llama_cpp.llama_set_n_threads(llama.ctx, self.threads, self.threads)
+
+
+@atexit.register
+def _finish_native_work() -> None:
+    """Let the llama.cpp calls in flight end before the process does (see the module's docstring).
+
+    atexit runs before the interpreter's teardown, while the daemon threads that make those calls
+    (a query past its deadline, an indexing pass a Ctrl-C stopped) still run.
+    """
+    deadline = time.monotonic() + EXIT_WAIT
+    for provider in list(_MODELS):
+        provider.finish_for_exit(deadline)
 
 
 def _available_cpus() -> int:
