@@ -506,8 +506,7 @@ class MemoryIndex:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise QueryError(f"'{name}' must be {what} >= 1")
         first = start or 1
-        with open_memory_file(self.settings.workspace, path, self.settings.extra_paths,
-                              refuse_hardlinks=self.settings.refuse_hardlinks, exclude=self.settings.exclude) as opened:
+        with self._open(path) as opened:
             key, window = opened.path, read_window(opened.fd, first, lines,
                                                    GET_MAX_BYTES if max_bytes is None else max_bytes)
             past_end = count_lines(opened.fd) if first > 1 and not window.lines else None
@@ -568,9 +567,13 @@ class MemoryIndex:
 
     def _read_window(self, path: str, first: int, count: int | None, max_bytes: int) -> tuple[str, Window]:
         """(the file's index key, its lines) through a descriptor opened beneath the workspace."""
-        with open_memory_file(self.settings.workspace, path, self.settings.extra_paths,
-                              refuse_hardlinks=self.settings.refuse_hardlinks, exclude=self.settings.exclude) as opened:
+        with self._open(path) as opened:
             return opened.path, read_window(opened.fd, first, count, max_bytes)
+
+    def _open(self, path: str) -> Any:
+        """A memory file opened beneath the workspace, with every rule `get` applies (see clawmem_index.files)."""
+        return open_memory_file(self.settings.workspace, path, self.settings.extra_paths,
+                                refuse_hardlinks=self.settings.refuse_hardlinks, exclude=self.settings.exclude)
 
     def pending_files(self, store: Store) -> int:
         """Files added, changed or deleted on disk since the last sync (stat only, nothing read)."""
