@@ -298,3 +298,34 @@ def test_a_database_without_pgvector_is_put_to_a_superuser_not_to_its_owner(pg_c
     finally:
         with psycopg.connect(pg_cluster.url(), autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_a_daemon_answers_a_locked_shared_index_with_an_error_and_an_honest_status(tmp_path: Path, pg_url: str,
+                                                                                    pg_role) -> None:  # type: ignore[no-untyped-def]
+    """The socket's searches and status while a tenant holds the chunks locked: an error object and `fresh:
+    false` with the reason, each within the reader's statement timeout; answers again once the lock goes."""
+    from daemon_helpers import BOUND, RawClient, daemon_settings, running_daemon, short_dir, wait_until
+
+    workspace = tmp_path / "ws"
+    (workspace / "memory").mkdir(parents=True)
+    (workspace / "memory" / "a.md").write_text("the ferry leaves at nine\n")
+    writer, writer_url = pg_role("locker")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        grant_workspace(conn, writer, "other", writable=True)
+    for sock_dir in short_dir():
+        settings = daemon_settings(workspace, tmp_path, sock_dir, index_backend="postgres", index_url=pg_url)
+        # Each answer waits for the reader's statement timeout (5 s) at most, once: room for a busy machine.
+        with running_daemon(settings), RawClient(settings.socket_path, timeout=6 * BOUND) as client:
+            def found() -> list[str]:
+                reply = client.call("search", {"query": "ferry", "mode": "bm25"})
+                return [r["path"] for r in reply.get("result", {}).get("results", [])]
+
+            wait_until(lambda: found() == ["memory/a.md"], message="the first build")
+            with psycopg.connect(writer_url) as locker:
+                locker.execute("LOCK TABLE cm_chunks IN ACCESS EXCLUSIVE MODE")
+                reply = client.call("search", {"query": "ferry nine", "mode": "bm25"})
+                assert "did not answer in time" in reply["error"]["message"], reply
+                status = client.call("status")["result"]
+                assert status["fresh"] is False
+                assert any("did not answer in time" in reason for reason in status["stale_reasons"]), status
+            wait_until(lambda: found() == ["memory/a.md"], message="answers once the lock is gone")
