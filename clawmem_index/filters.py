@@ -28,24 +28,25 @@ class ChunkFilter:
     def dated(self) -> bool:
         return self.since is not None or self.before is not None
 
-    def sql(self, alias: str) -> tuple[str, dict[str, Any]]:
-        """A condition on the chunks table under `alias` (an index answers the path and date parts as ranges)."""
+    def sql(self, alias: str, *, dialect: str = "sqlite") -> tuple[str, dict[str, Any]]:
+        """A condition on the chunks table under `alias`, for SQLite (`:name` placeholders; an index answers
+        the path and date parts as ranges) or PostgreSQL (`%(name)s`; `starts_with` for the path)."""
+        postgres = dialect == "postgres"
         clauses: list[str] = []
         args: dict[str, Any] = {}
         if self.path_prefix:
-            clause, args = prefix_range(f"{alias}.path", self.path_prefix)
-            clauses.append(clause)
-        if self.source:
-            clauses.append(f"{alias}.source = :source")
-            args["source"] = self.source
-        if self.since:
-            clauses.append(f"{alias}.date >= :since")
-            args["since"] = self.since
-        if self.before:
-            clauses.append(f"{alias}.date < :before")
-            args["before"] = self.before
-        return " AND ".join(clauses) or "1", args
-
+            if postgres:
+                clauses.append(f"starts_with({alias}.path, %(prefix)s)")
+                args["prefix"] = self.path_prefix
+            else:
+                clause, args = prefix_range(f"{alias}.path", self.path_prefix)
+                clauses.append(clause)
+        for column, op, name, value in (("source", "=", "source", self.source), ("date", ">=", "since", self.since),
+                                        ("date", "<", "before", self.before)):
+            if value:
+                clauses.append(f"{alias}.{column} {op} " + (f"%({name})s" if postgres else f":{name}"))
+                args[name] = value
+        return " AND ".join(clauses) or ("true" if postgres else "1"), args
 
 
 def prefix_range(column: str, prefix: str) -> tuple[str, dict[str, Any]]:

@@ -1232,24 +1232,8 @@ class PgStore:
 
 
 def _filter_sql(where: ChunkFilter | None, alias: str) -> tuple[str, dict[str, Any]]:
-    """`ChunkFilter.sql` in PostgreSQL's placeholders."""
-    if not where:
-        return "true", {}
-    clauses: list[str] = []
-    args: dict[str, Any] = {}
-    if where.path_prefix:
-        clauses.append(f"starts_with({alias}.path, %(prefix)s)")
-        args["prefix"] = where.path_prefix
-    if where.source:
-        clauses.append(f"{alias}.source = %(source)s")
-        args["source"] = where.source
-    if where.since:
-        clauses.append(f"{alias}.date >= %(since)s")
-        args["since"] = where.since
-    if where.before:
-        clauses.append(f"{alias}.date < %(before)s")
-        args["before"] = where.before
-    return " AND ".join(clauses), args
+    """`ChunkFilter.sql` in PostgreSQL's dialect (no filter: true)."""
+    return (where or ChunkFilter()).sql(alias, dialect="postgres")
 
 
 class PgVector:
