@@ -112,6 +112,31 @@ def test_hybrid_answers_are_the_same_on_both_backends(workspace: Path, write, tm
         pg.close()
 
 
+def test_every_filter_gives_the_same_answers_on_both_backends(workspace: Path, write, tmp_path: Path,
+                                                              pg_url: str) -> None:
+    """One filter builder speaks both dialects (path prefix, source, dates): each filter, alone and together."""
+    write("MEMORY.md", "# Memory\n\nThe harbour pilot boards at dawn.\n")
+    write("memory/2026-11-20.md", "# Log\n\nThe harbour pilot was late.\n")
+    write("memory/2026-11-24.md", "# Log\n\nA harbour pilot strike is planned.\n")
+    write("memory/ops/harbour.md", "# Ops\n\nHarbour pilot rota.\n")
+    sqlite = MemoryIndex(settings_for(workspace, {"index": str(tmp_path / "i.sqlite")}))
+    pg = MemoryIndex(settings_for(workspace, {"index_backend": "postgres", "index_url": pg_url}))
+    filters: list[dict[str, Any]] = [{"path_prefix": "memory/"}, {"path_prefix": "memory/ops/"},
+                                     {"path_prefix": "MEM"}, {"source": "memory"}, {"since": "2026-11-21"},
+                                     {"before": "2026-11-21"}, {"path_prefix": "memory/2026", "since": "2026-11-01",
+                                                               "before": "2026-11-30", "source": "memory"}]
+    try:
+        sqlite.sync()
+        pg.sync()
+        for where in filters:
+            want = answers(sqlite, ["harbour pilot"], mode="bm25", **where)
+            assert want[0], where
+            assert answers(pg, ["harbour pilot"], mode="bm25", **where) == want, where
+    finally:
+        sqlite.close()
+        pg.close()
+
+
 def test_index_search_get_and_status(backend: dict[str, str], workspace: Path, write) -> None:
     write("MEMORY.md", "# Memory\n\nThe user drinks oat milk flat whites.\n")
     write("memory/2026-11-20.md", "# Log\n\nRolled back the invoice service deploy.\n")
