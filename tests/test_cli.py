@@ -161,7 +161,7 @@ def test_status_check_exit_codes(ws: Path, tmp_path: Path) -> None:
 
 
 def test_the_progress_bar_redraws_a_few_times_a_second_and_measures_before_it_tells() -> None:
-    from clawmem_index.cli import _ProgressBar
+    from clawmem_index.cli.writing import _ProgressBar
 
     now = [100.0]
     with _ProgressBar(True, "indexing", "files", clock=lambda: now[0]) as bar:
@@ -179,7 +179,7 @@ def test_the_progress_bar_redraws_a_few_times_a_second_and_measures_before_it_te
 
 
 def test_a_count_that_starts_again_gets_a_bar_of_its_own() -> None:
-    from clawmem_index.cli import _ProgressBar
+    from clawmem_index.cli.writing import _ProgressBar
 
     now = [100.0]
     with _ProgressBar(True, "embedding", "chunks", clock=lambda: now[0]) as bar:
@@ -284,7 +284,7 @@ def test_ctrl_c_during_index_exits_130_and_the_next_index_resumes(tmp_path: Path
 
 def test_an_interrupt_says_whether_the_index_in_use_changed(settings: Settings, write) -> None:
     """A sync commits each file (and each batch of vectors) as done; a rebuild is put in place whole or not at all."""
-    from clawmem_index.cli import _where_it_stopped
+    from clawmem_index.cli.writing import _where_it_stopped
     from clawmem_index.engine import MemoryIndex
 
     def ctrl_c(done: int, total: int) -> None:
