@@ -48,16 +48,11 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
                                      mode=mode, path_prefix=prefix,
                                      source=source, since=since, before=before, explain=explain,
                                      workspaces=_workspace_names(workspace_set))
-        if as_json:
-            click.echo(json.dumps(answer, ensure_ascii=False))
+        if _printed_as_json(answer, as_json):
             return
-        if answer.get("warning"):
-            click.echo(f"clawmem: note: {answer['warning']}", err=True)
-        _note_staleness(answer)
         results = answer["results"]
         if not results:
             click.echo("no results", err=True)
-        _note_unreadable(answer)
         for r in results:
             where = f"{r['workspace']}:" if "workspace" in r and workspace_set else ""
             click.echo(click.style(f"{where}{r['path']}:{r['start_line']}-{r['end_line']}", bold=True)
@@ -69,6 +64,19 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
             click.echo("")
 
     run(action)
+
+
+def _printed_as_json(answer: dict[str, Any], as_json: bool) -> bool:
+    """`--json`: the answer, whole, on stdout (True). Otherwise what it does not cover, on stderr: its warning,
+    changes not yet indexed, workspaces it could not read (False: the caller prints the answer itself)."""
+    if as_json:
+        click.echo(json.dumps(answer, ensure_ascii=False))
+        return True
+    if answer.get("warning"):
+        click.echo(f"clawmem: note: {answer['warning']}", err=True)
+    _note_staleness(answer)
+    _note_unreadable(answer)
+    return False
 
 
 def _workspace_names(workspace_set: str | None) -> list[str] | None:
@@ -168,13 +176,8 @@ def context(query: tuple[str, ...], budget: int | None, as_json: bool, max_resul
                                       min_score=min_score, mode=mode,
                                       path_prefix=argument_text(path_prefix) if path_prefix is not None else None,
                                       since=since, before=before, workspaces=_workspace_names(workspace_set))
-        if as_json:
-            click.echo(json.dumps(answer, ensure_ascii=False))
+        if _printed_as_json(answer, as_json):
             return
-        if answer.get("warning"):
-            click.echo(f"clawmem: note: {answer['warning']}", err=True)
-        _note_staleness(answer)
-        _note_unreadable(answer)
         if answer["text"]:
             click.echo(answer["text"])
         elif answer["hits"]:
