@@ -31,8 +31,8 @@ import pg_server  # noqa: E402
 from generate import generate  # noqa: E402
 
 from clawmem_index.config import load_settings  # noqa: E402
-from clawmem_index.engine import MemoryIndex  # noqa: E402
-from clawmem_index.search import SearchRequest  # noqa: E402
+from clawmem_index.engine.core import MemoryIndex  # noqa: E402
+from clawmem_index.search.ranking import SearchRequest  # noqa: E402
 
 COMMON = ["deploy the staging server", "database migration rollback", "customer invoice billing report",
           "review meeting decision", "cache eviction latency budget"]

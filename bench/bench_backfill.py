@@ -109,7 +109,7 @@ def serve(port_out: Any, dims: int, latency: float, hashed: bool = False) -> Non
 
 def timed_sync(workspace: Path, index: Path, overrides: dict[str, Any], *, reindex: bool = False) -> dict[str, Any]:
     from clawmem_index.config import load_settings
-    from clawmem_index.engine import MemoryIndex
+    from clawmem_index.engine.core import MemoryIndex
 
     memory = MemoryIndex(load_settings(workspace=workspace, overrides={"index": str(index), **overrides}))
     started = time.perf_counter()
@@ -159,7 +159,7 @@ def main() -> None:
     openai = {"embedding.provider": "openai", "embedding.base_url": url, "embedding.api_key": "sk-bench",
               "embedding.model": "text-embedding-3-small" if args.dims == 1536 else "bench-model",
               "embedding.precision": args.precision}
-    from clawmem_index.tokens import get_encoding
+    from clawmem_index.text.tokens import get_encoding
 
     get_encoding()  # loaded once, as in a running daemon
     results: dict[str, Any] = {"notes": args.notes, "dims": args.dims, "latency_s": args.latency,

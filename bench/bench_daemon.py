@@ -52,7 +52,7 @@ CHUNKS_PER_FILE = 2.95  # what bench/generate.py's notes chunk into at the defau
 def child_daemon(spec: str) -> None:
     """Runs in the daemon's process: `Daemon(...).serve_forever()`, with the FakeProvider if asked."""
     from clawmem_index.config import load_settings
-    from clawmem_index.daemon import Daemon
+    from clawmem_index.service.daemon import Daemon
     from clawmem_index.log import configure
 
     args = json.loads(spec)
@@ -67,7 +67,7 @@ def child_daemon(spec: str) -> None:
 
 def build_index(workspace: Path, index: Path, fake: bool) -> dict[str, Any]:
     from clawmem_index.config import load_settings
-    from clawmem_index.engine import MemoryIndex
+    from clawmem_index.engine.core import MemoryIndex
 
     settings = load_settings(workspace=workspace, overrides={"index": str(index), "embedding.provider": "none"})
     memory = MemoryIndex(settings, **({"provider": fake_provider()} if fake else {}))

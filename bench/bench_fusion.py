@@ -32,7 +32,7 @@ from pathlib import Path
 import bench_quality as bq
 
 from clawmem_index.embeddings.base import pack, unit
-from clawmem_index.keywords import build_match
+from clawmem_index.text.keywords import build_match
 
 DEPTH = 200
 

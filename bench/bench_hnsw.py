@@ -8,7 +8,7 @@ queries, embedded with the shared MiniLM model (~8 minutes on 2 cores the first 
 --work; bench_vectors.py makes and reads the same cache). Each graph is built on the bundled
 PostgreSQL the tests use (`maintenance_work_mem` 1 GB, its default parallel workers), then every
 query is searched at each `hnsw.ef_search` in --ef (clawmem asks at least 100) and compared with
-the exact top k (numpy; 10 unless --k), with the median time a search took (one client, the server warm). Chose the shared index's graph parameters (clawmem_index/pg/schema.py).
+the exact top k (numpy; 10 unless --k), with the median time a search took (one client, the server warm). Chose the shared index's graph parameters (clawmem_index/index/pg/schema.py).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import json, resource, statistics, sys, time
 from pathlib import Path
 t0 = time.perf_counter()
 from clawmem_index.config import load_settings
-from clawmem_index.engine import MemoryIndex
+from clawmem_index.engine.core import MemoryIndex
 settings = load_settings(workspace=sys.argv[1], overrides={"index": sys.argv[2], "embedding.provider": "none"})
 index = MemoryIndex(settings)
 t1 = time.perf_counter()

@@ -25,7 +25,7 @@ import psycopg  # noqa: E402
 from generate import generate  # noqa: E402
 
 from clawmem_index.config import load_settings  # noqa: E402
-from clawmem_index.engine import MemoryIndex  # noqa: E402
+from clawmem_index.engine.core import MemoryIndex  # noqa: E402
 
 
 def _ms(work: object) -> float:

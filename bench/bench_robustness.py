@@ -59,10 +59,10 @@ def long_lines() -> dict[str, str]:
 
 
 def bench_long_line(tmp: Path) -> dict[str, Any]:
-    from clawmem_index.chunking import chunk_markdown
+    from clawmem_index.text.chunking import chunk_markdown
     from clawmem_index.config import load_settings
-    from clawmem_index.engine import MemoryIndex
-    from clawmem_index.tokens import get_encoding
+    from clawmem_index.engine.core import MemoryIndex
+    from clawmem_index.text.tokens import get_encoding
 
     get_encoding()
     out: dict[str, Any] = {"chunk_s": {}}
@@ -162,7 +162,7 @@ def summary(values: list[float]) -> dict[str, float]:
 
 def bench_hung_provider(tmp: Path) -> dict[str, Any]:
     from clawmem_index.config import load_settings
-    from clawmem_index.engine import MemoryIndex
+    from clawmem_index.engine.core import MemoryIndex
 
     workspace = tmp / "ws"
     generate(workspace, 200, seed=7)

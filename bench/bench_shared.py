@@ -41,8 +41,8 @@ import psycopg  # noqa: E402
 from generate import generate  # noqa: E402
 
 from clawmem_index.config import load_settings  # noqa: E402
-from clawmem_index.engine import MemoryIndex  # noqa: E402
-from clawmem_index.search import SearchRequest, run_search  # noqa: E402
+from clawmem_index.engine.core import MemoryIndex  # noqa: E402
+from clawmem_index.search.ranking import SearchRequest, run_search  # noqa: E402
 
 DIMS = 384
 COMMON = ["deploy the staging server", "database migration rollback", "customer invoice billing report",
@@ -165,7 +165,7 @@ def query_latency(index: MemoryIndex, workspaces: tuple[str, ...], mode: str, ki
 
 def vector_recall(url: str, workspace: str, queries: int = 50) -> float:
     """recall@10 of the HNSW search in one workspace against the exact order (a sequential scan)."""
-    from clawmem_index.pg.store import PgStore
+    from clawmem_index.index.pg.store import PgStore
 
     store = PgStore(url, workspace, read_only=True, keep_postings=True)
     store.data_version()

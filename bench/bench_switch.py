@@ -29,7 +29,7 @@ from generate import generate  # noqa: E402
 
 from clawmem_index.config import load_settings  # noqa: E402
 from clawmem_index.embeddings.fake import FakeProvider  # noqa: E402
-from clawmem_index.engine import MemoryIndex  # noqa: E402
+from clawmem_index.engine.core import MemoryIndex  # noqa: E402
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Vector and hybrid search over a million chunks: the k-means cells (clawmem_index.vector_cells) at scale.
+"""Vector and hybrid search over a million chunks: the k-means cells (clawmem_index.index.vector_cells) at scale.
 
     python bench/bench_vectors_scale.py [--size 1000000] [--dims 384|1536] [--precision float32|float16]
                                         [--work DIR] [--rounds 3] [--compare]
@@ -45,10 +45,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_vectors import SHARED, FixedQueries, log, synthesize, timed  # noqa: E402
 
 from clawmem_index.config import load_settings  # noqa: E402
-from clawmem_index.keyword_index import SHARED_POSTINGS, PostingsCache  # noqa: E402
-from clawmem_index.search import SearchRequest, run_search  # noqa: E402
-from clawmem_index.store import Store  # noqa: E402
-from clawmem_index.vector_cells import SharedCells  # noqa: E402
+from clawmem_index.index.keyword_index import SHARED_POSTINGS, PostingsCache  # noqa: E402
+from clawmem_index.search.ranking import SearchRequest, run_search  # noqa: E402
+from clawmem_index.index.store import Store  # noqa: E402
+from clawmem_index.index.vector_cells import SharedCells  # noqa: E402
 
 
 def corpus(work: Path) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:

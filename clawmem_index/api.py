@@ -33,12 +33,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self
 
-from clawmem_index.client import CALL_TIMEOUT, DaemonClient
+from clawmem_index.service.client import CALL_TIMEOUT, DaemonClient
 from clawmem_index.errors import DaemonUnreachable, QueryError, ServerBusy
 
 if TYPE_CHECKING:
     from clawmem_index.config import Settings
-    from clawmem_index.engine import MemoryIndex
+    from clawmem_index.engine.core import MemoryIndex
 
 __all__ = ["DAEMON_RETRY", "Client", "coverage_notes", "daemon_differs"]
 
@@ -126,7 +126,7 @@ class Client:
         other files) is refused with PathError. A long answer is cut at whole lines
         (`truncated`, and `next_from` to go on from).
         """
-        from clawmem_index.files import path_key
+        from clawmem_index.sources.files import path_key
 
         return self._ask("get", {"path": path_key(os.fspath(path)), "from": start, "lines": lines,
                                  "max_bytes": max_bytes})
@@ -177,7 +177,7 @@ class Client:
     # -- how a question is answered ----------------------------------------------------------
 
     def _ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        from clawmem_index.protocol import RpcError, validate_params
+        from clawmem_index.service.protocol import RpcError, validate_params
 
         try:
             checked = validate_params(method, {k: v for k, v in params.items() if v is not None})
@@ -217,11 +217,11 @@ class Client:
             self._daemon_back = math.inf
 
     def _answer_here(self, method: str, p: dict[str, Any]) -> dict[str, Any]:
-        from clawmem_index.protocol import search_request
+        from clawmem_index.service.protocol import search_request
 
         with self._lock:
             if self._index is None:
-                from clawmem_index.engine import MemoryIndex
+                from clawmem_index.engine.core import MemoryIndex
 
                 self._index = MemoryIndex(self._settings, read_only=True)
                 if self.daemon_differs:  # its writes are the daemon's, with the daemon's own provider

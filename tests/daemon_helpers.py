@@ -146,7 +146,7 @@ class RawClient:
 @contextlib.contextmanager
 def running_daemon(settings: Settings, **kwargs: Any) -> Iterator[Any]:
     """An in-process daemon (no signal handling), stopped on exit."""
-    from clawmem_index.daemon import Daemon
+    from clawmem_index.service.daemon import Daemon
 
     kwargs.setdefault("log", RecordingLog())
     daemon = Daemon(settings, environ={}, **kwargs)
@@ -158,7 +158,7 @@ def running_daemon(settings: Settings, **kwargs: Any) -> Iterator[Any]:
 
 
 def search_paths(client: Any, query: str, **params: Any) -> list[str]:
-    from clawmem_index.search import SearchRequest
+    from clawmem_index.search.ranking import SearchRequest
 
     answer = client.search(SearchRequest(query, min_score=0.0, mode=params.pop("mode", "bm25"), **params))
     return [r["path"] for r in answer["results"]]
@@ -227,7 +227,7 @@ def refusing_daemon(path: Path, answer: bytes | None) -> tuple[socket.socket, th
 
 def held_first_build(settings: Settings) -> tuple[Any, threading.Event]:
     """A daemon whose first build stops at its first progress report until the returned gate opens."""
-    from clawmem_index.daemon import Daemon
+    from clawmem_index.service.daemon import Daemon
 
     daemon = Daemon(settings, environ={}, log=RecordingLog())
     gate = threading.Event()

@@ -19,10 +19,10 @@ from clawmem_index import api
 from clawmem_index.api import Client
 from clawmem_index.config import Settings
 from clawmem_index.embeddings.fake import FakeProvider
-from clawmem_index.engine import MemoryIndex
+from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ConfigError, IndexUnavailable, PathError, QueryError
-from clawmem_index.search import SearchRequest
-from clawmem_index.store import MIGRATIONS, Store
+from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.index.store import MIGRATIONS, Store
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
 
@@ -236,9 +236,9 @@ def test_the_signature_is_plain_python() -> None:
 
 def test_import_clawmem_stays_light() -> None:
     probe = ("import sys, clawmem_index\n"
-             "print(sorted(m for m in ('clawmem_index.api', 'clawmem_index.engine', 'apsw', 'tiktoken') if m in sys.modules))\n"
+             "print(sorted(m for m in ('clawmem_index.api', 'clawmem_index.engine.core', 'apsw', 'tiktoken') if m in sys.modules))\n"
              "from clawmem_index import Client\n"
-             "print(sorted(m for m in ('clawmem_index.engine', 'apsw', 'tiktoken') if m in sys.modules))\n")
+             "print(sorted(m for m in ('clawmem_index.engine.core', 'apsw', 'tiktoken') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True,
                          env={**os.environ})
     assert out.stdout.splitlines() == ["[]", "[]"]

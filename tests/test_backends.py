@@ -22,10 +22,10 @@ from daemon_helpers import RawClient, daemon_settings, running_daemon, short_dir
 from hostile import FIXED_TEXTS
 
 from clawmem_index.config import Settings, load_settings
-from clawmem_index.engine import MemoryIndex
+from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import IndexUnavailable, QueryError
-from clawmem_index.pg.schema import grant_workspace
-from clawmem_index.search import SearchRequest
+from clawmem_index.index.pg.schema import grant_workspace
+from clawmem_index.search.ranking import SearchRequest
 
 WORDS = ("coffee deploy staging server backup tuesday meeting alice bob kubernetes invoice rollback tokyo berlin"
          " garden running runner runs postgres index memory notes weekly review budget travel flight 東京 会議").split()
@@ -220,7 +220,7 @@ def test_a_rebuild_switches_whole_and_a_failed_one_leaves_the_live_index(backend
         before = index.search(SearchRequest("gardening", mode="bm25", max_results=20))["results"]
         assert len(before) == 6
 
-        import clawmem_index.sync as sync  # the engine imports it when it writes
+        import clawmem_index.engine.sync as sync  # the engine imports it when it writes
 
         real = sync.sync_workspace
 
@@ -254,7 +254,7 @@ def test_a_rebuild_switches_whole_and_a_failed_one_leaves_the_live_index(backend
 
 def test_the_wal_a_rebuild_wrote_through_is_cut_back_while_readers_stay_open(settings: Settings, write,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    import clawmem_index.store as store_module
+    import clawmem_index.index.store as store_module
 
     monkeypatch.setattr(store_module, "WAL_LIMIT", 32 << 10)
     for i in range(500):  # an index past SQLite's automatic checkpoint (1,000 pages), as any large one is
@@ -275,7 +275,7 @@ def test_the_wal_a_rebuild_wrote_through_is_cut_back_while_readers_stay_open(set
 
 def test_every_pragma_of_a_connection_takes_effect(tmp_path: Path) -> None:
     """apsw stops a many-statement `execute` at the first row (journal_mode answers one)."""
-    from clawmem_index.store import WAL_LIMIT, Store
+    from clawmem_index.index.store import WAL_LIMIT, Store
 
     live, fresh = Store(tmp_path / "live.sqlite"), Store(tmp_path / "fresh.sqlite", fast_unsafe=True)
     assert [live.execute(f"PRAGMA {p}")[0][0] for p in ("journal_mode", "synchronous", "journal_size_limit")] == [
@@ -657,8 +657,8 @@ def test_the_shared_index_demo_searches_two_daemons_workspaces() -> None:
 
 def test_daemon_readers_of_one_sqlite_index_share_its_caches(tmp_path: Path) -> None:
     """Kept keyword scores and vector cells: one of each for the long-lived readers, none for a one-shot one."""
-    from clawmem_index.backends import SqliteBackend
-    from clawmem_index.store import Store
+    from clawmem_index.index.backends import SqliteBackend
+    from clawmem_index.index.store import Store
 
     settings = load_settings(workspace=tmp_path, overrides={"index": str(tmp_path / "i.sqlite")}, environ={})
     Store(settings.index_path).close()

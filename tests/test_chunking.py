@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clawmem_index.chunking import Chunk, chunk_markdown, split_lines
-from clawmem_index.tokens import count_tokens
+from clawmem_index.text.chunking import Chunk, chunk_markdown, split_lines
+from clawmem_index.text.tokens import count_tokens
 
 TEXT = st.characters(exclude_categories=("Cs",))
 
@@ -177,7 +177,7 @@ class CountingEncoding:
     """The real tokenizer, counting how many characters it is asked to encode."""
 
     def __init__(self) -> None:
-        from clawmem_index.tokens import get_encoding
+        from clawmem_index.text.tokens import get_encoding
 
         self._inner = get_encoding("cl100k_base")
         self.encoded_chars = 0
@@ -205,7 +205,7 @@ def test_a_huge_line_is_tokenised_a_bounded_number_of_times(line: str) -> None:
     Cutting a line by re-encoding the rest after each piece (what chunking did before) encodes a
     1 MB line hundreds of times over.
     """
-    from clawmem_index.chunking import _priorities, chunk_lines
+    from clawmem_index.text.chunking import _priorities, chunk_lines
 
     encoding = CountingEncoding()
     chunks = chunk_lines(split_lines(line), max_tokens=400, overlap=80, encoding=encoding,  # type: ignore[arg-type]
@@ -218,7 +218,7 @@ def test_a_huge_line_is_tokenised_a_bounded_number_of_times(line: str) -> None:
 
 def test_a_long_line_keeps_its_block_role_for_the_parser() -> None:
     """Only a long line's start goes to markdown-it; a blank-looking start of a non-blank line stays non-blank."""
-    from clawmem_index.chunking import STRUCTURE_CHARS, _structural
+    from clawmem_index.text.chunking import STRUCTURE_CHARS, _structural
 
     assert _structural("# short") == "# short"
     assert _structural("- " + "item " * 1000) == ("- " + "item " * 1000)[:STRUCTURE_CHARS]

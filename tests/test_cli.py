@@ -285,7 +285,7 @@ def test_ctrl_c_during_index_exits_130_and_the_next_index_resumes(tmp_path: Path
 def test_an_interrupt_says_whether_the_index_in_use_changed(settings: Settings, write) -> None:
     """A sync commits each file (and each batch of vectors) as done; a rebuild is put in place whole or not at all."""
     from clawmem_index.cli.writing import _where_it_stopped
-    from clawmem_index.engine import MemoryIndex
+    from clawmem_index.engine.core import MemoryIndex
 
     def ctrl_c(done: int, total: int) -> None:
         raise KeyboardInterrupt

@@ -18,11 +18,11 @@ from daemon_helpers import daemon_settings, refusing_daemon, running_daemon, sho
 
 from clawmem_index import errors
 from clawmem_index.cli import cli
-from clawmem_index.client import DaemonClient, error_for, find_daemon
+from clawmem_index.service.client import DaemonClient, error_for, find_daemon
 from clawmem_index.config import Settings, load_settings
 from clawmem_index.errors import ClawmemError, IndexUnavailable, ProtocolError, QueryError
-from clawmem_index.search import SearchRequest
-from clawmem_index.server import RpcServer, bind_unix_socket
+from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.service.server import RpcServer, bind_unix_socket
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
 
@@ -243,7 +243,7 @@ def test_cli_falls_back_to_the_index_when_no_daemon_answers(workspace: Path, tmp
 def test_cli_search_through_the_daemon_starts_light(live: Settings) -> None:
     """`clawmem search` must not pay for the daemon's modules (structlog, watchdog) when it is a client."""
     probe = ("import atexit, sys\n"
-             "atexit.register(lambda: print(sorted(m for m in ('structlog', 'watchdog', 'clawmem_index.engine')"
+             "atexit.register(lambda: print(sorted(m for m in ('structlog', 'watchdog', 'clawmem_index.engine.core')"
              " if m in sys.modules), file=sys.stderr))\n"
              "from clawmem_index.cli import main\nmain()\n")
     out = subprocess.run([sys.executable, "-c", probe, "search", "--workspace", str(live.workspace), "--socket",

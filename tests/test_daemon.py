@@ -35,12 +35,12 @@ from daemon_helpers import (
     wait_until,
 )
 
-from clawmem_index.client import DaemonClient
+from clawmem_index.service.client import DaemonClient
 from clawmem_index.config import Settings
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.errors import IndexBusy, IndexUnavailable
-from clawmem_index.search import SearchRequest
-from clawmem_index.store import Store
+from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.index.store import Store
 
 WITHIN = DEBOUNCE + BOUND
 # watchdog warns from its reader thread when nested folders appear faster than it adds watches;
@@ -124,7 +124,7 @@ def test_an_edit_syncs_only_that_file_and_answers_say_it_is_pending(workspace: P
 def test_the_first_edit_loads_the_tokenizer_while_its_debounce_waits(workspace: Path, dsettings: Settings,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Not inside the edit's sync (0.4-0.6 s when the start-up sync chunked nothing in this process)."""
-    from clawmem_index import tokens
+    from clawmem_index.text import tokens
 
     loaded_by: list[str] = []
     real = tokens.get_encoding
@@ -653,7 +653,7 @@ def test_serve_refuses_a_missing_workspace(tmp_path: Path, sock_dir: Path) -> No
 
 def test_get_at_its_largest_max_bytes_fits_one_reply(workspace: Path, dsettings: Settings) -> None:
     """The documented maximum works on the worst text for JSON: control characters, escaped six-fold (\\u0001)."""
-    from clawmem_index.protocol import MAX_GET_BYTES, MAX_REPLY_BYTES
+    from clawmem_index.service.protocol import MAX_GET_BYTES, MAX_REPLY_BYTES
 
     (workspace / "memory" / "controls.md").write_bytes(b"\x01" * (MAX_GET_BYTES - 1) + b"\nnext line\n")
     with running_daemon(dsettings) as daemon, RawClient(dsettings.socket_path) as raw:

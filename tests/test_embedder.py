@@ -10,11 +10,11 @@ from typing import Any
 from daemon_helpers import RecordingLog, wait_until
 
 from clawmem_index.config import Settings
-from clawmem_index.embedder import Embedder, progress_report
+from clawmem_index.service.embedder import Embedder, progress_report
 from clawmem_index.embeddings.fake import FakeProvider
-from clawmem_index.engine import MemoryIndex
+from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ProviderError
-from clawmem_index.writer import Run, Writer
+from clawmem_index.service.writer import Run, Writer
 
 
 @contextmanager
@@ -203,7 +203,7 @@ class GatedProvider(FakeProvider):
 
 
 def test_a_running_pass_reports_how_far_it_is_and_when_it_should_end(settings: Settings, write: Any) -> None:
-    from clawmem_index.sync import EMBED_BATCH, FIRST_BATCH
+    from clawmem_index.engine.sync import EMBED_BATCH, FIRST_BATCH
 
     for n in range(EMBED_BATCH + 6):
         write(f"memory/note-{n}.md", f"# Note {n}\nthe word number{n} alone\n")

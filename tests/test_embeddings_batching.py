@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from clawmem_index.embeddings.base import normalize
 from clawmem_index.embeddings.batching import Piece, Plan, combine, embed_planned, plan_batches, split_text
 from clawmem_index.errors import ProviderError
-from clawmem_index.tokens import get_encoding
+from clawmem_index.text.tokens import get_encoding
 
 ENC = get_encoding("cl100k_base")
 

@@ -175,7 +175,7 @@ def test_only_an_isolating_caller_gets_a_child(model: Path) -> None:
 def test_a_daemon_index_closes_its_model_process(model: Path, settings: Any) -> None:
     from dataclasses import replace
 
-    from clawmem_index.engine import MemoryIndex
+    from clawmem_index.engine.core import MemoryIndex
 
     on = replace(settings, embedding=replace(settings.embedding, provider="local", local_model=str(model)))
     index = MemoryIndex(on, isolate_local_model=on.embedding.isolate_local)

@@ -23,7 +23,7 @@ from clawmem_index.embeddings.gemini import GeminiProvider
 from clawmem_index.embeddings.jobs import BatchEmbedder, JobState, assemble, job_capacity, pack_job, piece_key
 from clawmem_index.embeddings.openai import OpenAIProvider
 from clawmem_index.errors import AuthError, ProviderError
-from clawmem_index.tokens import count_tokens
+from clawmem_index.text.tokens import count_tokens
 
 __all__ = ["no_proxy"]
 

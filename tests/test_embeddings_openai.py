@@ -150,7 +150,7 @@ def test_over_limit_input_is_split_and_averaged(server: FakeServer) -> None:
     [vector] = make(server, batch_tokens=64).embed_documents([long])
     pieces = [text for r in server.requests for text in r.body["input"]]
     assert len(pieces) > 1 and "".join(pieces) == long
-    from clawmem_index.tokens import count_tokens
+    from clawmem_index.text.tokens import count_tokens
 
     assert all(count_tokens(p) <= 64 for p in pieces)
     weights = [count_tokens(p) for p in pieces]

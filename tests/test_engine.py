@@ -13,15 +13,15 @@ import apsw
 import pytest
 
 from clawmem_index.config import Settings, load_settings
-from clawmem_index.engine import MemoryIndex
+from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import IndexBusy, IndexUnavailable, PathError, QueryError
-from clawmem_index.search import SearchRequest
-from clawmem_index.store import Store
+from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.index.store import Store
 
 CHILD = """
 import sys
 from clawmem_index.config import load_settings
-from clawmem_index.engine import MemoryIndex
+from clawmem_index.engine.core import MemoryIndex
 settings = load_settings(workspace=sys.argv[1], overrides={"index": sys.argv[2], "embedding.provider": "none",
                                                            "chunking.tokens": int(sys.argv[3])})
 def progress(done, total):
@@ -247,7 +247,7 @@ def test_status_reports_counts_and_freshness(settings: Settings, write) -> None:
 def test_a_query_without_a_watcher_counts_pending_files_within_a_bound(settings: Settings, write,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Exact when the check finishes in time (changes, additions and deletions); a lower bound, said so, when not."""
-    import clawmem_index.engine as engine_module
+    import clawmem_index.engine.core as engine_module
 
     for i in range(40):
         write(f"memory/n{i:02}.md", f"note {i} about tomatoes\n")
@@ -272,7 +272,7 @@ def test_a_querys_pending_check_runs_beside_the_search_on_a_connection_it_closes
     """While FTS5 ranks (C code that lets go of the interpreter) the check runs on the other core:
     on a thread of its own, through its own connection, closed when done; what it raises, the search
     raises. An answer the query cache holds has no search to run beside, so it checks in place."""
-    import clawmem_index.engine as engine_module
+    import clawmem_index.engine.core as engine_module
 
     for i in range(5):
         write(f"memory/n{i}.md", f"note {i} about tomatoes\n")
@@ -307,7 +307,7 @@ def test_a_querys_pending_check_runs_beside_the_search_on_a_connection_it_closes
 def test_a_bounded_pending_check_looks_at_the_newest_daily_logs_first(settings: Settings, write,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Cut short after its first file, the check still sees today's log, the one being written."""
-    import clawmem_index.engine as engine_module
+    import clawmem_index.engine.core as engine_module
 
     for day in range(1, 29):
         write(f"memory/2026-02-{day:02}.md", f"day {day}: tomatoes\n")

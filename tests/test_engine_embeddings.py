@@ -12,10 +12,10 @@ from clawmem_index.config import EmbeddingSettings, Settings, load_settings
 from clawmem_index.embeddings.base import ProviderInfo
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.embeddings.openai import OpenAIProvider
-from clawmem_index.engine import MemoryIndex
-from clawmem_index.search import SearchRequest
-from clawmem_index.store import Store
-from clawmem_index.sync import SyncReport
+from clawmem_index.engine.core import MemoryIndex
+from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.index.store import Store
+from clawmem_index.engine.sync import SyncReport
 
 __all__ = ["fake_server", "no_proxy"]
 pytestmark = pytest.mark.usefixtures("no_proxy")
@@ -234,7 +234,7 @@ def test_an_index_from_before_keeps_no_second_copy_once_it_embeds_again(workspac
 
 def test_an_embedding_pass_past_cell_min_moves_the_vectors_into_cells_and_edits_join_them(
         settings: Settings, write, monkeypatch: pytest.MonkeyPatch) -> None:
-    import clawmem_index.vector_cells as vector_cells
+    import clawmem_index.index.vector_cells as vector_cells
 
     monkeypatch.setattr(vector_cells, "CELL_MIN", 200)
     for i in range(250):

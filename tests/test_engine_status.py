@@ -15,9 +15,9 @@ import pytest
 
 from clawmem_index.config import Settings, load_settings, with_overrides
 from clawmem_index.embeddings.fake import FakeProvider
-from clawmem_index.engine import MemoryIndex
+from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ConfigError
-from clawmem_index.search import SearchRequest
+from clawmem_index.search.ranking import SearchRequest
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 

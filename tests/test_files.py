@@ -1,4 +1,4 @@
-"""clawmem_index.files: index keys for any name, opening beneath a root without following or blocking, bounded reads."""
+"""clawmem_index.sources.files: index keys for any name, opening beneath a root without following or blocking, bounded reads."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from clawmem_index import files
-from clawmem_index.chunking import split_lines
+from clawmem_index.sources import files
+from clawmem_index.text.chunking import split_lines
 from clawmem_index.config import Settings, load_settings
-from clawmem_index.engine import MemoryIndex
+from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import PathError, QueryError
-from clawmem_index.files import GET_MAX_BYTES, open_beneath, path_key, read_window, refusal_of, refused, unescape_key
+from clawmem_index.sources.files import GET_MAX_BYTES, open_beneath, path_key, read_window, refusal_of, refused, unescape_key
 
 
 def byte_file(directory: Path, name: bytes, content: bytes) -> None:

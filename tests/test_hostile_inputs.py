@@ -34,9 +34,9 @@ from hypothesis import settings as hypothesis_settings
 
 from clawmem_index.api import Client
 from clawmem_index.config import Settings, load_settings
-from clawmem_index.engine import MemoryIndex
+from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ClawmemError
-from clawmem_index.search import SearchRequest
+from clawmem_index.search.ranking import SearchRequest
 
 SENTINEL = "wolverine"  # a word only the good file holds
 

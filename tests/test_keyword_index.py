@@ -16,10 +16,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from clawmem_index import keyword_index
-from clawmem_index.filters import ChunkFilter
-from clawmem_index.keywords import build_match, build_prefix_match, index_text
-from clawmem_index.store import Store
+from clawmem_index.index import keyword_index
+from clawmem_index.index.filters import ChunkFilter
+from clawmem_index.text.keywords import build_match, build_prefix_match, index_text
+from clawmem_index.index.store import Store
 from tests.hostile import FIXED_TEXTS, hostile_text
 
 WORDS = ["staging", "stage", "deploy", "deploys", "rollback", "server", "alpha", "beta", "gamma", "the", "café",
@@ -126,7 +126,7 @@ def test_kept_scores_answer_later_queries_without_fts5(store: Store) -> None:
 
 
 def test_single_words_are_scored_from_fts5_statistics_not_row_by_row(store: Store) -> None:
-    """bm25() costs ~0.8 µs a row read; clawmem_index.bm25 computes the same scores from bulk reads."""
+    """bm25() costs ~0.8 µs a row read; clawmem_index.index.bm25 computes the same scores from bulk reads."""
     for i in range(40):
         add(store, None, ["staging deploy", "deploy rollback", "staging", "rollback server staging"][i % 4])
     statements: list[str] = []
@@ -143,7 +143,7 @@ def test_single_words_are_scored_from_fts5_statistics_not_row_by_row(store: Stor
 @settings(max_examples=60, deadline=None)
 @given(query=hostile_text() | st.sampled_from(sorted(FIXED_TEXTS.values())), prefix=st.booleans())
 def test_hostile_queries_rank_as_fts5_does_when_scores_are_computed(query: str, prefix: bool) -> None:
-    """Every word goes through FTS5's tokenizer in clawmem_index.bm25; the texts are indexed too."""
+    """Every word goes through FTS5's tokenizer in clawmem_index.index.bm25; the texts are indexed too."""
     match = (build_prefix_match if prefix else build_match)(query)
     assume(match is not None)
     assert match is not None
@@ -256,7 +256,7 @@ def test_a_sum_fts5_does_not_confirm_hands_ranking_back_to_fts5(store: Store) ->
 def test_a_one_shot_index_lets_fts5_rank_and_the_daemons_keeps_scores(workspace: Path, tmp_path: Path) -> None:
     """A CLI command would read every match of each phrase and never reuse them: it asks FTS5 instead."""
     from clawmem_index.config import load_settings
-    from clawmem_index.engine import MemoryIndex
+    from clawmem_index.engine.core import MemoryIndex
 
     (workspace / "memory" / "a.md").write_text("# A\nstaging deploy rollback\n")
     chosen = load_settings(workspace=workspace, overrides={"index": str(tmp_path / "i.sqlite"),

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawmem_index.keywords import build_match, build_prefix_match, index_text, query_terms
+from clawmem_index.text.keywords import build_match, build_prefix_match, index_text, query_terms
 
 
 @pytest.fixture(scope="module")

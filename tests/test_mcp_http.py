@@ -20,7 +20,7 @@ import pytest
 from daemon_helpers import wait_until
 from hostile import FIXED_JSON, FIXED_TEXTS, FIXED_TOKEN_FILES
 
-from clawmem_index.mcp_http import MAX_BODY_BYTES, default_token_path, load_token
+from clawmem_index.mcp.http import MAX_BODY_BYTES, default_token_path, load_token
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
@@ -33,8 +33,8 @@ class Served:
         import uvicorn
 
         from clawmem_index.api import Client
-        from clawmem_index.mcp_http import build_app
-        from clawmem_index.mcp_server import build_server
+        from clawmem_index.mcp.http import build_app
+        from clawmem_index.mcp.server import build_server
 
         self.token = "t" * 20 + "-test-token"
         self.client = Client(workspace, index=index, socket=sock, provider="none")

@@ -23,8 +23,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from clawmem_index.api import Client
 from clawmem_index.config import Settings, load_settings
-from clawmem_index.engine import MemoryIndex
-from clawmem_index.mcp_server import TOOLS, call_tool
+from clawmem_index.engine.core import MemoryIndex
+from clawmem_index.mcp.server import TOOLS, call_tool
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
 
@@ -243,9 +243,9 @@ def test_a_port_in_use_is_a_clear_error(indexed: Settings, sock_dir: Path) -> No
 
 
 def test_the_server_loads_no_index_code_before_the_first_call(indexed: Settings, sock_dir: Path) -> None:
-    probe = ("import sys\nfrom clawmem_index.api import Client\nfrom clawmem_index.mcp_server import build_server\n"
+    probe = ("import sys\nfrom clawmem_index.api import Client\nfrom clawmem_index.mcp.server import build_server\n"
              f"build_server(Client({str(indexed.workspace)!r}, socket={str(sock_dir / 'none.sock')!r}))\n"
-             "print(sorted(m for m in ('clawmem_index.engine', 'apsw', 'tiktoken', 'numpy', 'structlog')"
+             "print(sorted(m for m in ('clawmem_index.engine.core', 'apsw', 'tiktoken', 'numpy', 'structlog')"
              " if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", probe], env=server_env(), capture_output=True, text=True,
                          timeout=STARTUP, check=True)

@@ -1,4 +1,4 @@
-"""Parked vectors (clawmem_index.parking): a switch of model renames the vectors it leaves behind aside, a switch back takes them whole."""
+"""Parked vectors (clawmem_index.index.parking): a switch of model renames the vectors it leaves behind aside, a switch back takes them whole."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from clawmem_index.config import Settings, load_settings
 from clawmem_index.embeddings.fake import FakeProvider
-from clawmem_index.engine import MemoryIndex
-from clawmem_index.search import SearchRequest
-from clawmem_index.store import Store
+from clawmem_index.engine.core import MemoryIndex
+from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.index.store import Store
 
 
 def notes(write, n: int = 5) -> None:
@@ -165,8 +165,8 @@ def test_a_parked_index_past_cell_min_comes_back_in_cells_without_building_sign_
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np
 
-    import clawmem_index.vector_cells as vector_cells
-    from clawmem_index.vector_index import VectorIndex
+    import clawmem_index.index.vector_cells as vector_cells
+    from clawmem_index.index.vector_index import VectorIndex
 
     monkeypatch.setattr(vector_cells, "CELL_MIN", 1000)
     store = Store(tmp_path / "s.sqlite")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from clawmem_index.pg.schema import MIGRATIONS, migrate
-from clawmem_index.pg.store import PgStore
+from clawmem_index.index.pg.schema import MIGRATIONS, migrate
+from clawmem_index.index.pg.store import PgStore
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_a_role_without_a_partition_for_its_workspace_is_told_who_can_make_it(pg
     from urllib.parse import urlsplit
 
     from clawmem_index.errors import IndexUnavailable
-    from clawmem_index.pg.schema import grant_workspace
+    from clawmem_index.index.pg.schema import grant_workspace
 
     role = f"agent_{os.urandom(4).hex()}"
     with psycopg.connect(pg_url, autocommit=True) as conn:

@@ -19,9 +19,9 @@ import pytest
 from hostile import FIXED_SQL_SHADOWS
 
 from clawmem_index.config import Settings, load_settings
-from clawmem_index.engine import MemoryIndex
-from clawmem_index.pg.schema import grant_workspace
-from clawmem_index.search import SearchRequest
+from clawmem_index.engine.core import MemoryIndex
+from clawmem_index.index.pg.schema import grant_workspace
+from clawmem_index.search.ranking import SearchRequest
 
 
 
@@ -211,7 +211,7 @@ def test_hosts_cloned_from_one_image_are_two_writers(tmp_path: Path, pg_url: str
 def test_a_workspace_claimed_by_an_older_clawmem_stays_its_folders(tmp_path: Path, pg_url: str) -> None:
     """Claimed under the former identity (machine id and path), the folder upgrading keeps writing it and
     takes it under its new id; another folder is still refused."""
-    from clawmem_index.backends import former_writer_identity
+    from clawmem_index.index.backends import former_writer_identity
     from clawmem_index.errors import WorkspaceTaken
 
     ws = tmp_path / "ops"

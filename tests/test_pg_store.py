@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from clawmem_index.pg.store import PgStore
-from clawmem_index.store import FileRow
+from clawmem_index.index.pg.store import PgStore
+from clawmem_index.index.store import FileRow
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_strays_are_dropped_and_nothing_to_drop_commits_nothing(store: PgStore, 
 def test_a_rebuild_leaves_no_pending_keyword_entries(tmp_path, pg_url: str) -> None:  # type: ignore[no-untyped-def]
     """GIN keeps new entries in a list every search scans whole: a rebuild merges it before readers switch."""
     from clawmem_index.config import load_settings
-    from clawmem_index.engine import MemoryIndex
+    from clawmem_index.engine.core import MemoryIndex
 
     (tmp_path / "memory").mkdir()
     for i in range(40):
@@ -242,7 +242,7 @@ def test_a_failed_rebuilds_index_goes_with_its_rows(store: PgStore, pg_url: str)
 def test_a_writer_role_gets_its_index_built_and_no_role_builds_or_drops_anothers(pg_url: str, pg_role) -> None:  # type: ignore[no-untyped-def]
     import psycopg
 
-    from clawmem_index.pg.schema import grant_workspace
+    from clawmem_index.index.pg.schema import grant_workspace
 
     (writer, writer_url), (reader, reader_url) = pg_role("writer"), pg_role("reader")
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -286,8 +286,8 @@ def test_the_texts_a_batch_job_would_embed_are_the_pending_ones_the_fleets_cache
 def test_an_in_place_model_switch_builds_a_new_graph_whole_instead_of_filling_the_old_one(tmp_path, pg_url: str) -> None:  # type: ignore[no-untyped-def]
     from clawmem_index.config import load_settings
     from clawmem_index.embeddings.fake import FakeProvider
-    from clawmem_index.engine import MemoryIndex
-    from clawmem_index.search import SearchRequest
+    from clawmem_index.engine.core import MemoryIndex
+    from clawmem_index.search.ranking import SearchRequest
 
     (tmp_path / "memory").mkdir()
     for i in range(6):

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib
 
-from clawmem_index import cli, config, mcp_server, protocol
+from clawmem_index import cli, config
+from clawmem_index.mcp import server as mcp_server
+from clawmem_index.service import protocol
 
 # Names the README and the docs tell people to import.
 DOCUMENTED_IMPORTS = {
@@ -15,6 +17,7 @@ DOCUMENTED_IMPORTS = {
     "clawmem_index.errors": ["ClawmemError", "ConfigError", "PathError", "QueryError", "IndexUnavailable",
                              "ProviderError", "ProtocolError", "ServerBusy", "DaemonUnreachable"],
     "clawmem_index.pg.schema": ["grant_workspace", "migrate"],
+    "clawmem_index.index.pg.schema": ["grant_workspace", "migrate"],
     "clawmem_index.embeddings.fake": ["FakeProvider"],
 }
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from clawmem_index.config import Settings, with_overrides
 from clawmem_index.embeddings.fake import FakeProvider
-from clawmem_index.engine import MemoryIndex
-from clawmem_index.query_cache import QueryCache
-from clawmem_index.search import SearchRequest
+from clawmem_index.engine.core import MemoryIndex
+from clawmem_index.search.query_cache import QueryCache
+from clawmem_index.search.ranking import SearchRequest
 
 
 class Clock:
@@ -89,7 +89,7 @@ def test_an_answer_degraded_by_a_failing_provider_is_not_kept(settings: Settings
 
 
 def test_a_large_answer_is_not_kept(settings: Settings, write: Any) -> None:
-    from clawmem_index.engine import CACHED_RESULTS
+    from clawmem_index.engine.core import CACHED_RESULTS
 
     for i in range(CACHED_RESULTS + 5):
         write(f"memory/n{i}.md", f"# Note {i}\nkiwi number {i}\n")

@@ -141,7 +141,8 @@ def test_every_socket_error_code_is_in_the_readme() -> None:
     """A client meets these: each must be explained where the socket API is."""
     import inspect
 
-    from clawmem_index import errors, protocol
+    from clawmem_index import errors
+    from clawmem_index.service import protocol
 
     codes = {value for name, value in vars(protocol).items() if name.isupper() and isinstance(value, int)
              and -32768 <= value <= -32000}

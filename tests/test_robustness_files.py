@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from clawmem_index.config import Settings
-from clawmem_index.engine import MemoryIndex
+from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import PathError
 
 SECRET = "zebra-quartz-7731-secret"

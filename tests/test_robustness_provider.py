@@ -22,8 +22,8 @@ from daemon_helpers import BOUND, RawClient, daemon_settings, running_daemon, sh
 from fake_http import FakeServer, Reply, fake_server, no_proxy, openai_reply
 
 from clawmem_index.config import Settings, load_settings
-from clawmem_index.engine import MemoryIndex
-from clawmem_index.search import SearchRequest
+from clawmem_index.engine.core import MemoryIndex
+from clawmem_index.search.ranking import SearchRequest
 
 __all__ = ["fake_server", "no_proxy"]
 

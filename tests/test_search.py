@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from clawmem_index.config import Settings, load_settings
 from clawmem_index.embeddings.fake import FakeProvider
-from clawmem_index.engine import MemoryIndex
+from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import PathError, QueryError
-from clawmem_index.search import Candidate, SearchRequest, fuse_rrf, snippet
-from clawmem_index.store import TextHit
+from clawmem_index.search.ranking import Candidate, SearchRequest, fuse_rrf, snippet
+from clawmem_index.index.store import TextHit
 from tests.hostile import FIXED_TEXTS, hostile_text
 
 
@@ -74,7 +74,7 @@ def test_excluded_paths_are_neither_indexed_nor_readable(workspace: Path, write,
     ("memory/[ab].md", "memory/[ab].md", True),
 ])
 def test_exclude_globs(pattern: str, key: str, hit: bool) -> None:
-    from clawmem_index.workspace import excluded
+    from clawmem_index.sources.workspace import excluded
 
     assert excluded(key, (pattern,)) is hit
 
@@ -194,8 +194,8 @@ def test_over_k_means_cells_a_hybrid_search_reads_the_keyword_side_ahead(setting
                                                                         monkeypatch: pytest.MonkeyPatch,
                                                                         cells: bool) -> None:
     """A deeper vector read over cells costs tens of ms; 256 keyword hits spare most of them."""
-    from clawmem_index import search
-    from clawmem_index.store import Store
+    from clawmem_index.search import ranking as search
+    from clawmem_index.index.store import Store
 
     for i in range(300):
         write(f"memory/n{i}.md", f"# Note {i}\ndeploy staging server number {i}\n")
@@ -293,7 +293,7 @@ def test_decay_prefers_the_newer_of_two_equal_notes_and_never_touches_memory_md(
     import datetime as dt
 
     from clawmem_index.config import with_overrides
-    from clawmem_index.search import run_search
+    from clawmem_index.search.ranking import run_search
 
     for name in ("memory/2026-06-01.md", "memory/2026-11-01.md", "MEMORY.md"):
         write(name, "# Notes\nproject kiwi launch plan\n")
@@ -318,7 +318,7 @@ def test_decay_prefers_the_newer_of_two_equal_notes_and_never_touches_memory_md(
 
 def test_mmr_drops_a_near_duplicate(settings: Settings, write) -> None:
     from clawmem_index.config import with_overrides
-    from clawmem_index.search import run_search
+    from clawmem_index.search.ranking import run_search
 
     write("memory/a.md", "# A\nkiwi rollout plan for the staging cluster next week\n")
     write("memory/b.md", "# B\nkiwi rollout plan for the staging cluster next week\n")
@@ -424,7 +424,7 @@ def test_the_first_k_results_are_the_first_k_of_any_larger_answer(
         k: int, extra: int, min_score: float, mmr_lambda: float, decay: float, prefix: str | None,
         since: str | None) -> None:
     from clawmem_index.config import with_overrides
-    from clawmem_index.search import run_search
+    from clawmem_index.search.ranking import run_search
 
     index, provider = ranking_corpus
     tuned = with_overrides(index.settings, search={
@@ -506,8 +506,8 @@ def test_hostile_queries_get_an_answer_or_a_query_error_through_every_stage(
 
 
 def test_the_vector_side_reads_ahead_so_the_proofs_deeper_reads_need_no_second_search() -> None:
-    from clawmem_index.search import READ_AHEAD, _VectorSide
-    from clawmem_index.store import ChunkFilter, VectorHit
+    from clawmem_index.search.ranking import READ_AHEAD, _VectorSide
+    from clawmem_index.index.store import ChunkFilter, VectorHit
 
     class Store:
         def __init__(self, size: int) -> None:

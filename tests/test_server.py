@@ -18,11 +18,11 @@ import pytest
 from daemon_helpers import RawClient, RecordingLog, short_dir, wait_until
 
 from clawmem_index.config import Settings
-from clawmem_index.engine import MemoryIndex
+from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ConfigError
-from clawmem_index.protocol import MAX_BATCH, MAX_REPLY_BYTES, Dispatcher, MemoryBudget, encode_line
-from clawmem_index.search import SearchRequest
-from clawmem_index.server import RpcServer, bind_unix_socket
+from clawmem_index.service.protocol import MAX_BATCH, MAX_REPLY_BYTES, Dispatcher, MemoryBudget, encode_line
+from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.service.server import RpcServer, bind_unix_socket
 
 
 @pytest.fixture
@@ -895,7 +895,7 @@ def test_when_every_connection_is_busy_a_newcomer_is_refused(serve_fake: Any, fa
 
 def test_at_the_cap_a_reply_nobody_reads_gives_up_its_slot(serve_fake: Any, fake: FakeBackend,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("clawmem_index.server.STALLED_SEND", 0.2)
+    monkeypatch.setattr("clawmem_index.service.server.STALLED_SEND", 0.2)
     server = serve_fake(max_connections=1)
     fake.size = 4_000_000  # more than any socket buffer holds
     with RawClient(server.path) as stuck:

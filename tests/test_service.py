@@ -21,7 +21,7 @@ from daemon_helpers import short_dir, stop_process, wait_until
 from clawmem_index.cli import cli
 from clawmem_index.config import load_settings
 from clawmem_index.errors import ConfigError
-from clawmem_index.service import (
+from clawmem_index.service.units import (
     DROPIN,
     LEGACY_NAMES,
     MARKER,
@@ -122,7 +122,7 @@ def test_a_workspace_too_long_for_a_unit_name_is_refused() -> None:
 
 def test_shipped_units_are_the_rendered_ones_and_generic() -> None:
     shipped = {p.name: p.read_text() for p in REPO_UNITS.iterdir()}
-    assert shipped == shipped_units(), "regenerate systemd/ from clawmem_index.service.shipped_units()"
+    assert shipped == shipped_units(), "regenerate systemd/ from clawmem_index.service.units.shipped_units()"
     assert sorted(shipped) == sorted(TEMPLATE_NAMES)
     for text in shipped.values():
         for user_specific in ("%h", "/home", "~", ".openclaw", ".local", "clawmem.sock", MARKER):

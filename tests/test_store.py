@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from clawmem_index.embeddings.base import normalize, pack
-from clawmem_index.store import SCHEMA_VERSION, ChunkFilter, Store
+from clawmem_index.index.store import SCHEMA_VERSION, ChunkFilter, Store
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def test_schema_has_the_reference_tables(store: Store) -> None:
 
 
 def test_migrations_run_once(tmp_path: Path) -> None:
-    from clawmem_index.store import MIGRATIONS
+    from clawmem_index.index.store import MIGRATIONS
 
     Store(tmp_path / "m.sqlite").close()
     again = Store(tmp_path / "m.sqlite")
@@ -72,7 +72,7 @@ def test_two_connections_migrating_a_new_index_at_once_both_open_it(tmp_path: Pa
 
 def test_an_index_from_before_a_migration_gets_it(tmp_path: Path) -> None:
     """An existing index keeps its rows and gains the tables added since (here: batch jobs)."""
-    from clawmem_index.store import MIGRATIONS
+    from clawmem_index.index.store import MIGRATIONS
 
     old = Store(tmp_path / "m.sqlite")
     add(old, "kept", "an old note")
@@ -123,7 +123,7 @@ def test_vectors_are_float32_blobs_searched_by_knn(store: Store) -> None:
 
 
 def test_without_sqlite_vec_vector_search_falls_back_to_a_scan(tmp_path: Path, monkeypatch) -> None:
-    import clawmem_index.store as store_module
+    import clawmem_index.index.store as store_module
 
     monkeypatch.setattr(store_module, "_load_sqlite_vec", lambda conn: (False, "not available"))
     s = Store(tmp_path / "novec.sqlite")
@@ -207,7 +207,7 @@ def test_the_true_nearest_neighbour_wins_among_many_near_duplicates(store: Store
 
 
 def test_deleted_chunks_lose_their_vectors_and_sign_bits(store: Store, monkeypatch) -> None:
-    import clawmem_index.vector_index as vector_index
+    import clawmem_index.index.vector_index as vector_index
 
     rng = random.Random(3)
     vectors = [unit(rng, 16) for _ in range(200)]
@@ -230,7 +230,7 @@ def test_deleted_chunks_lose_their_vectors_and_sign_bits(store: Store, monkeypat
 
 @pytest.mark.parametrize("scan_rows", [8192, 0], ids=["small-prefixes-ranked-exactly", "all-through-sign-bits"])
 def test_a_path_prefix_keeps_only_its_chunks_and_their_true_nearest(store: Store, monkeypatch, scan_rows: int) -> None:
-    import clawmem_index.vector_index as vector_index
+    import clawmem_index.index.vector_index as vector_index
 
     monkeypatch.setattr(vector_index, "PREFIX_SCAN_ROWS", scan_rows)
     rng = random.Random(4)
@@ -248,7 +248,7 @@ def test_a_path_prefix_keeps_only_its_chunks_and_their_true_nearest(store: Store
 
 def test_a_prefix_with_few_candidates_near_the_query_takes_more_of_them(store: Store, monkeypatch) -> None:
     """Under memory/a/ the nearest vector differs from the query in 5 sign bits; 450 vectors differ in 0 or 1."""
-    import clawmem_index.vector_index as vector_index
+    import clawmem_index.index.vector_index as vector_index
 
     monkeypatch.setattr(vector_index, "PREFIX_SCAN_ROWS", 0)
     rng = random.Random(8)
@@ -317,7 +317,7 @@ def test_a_limit_beyond_sqlite_vecs_k_ranks_every_vector_exactly(store: Store) -
 
 def test_vectors_written_without_sqlite_vec_are_found_and_requantized_later(tmp_path: Path, monkeypatch) -> None:
     """The sign bits can only be written with sqlite-vec: a write without it leaves the exact scan until they are rebuilt."""
-    import clawmem_index.store as store_module
+    import clawmem_index.index.store as store_module
 
     rng = random.Random(7)
     path = tmp_path / "mixed.sqlite"
@@ -402,7 +402,7 @@ def cache_of(store: Store) -> dict[str, bytes]:
 
 def test_a_rebuild_takes_the_old_chunks_vectors_by_text_and_caches_those_of_texts_gone(tmp_path: Path,
                                                                                          monkeypatch) -> None:
-    import clawmem_index.store as store_module
+    import clawmem_index.index.store as store_module
 
     monkeypatch.setattr(store_module, "CARRY_BATCH", 2)
     old = old_index(tmp_path / "old.sqlite", {"kept": [1, 0, 0, 0], "twice": [0, 1, 0, 0], "gone": [0, 0, 1, 0],
@@ -510,8 +510,8 @@ def test_half_precision_vectors_are_taken_as_they_are_stored(tmp_path: Path) -> 
 def test_past_cell_min_a_rebuild_trains_the_cells_from_the_vectors_taken(tmp_path: Path, monkeypatch) -> None:
     import numpy as np
 
-    import clawmem_index.vector_cells as vector_cells
-    from clawmem_index.vector_index import VectorIndex
+    import clawmem_index.index.vector_cells as vector_cells
+    from clawmem_index.index.vector_index import VectorIndex
 
     monkeypatch.setattr(vector_cells, "CELL_MIN", 1000)
     rng = np.random.default_rng(5)

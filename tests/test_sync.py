@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from clawmem_index.config import Settings, load_settings
-from clawmem_index.engine import MemoryIndex
-from clawmem_index.search import SearchRequest
+from clawmem_index.engine.core import MemoryIndex
+from clawmem_index.search.ranking import SearchRequest
 
 
 def hits(index: MemoryIndex, query: str) -> list[str]:
@@ -143,7 +143,7 @@ def test_a_second_sync_with_nothing_changed_does_nothing(settings: Settings, wri
 
 
 def test_many_files_take_the_parallel_path_and_give_the_same_index(settings: Settings, write, monkeypatch) -> None:
-    import clawmem_index.sync as sync_module
+    import clawmem_index.engine.sync as sync_module
 
     for i in range(80):
         write(f"memory/n{i:03}.md", f"# Note {i}\n" + f"- fact {i} about topic{i % 7}\n" * 20)
@@ -265,7 +265,7 @@ def test_long_paths_are_reported_and_everything_else_indexed(settings: Settings,
 @pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait here forever
 def test_a_file_swapped_for_a_fifo_or_symlink_after_the_scan_is_refused_and_unindexed(
         settings: Settings, write, workspace: Path, tmp_path: Path, monkeypatch) -> None:
-    import clawmem_index.sync as sync_module
+    import clawmem_index.engine.sync as sync_module
 
     secret = tmp_path / "secret.md"
     secret.write_text("# S\nclassified mango")
@@ -334,7 +334,7 @@ def test_hard_links_are_indexed_unless_refused(workspace: Path, write, tmp_path:
 
 def test_the_stat_stored_is_that_of_the_file_read_not_of_the_scan(settings: Settings, write, workspace: Path,
                                                                  monkeypatch) -> None:
-    import clawmem_index.sync as sync_module
+    import clawmem_index.engine.sync as sync_module
 
     write("memory/a.md", "# A\nalpha")
     index = MemoryIndex(settings)
@@ -359,7 +359,7 @@ def test_the_stat_stored_is_that_of_the_file_read_not_of_the_scan(settings: Sett
 
 def test_a_file_deleted_between_the_scan_and_the_read_is_just_removed(settings: Settings, write, workspace: Path,
                                                                      monkeypatch) -> None:
-    import clawmem_index.sync as sync_module
+    import clawmem_index.engine.sync as sync_module
 
     write("memory/a.md", "# A\nalpha")
     write("memory/b.md", "# B\nbravo")
@@ -380,7 +380,7 @@ def test_a_file_deleted_between_the_scan_and_the_read_is_just_removed(settings: 
 
 def test_a_text_in_several_batches_in_flight_is_embedded_once(settings: Settings, write) -> None:
     from clawmem_index.embeddings.fake import FakeProvider
-    from clawmem_index.sync import embed_pending
+    from clawmem_index.engine.sync import embed_pending
 
     for i in range(6):
         write(f"memory/copy{i}.md", "# Same\nthe very same sentence in every file\n")
@@ -400,7 +400,7 @@ def test_a_file_that_cannot_be_stored_is_reported_and_stops_no_other(settings: S
     """Whatever makes one file's rows fail (here SQLite refusing them), the others are indexed and it is retried."""
     import apsw
 
-    from clawmem_index.store import Store
+    from clawmem_index.index.store import Store
 
     write("MEMORY.md", "# Memory\nthe staging host is zephyr\n")
     write("memory/bad.md", "# Bad\nthis note will not store\n")
@@ -429,7 +429,7 @@ def test_a_file_that_cannot_be_stored_is_reported_and_stops_no_other(settings: S
 
 def test_chunk_ids_of_identical_texts_take_linear_work() -> None:
     """k copies of one text, some numbers already kept: unique ids 0..k-1, found in O(k) tries (not O(k^2))."""
-    from clawmem_index.sync import ChunkIds
+    from clawmem_index.engine.sync import ChunkIds
 
     ids = ChunkIds("memory/same.md")
     kept = [f"{ids._base}:h:{n}" for n in (0, 5, 6)]
@@ -466,10 +466,10 @@ def test_parallel_chunking_keeps_a_bounded_window_of_files_in_flight(settings: S
     The workers also make what the store's keyword index keeps of each chunk (the shared index's terms)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from clawmem_index import sync
-    from clawmem_index.keywords import index_text
-    from clawmem_index.pg.store import chunk_terms_of
-    from clawmem_index.workspace import scan
+    from clawmem_index.engine import sync
+    from clawmem_index.text.keywords import index_text
+    from clawmem_index.index.pg.store import chunk_terms_of
+    from clawmem_index.sources.workspace import scan
 
     for i in range(80):
         write(f"memory/n{i:03d}.md", f"# Note {i}\n\nkiwi {i}\n")
@@ -499,8 +499,8 @@ def test_parallel_chunking_keeps_a_bounded_window_of_files_in_flight(settings: S
 def test_vectors_are_made_for_the_curated_memory_and_the_latest_days_first(settings: Settings, write) -> None:
     """A long first embedding (or a rebuild's) gives meaning search the notes asked about most first."""
     from clawmem_index.embeddings.fake import FakeProvider
-    from clawmem_index.sync import _recent_first
-    from clawmem_index.workspace import MemoryFile
+    from clawmem_index.engine.sync import _recent_first
+    from clawmem_index.sources.workspace import MemoryFile
 
     class Recording(FakeProvider):
         def __init__(self) -> None:
@@ -584,8 +584,8 @@ def test_a_memory_file_over_max_file_bytes_is_skipped_with_its_reason_and_the_re
 
 
 def test_a_file_grown_past_max_file_bytes_since_the_scan_is_not_read(settings: Settings, write) -> None:
-    from clawmem_index.sync import _parse_one, _ParseArgs
-    from clawmem_index.workspace import scan
+    from clawmem_index.engine.sync import _parse_one, _ParseArgs
+    from clawmem_index.sources.workspace import scan
 
     write("memory/a.md", "# A\nsmall\n")
     (found,) = scan(settings.workspace)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from daemon_helpers import short_dir
 
-from clawmem_index.systemd import Notifier, listen_fds
+from clawmem_index.service.systemd import Notifier, listen_fds
 
 
 @pytest.fixture

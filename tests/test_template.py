@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clawmem_index.template import copy_template, template_dir
+from clawmem_index.sources.template import copy_template, template_dir
 
 
 def test_init_copies_the_whole_template(tmp_path: Path) -> None:

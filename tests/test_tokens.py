@@ -9,8 +9,8 @@ import tiktoken
 import xxhash
 from tiktoken_ext import openai_public
 
-from clawmem_index import tokens
-from clawmem_index.tokens import get_encoding
+from clawmem_index.text import tokens
+from clawmem_index.text.tokens import get_encoding
 
 SAMPLE = "Deploys go through staging first. 部署 <|endoftext|> naïve café 🚀\n\tindented"
 

@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import clawmem_index.vector_cells as vector_cells
-import clawmem_index.vector_index as vector_index
-from clawmem_index.store import ChunkFilter, Store
+import clawmem_index.index.vector_cells as vector_cells
+import clawmem_index.index.vector_index as vector_index
+from clawmem_index.index.store import ChunkFilter, Store
 
 CELL_MIN = 1000  # small enough that a test's index passes it; the product's is 131,072
 CELLS = "k-means cells of sign bits, exact cosine rescoring"
@@ -210,7 +210,7 @@ def test_a_path_prefix_keeps_only_its_chunks_through_the_cells(store: Store, mon
 
 
 def test_cells_are_kept_by_a_writer_without_sqlite_vec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import clawmem_index.store as store_module
+    import clawmem_index.index.store as store_module
 
     monkeypatch.setattr(vector_cells, "CELL_MIN", CELL_MIN)
     path = tmp_path / "s.sqlite"
@@ -289,7 +289,7 @@ def test_chunks_embedded_without_a_usable_vector_build_no_cells(store: Store) ->
 @pytest.mark.parametrize("cells", [False, True], ids=["scan", "through-cells"])
 def test_without_sqlite_vec_a_search_ranks_by_exact_cosine_in_numpy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    cells: bool) -> None:
-    import clawmem_index.store as store_module
+    import clawmem_index.index.store as store_module
 
     monkeypatch.setattr(vector_cells, "CELL_MIN", CELL_MIN if cells else 10**9)
     monkeypatch.setattr(vector_cells, "PROBE_MIN_VECTORS", 0)
@@ -329,7 +329,7 @@ def test_a_cells_build_reports_its_progress_to_the_end(store: Store) -> None:
 @pytest.mark.parametrize("dims", [384, 1536, 100, 768, 1000])
 def test_hamming_distances_of_any_width_and_count_match_a_bit_by_bit_count(dims: int) -> None:
     """Rows compared XOR_ROWS at a time, the rest one by one, and widths of whole words or not."""
-    from clawmem_index.vector_cells import XOR_ROWS, _hamming_in_place, _sign_bits
+    from clawmem_index.index.vector_cells import XOR_ROWS, _hamming_in_place, _sign_bits
 
     rng = np.random.default_rng(dims)
     query = _sign_bits(rng.standard_normal((1, dims)).astype(np.float32))[0]

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from test_vector_cells import clustered, exact, fill, near, ranked_as_stored
 
-import clawmem_index.store as store_module
-import clawmem_index.vector_cells as vector_cells
-import clawmem_index.vector_index as vector_index
+import clawmem_index.index.store as store_module
+import clawmem_index.index.vector_cells as vector_cells
+import clawmem_index.index.vector_index as vector_index
 from clawmem_index.config import Settings
 from clawmem_index.embeddings.fake import FakeProvider
-from clawmem_index.engine import MemoryIndex
-from clawmem_index.search import SearchRequest
-from clawmem_index.store import Store
+from clawmem_index.engine.core import MemoryIndex
+from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.index.store import Store
 
 
 def halved(vectors: dict[int, np.ndarray]) -> dict[int, np.ndarray]:

@@ -31,7 +31,7 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver, PollingObserverVFS
 
-from clawmem_index.watcher import Debounce, WorkspaceWatcher
+from clawmem_index.service.watcher import Debounce, WorkspaceWatcher
 
 DEBOUNCE = 0.2
 # watchdog warns from its reader thread when nested folders appear faster than it adds watches;

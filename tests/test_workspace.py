@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from clawmem_index.errors import PathError
-from clawmem_index.workspace import Skipped, file_date, is_memory_path, memory_key, open_memory_file, scan
+from clawmem_index.sources.workspace import Skipped, file_date, is_memory_path, memory_key, open_memory_file, scan
 
 
 def resolve(workspace: Path, requested: str) -> Path:
@@ -283,7 +283,7 @@ def test_memory_key_turns_a_file_system_path_into_its_key() -> None:
 def test_the_watcher_keys_events_as_the_scanner_does(workspace: Path) -> None:
     from watchdog.events import FileCreatedEvent, FileMovedEvent
 
-    from clawmem_index.watcher import WorkspaceWatcher
+    from clawmem_index.service.watcher import WorkspaceWatcher
 
     byte_file(workspace / "memory", b"b\xff.md")
     watcher = WorkspaceWatcher(workspace, lambda reason, keys: None)

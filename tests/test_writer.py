@@ -12,8 +12,8 @@ import pytest
 from daemon_helpers import RecordingLog, wait_until
 
 from clawmem_index.errors import IndexBusy, IndexUnavailable
-from clawmem_index.sync import SyncReport
-from clawmem_index.writer import Writer
+from clawmem_index.engine.sync import SyncReport
+from clawmem_index.service.writer import Writer
 
 
 class StubIndex:

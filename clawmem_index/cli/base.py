@@ -38,7 +38,7 @@ class Context:
         return settings
 
     def index(self, **overrides: Any) -> Any:
-        from clawmem_index.engine import MemoryIndex
+        from clawmem_index.engine.core import MemoryIndex
 
         return MemoryIndex(self.settings(**overrides))
 
@@ -58,7 +58,7 @@ class Context:
 
     def daemon(self, settings: Any = None) -> Any:
         """A connected DaemonClient when a daemon listens on this workspace's socket, else None."""
-        from clawmem_index.client import find_daemon
+        from clawmem_index.service.client import find_daemon
 
         return find_daemon(settings if settings is not None else self.settings())
 

@@ -123,7 +123,7 @@ def get(path: str, start: int | None, lines: int | None, **kwargs: Any) -> None:
 
     def action() -> None:
         from clawmem_index.errors import QueryError
-        from clawmem_index.files import path_key
+        from clawmem_index.sources.files import path_key
 
         client, key = ctx.client(), path_key(path)
         first, left = start or 1, lines

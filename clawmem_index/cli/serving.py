@@ -31,7 +31,7 @@ def serve(log_level: str | None, **kwargs: Any) -> None:
     ctx = ctx_of(kwargs)
 
     def action() -> None:
-        from clawmem_index.daemon import run_daemon
+        from clawmem_index.service.daemon import run_daemon
 
         def load() -> Any:
             return ctx.settings(log_level=log_level)
@@ -61,8 +61,8 @@ def mcp(http: bool, port: int | None, token_file: Path | None, **kwargs: Any) ->
     ctx = ctx_of(kwargs)
 
     def action() -> None:
-        from clawmem_index.mcp_http import load_token
-        from clawmem_index.mcp_server import require_sdk, serve
+        from clawmem_index.mcp.http import load_token
+        from clawmem_index.mcp.server import require_sdk, serve
 
         token = load_token(token_file) if http else None  # a bad token file stops it before anything else
         require_sdk()
@@ -95,7 +95,7 @@ def install_service(model: str | None, dry_run: bool, unit_dir: Path | None, no_
     def action() -> None:
         import shlex
 
-        from clawmem_index import service
+        from clawmem_index.service import units as service
 
         settings = ctx.settings(**({"embedding.model": model} if model else {}))
         config = Path(ctx.flags["config"]).expanduser().resolve() if ctx.flags["config"] else None
@@ -158,7 +158,7 @@ def uninstall_service(workspace: str | None, unit_dir: Path | None) -> None:
     def action() -> None:
         import shlex
 
-        from clawmem_index import service
+        from clawmem_index.service import units as service
 
         target = unit_dir or service.default_unit_dir()
         ws = Path(workspace).expanduser().resolve() if workspace is not None else None
@@ -186,7 +186,7 @@ def uninstall_service(workspace: str | None, unit_dir: Path | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def services(unit_dir: Path | None, as_json: bool) -> None:
     """List the workspaces with an installed daemon instance, and whether systemd enabled and runs them."""
-    from clawmem_index import service
+    from clawmem_index.service import units as service
 
     target = unit_dir or service.default_unit_dir()
     instances = service.installed_instances(target)

@@ -27,7 +27,7 @@ from clawmem_index.errors import IndexUnavailable
 @click.option("--dry-run", is_flag=True, help="Show what would be copied; write nothing.")
 def init(directory: Path, dry_run: bool) -> None:
     """Create a starter workspace in DIRECTORY (never overwrites a file)."""
-    from clawmem_index.template import copy_template
+    from clawmem_index.sources.template import copy_template
 
     def action() -> None:
         for rel, status in copy_template(directory, dry_run=dry_run):
@@ -59,7 +59,7 @@ def reindex(progress: bool | None, **kwargs: Any) -> None:
 @global_options
 def take_over(**kwargs: Any) -> None:
     """Make this folder the writer of its workspace in a shared index (after moving it to this host)."""
-    from clawmem_index.backends import PostgresBackend, backend_for
+    from clawmem_index.index.backends import PostgresBackend, backend_for
     from clawmem_index.errors import ConfigError
 
     ctx = ctx_of(kwargs)
@@ -91,8 +91,8 @@ def grant(role: str, workspace_name: str, writable: bool, url: str | None) -> No
     def action() -> None:
         import psycopg
 
-        from clawmem_index.pg.schema import grant_workspace, migrate
-        from clawmem_index.pg.store import connect
+        from clawmem_index.index.pg.schema import grant_workspace, migrate
+        from clawmem_index.index.pg.store import connect
 
         target = url or os.environ.get("CLAWMEM_INDEX_URL", "")
         if not target.startswith(("postgresql://", "postgres://")):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from clawmem_index.embeddings.base import unit
 from clawmem_index.errors import ProviderError
-from clawmem_index.tokens import split_by_tokens
+from clawmem_index.text.tokens import split_by_tokens
 
 if TYPE_CHECKING:
     import tiktoken

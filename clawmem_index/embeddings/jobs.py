@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 from clawmem_index.embeddings.base import unit
 from clawmem_index.embeddings.batching import Piece, Plan, combine, split_text
 from clawmem_index.errors import ProviderError
-from clawmem_index.tokens import get_encoding
+from clawmem_index.text.tokens import get_encoding
 
 __all__ = ["MAX_ID_CHARS", "BatchEmbedder", "JobState", "Submitted", "assemble", "job_capacity", "pack_job",
            "piece_key"]

@@ -29,7 +29,7 @@ from clawmem_index.embeddings.retry import (
     redact,
 )
 from clawmem_index.errors import ProviderError
-from clawmem_index.tokens import get_encoding
+from clawmem_index.text.tokens import get_encoding
 
 __all__ = ["InputKind", "Limits", "RemoteProvider", "describe_endpoint", "first_set", "is_secret_header",
            "secret_values"]

@@ -1,3 +1,4 @@
-"""The shared index in PostgreSQL with pgvector: its schema and migrations (`schema`), its store (`store`, the
-same interface as clawmem_index.store's SQLite one) and the keyword terms it keeps (`terms`). Needs the
-`postgres` extra (psycopg); imported only when `index_backend = "postgres"`."""
+"""Where the PostgreSQL schema's helpers were documented before the package's layers: `clawmem_index.pg.schema`.
+
+The code lives in `clawmem_index.index.pg`; this path stays so scripts written against it keep working.
+"""

@@ -1,0 +1,3 @@
+"""The shared index in PostgreSQL with pgvector: its schema and migrations (`schema`), its store (`store`, the
+same interface as clawmem_index.index.store's SQLite one) and the keyword terms it keeps (`terms`). Needs the
+`postgres` extra (psycopg); imported only when `index_backend = "postgres"`."""

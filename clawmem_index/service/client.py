@@ -1,0 +1,195 @@
+"""The socket client the CLI uses to talk to a running daemon (SPEC §7).
+
+Standard library only (plus the error classes), so `clawmem search` stays fast when a daemon
+answers: no SQLite, no structlog, no watchdog. JSON-RPC errors come back as the `clawmem_index.errors`
+class the daemon raised (by the `data.type` name when it is one of ours, else by code), so the CLI
+prints the same message and exits with the same code as it would in-process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+from clawmem_index import errors
+from clawmem_index.errors import ClawmemError, DaemonUnreachable, ProtocolError, QueryError
+
+if TYPE_CHECKING:
+    from clawmem_index.config import Settings
+    from clawmem_index.search.ranking import SearchRequest
+
+__all__ = ["DaemonClient", "error_for", "find_daemon"]
+
+CONNECT_TIMEOUT = 2.0
+CALL_TIMEOUT = 60.0
+
+_BY_CODE: dict[int, type[ClawmemError]] = {
+    -32700: ProtocolError,
+    -32600: ProtocolError,
+    -32601: ProtocolError,
+    -32602: QueryError,
+    -32002: QueryError,  # the reply would be too large: ask for less
+}
+for _cls in (errors.ConfigError, errors.PathError, errors.QueryError, errors.ProviderError,
+             errors.IndexUnavailable, errors.ServerBusy, errors.ProtocolError):
+    _BY_CODE.setdefault(_cls.rpc_code, _cls)
+_BY_NAME: dict[str, type[ClawmemError]] = {
+    name: cls for name in errors.__all__
+    if isinstance(cls := getattr(errors, name), type) and issubclass(cls, ClawmemError)
+}
+
+
+def error_for(error: dict[str, Any]) -> ClawmemError:
+    """The exception matching a JSON-RPC error object."""
+    message = str(error.get("message", "unknown error"))
+    data = error.get("data")
+    named = _BY_NAME.get(data.get("type", "")) if isinstance(data, dict) else None
+    code = error.get("code")
+    cls = named or (_BY_CODE.get(code, ClawmemError) if isinstance(code, int) else ClawmemError)
+    return cls(message)
+
+
+class DaemonClient:
+    """One connection to a daemon, reused for many calls (thread-safe: calls are serialised)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float | None = CALL_TIMEOUT,
+                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._sock: socket.socket | None = None
+        self._file: Any = None
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def connect(self) -> Self:
+        if self._sock is not None:
+            return self
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.connect_timeout)
+        try:
+            sock.connect(str(self.path))
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            raise DaemonUnreachable(f"no clawmem daemon is listening on {self.path} ({exc.strerror})") from None
+        except OSError as exc:
+            sock.close()
+            raise DaemonUnreachable(f"cannot connect to the clawmem daemon at {self.path}: {exc}") from None
+        self._sock = sock
+        self._file = sock.makefile("rb")
+        return self
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._file = None
+
+    def __enter__(self) -> Self:
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, method: str, params: dict[str, Any] | None = None, *,
+             timeout: float | None = CALL_TIMEOUT) -> Any:
+        """Send one request and return its result, or raise the error the daemon answered with."""
+        request = {"jsonrpc": "2.0", "id": 0, "method": method, "params": params or {}}
+        with self._lock:
+            self.connect()
+            assert self._sock is not None
+            request["id"] = next(self._ids)
+            try:
+                # ASCII escapes: a lone surrogate (from a non-UTF-8 argument) reaches the daemon's
+                # parameter check as such, instead of failing to encode here.
+                payload = json.dumps(request, allow_nan=False).encode("ascii") + b"\n"
+            except ValueError as exc:
+                raise QueryError(f"cannot send {method!r}: {exc}") from None
+            try:
+                self._sock.settimeout(timeout)
+                self._sock.sendall(payload)
+                line = self._file.readline()
+            except TimeoutError:
+                self.close()
+                raise DaemonUnreachable(f"the clawmem daemon did not answer {method!r} within {timeout:g}s") from None
+            except OSError as exc:
+                self.close()
+                raise DaemonUnreachable(f"lost the connection to the clawmem daemon: {exc}") from None
+            if not line:
+                self.close()
+                raise DaemonUnreachable("the clawmem daemon closed the connection")
+        try:
+            answer = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ProtocolError(f"the daemon sent a line that is not JSON: {exc}") from None
+        if isinstance(answer, dict) and answer.get("id") is None and isinstance(answer.get("error"), dict):
+            self.close()  # an answer to no request: the daemon turned this connection away
+            raise error_for(answer["error"])
+        if not isinstance(answer, dict) or answer.get("id") != request["id"]:
+            raise ProtocolError("the daemon's answer does not match the request")
+        if "error" in answer:
+            raise error_for(answer["error"] if isinstance(answer["error"], dict) else {})
+        return answer.get("result")
+
+    # -- the methods, shaped like MemoryIndex's ----------------------------------------------
+
+    def search(self, request: SearchRequest) -> dict[str, Any]:
+        params: dict[str, Any] = {"query": request.query}
+        for name in ("max_results", "min_score", "mode", "path_prefix", "source", "since", "before"):
+            value = getattr(request, name)
+            if value is not None:
+                params[name] = value
+        result: dict[str, Any] = self.call("search", params, timeout=self.timeout)
+        return result
+
+    def get(self, path: str, start: int | None = None, lines: int | None = None,
+            max_bytes: int | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"path": path}
+        if start is not None:
+            params["from"] = start
+        if lines is not None:
+            params["lines"] = lines
+        if max_bytes is not None:
+            params["max_bytes"] = max_bytes
+        result: dict[str, Any] = self.call("get", params, timeout=self.timeout)
+        return result
+
+    def status(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.call("status", timeout=self.timeout)
+        return result
+
+    def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"query": request.query}
+        for name in ("max_results", "min_score", "mode", "path_prefix", "source", "since", "before"):
+            value = getattr(request, name)
+            if value is not None:
+                params[name] = value
+        if budget is not None:
+            params["budget"] = budget
+        result: dict[str, Any] = self.call("context", params, timeout=self.timeout)
+        return result
+
+    def sync(self, wait: bool = False) -> dict[str, Any]:
+        result: dict[str, Any] = self.call("sync", {"wait": wait}, timeout=None if wait else self.timeout)
+        return result
+
+    def reindex(self, wait: bool = False) -> dict[str, Any]:
+        result: dict[str, Any] = self.call("reindex", {"wait": wait}, timeout=None if wait else self.timeout)
+        return result
+
+
+def find_daemon(settings: Settings, *, timeout: float | None = CALL_TIMEOUT) -> DaemonClient | None:
+    """A connected client if a daemon answers on the settings' socket, else None (nothing listens)."""
+    path = settings.socket_path
+    if not path.exists():
+        return None
+    try:
+        return DaemonClient(path, timeout=timeout).connect()
+    except DaemonUnreachable:
+        return None

@@ -1,0 +1,564 @@
+"""`clawmem serve`: one process per workspace that keeps the index current and answers on the socket.
+
+Wiring and lifecycle only; each part lives in its own module (writer, watcher, server, systemd).
+The start-up order is the design:
+
+1. the instance lock (flock, so the kernel releases it when a holder dies: a stale lock from a
+   killed daemon is simply free, and its leftover socket file is known to be stale and replaced);
+2. the embedding provider, so one named in the settings that cannot start (no key, no model) is
+   an error at once rather than a keyword-only index built in its place;
+3. the writer thread (keyword syncs and rebuilds) and the embedding thread, idle;
+4. the watcher, before the first sync, so nothing written during that sync is missed (its events
+   coalesce into one follow-up run);
+5. the first sync, queued for the writer;
+6. the socket, listening (inherited from systemd socket activation when LISTEN_FDS says so), so
+   queries are answered from the existing index while the first sync runs; then READY=1.
+
+Signals are turned into bytes on a pipe (`signal.set_wakeup_fd`) that the main thread reads, so
+no lock is ever taken inside a signal handler: SIGTERM/SIGINT stop the daemon (the writer ends
+after the transaction in flight, the socket file is removed, exit status 0), SIGHUP reloads the
+configuration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import signal
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, MutableMapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clawmem_index import __version__
+from clawmem_index.config import Settings, check_workspace
+from clawmem_index.service.embedder import Embedder
+from clawmem_index.engine.core import MemoryIndex
+from clawmem_index.errors import ClawmemError, ConfigError, IndexBusy, IndexUnavailable
+from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.service.server import RpcServer, bind_unix_socket, ensure_private_dir
+from clawmem_index.index.store import make_private_dirs
+from clawmem_index.service.systemd import Notifier, listen_fds
+from clawmem_index.service.watcher import ObserverFactory, WorkspaceWatcher
+from clawmem_index.service.writer import Run, Writer
+
+if TYPE_CHECKING:
+    from clawmem_index.embeddings.base import EmbeddingProvider
+
+__all__ = ["Daemon", "InstanceLock", "run_daemon"]
+
+STOP_TIMEOUT = 20.0
+_STOP_BYTE = 0
+_UNSET: Any = object()
+
+
+class InstanceLock:
+    """Exclusive flocks: on the workspace folder itself, and on a few files (socket, index, workspace key).
+
+    A second daemon for any of them is refused. The folder's lock is seen by every daemon of that
+    workspace whatever its environment (another XDG_CACHE_HOME or XDG_RUNTIME_DIR, a systemd
+    sandbox): it is taken on the folder's inode, and nothing is written into the workspace. Its
+    holder is found in /proc/locks. Each lock file holds the holder's pid and socket, so a refusal
+    there says where the first one answers.
+    """
+
+    def __init__(self, paths: Sequence[Path], socket_path: Path | None = None, *,
+                 directory: Path | None = None) -> None:
+        self.paths = list(paths)
+        self.socket_path = socket_path
+        self.directory = directory
+        self._fds: list[int] = []
+
+    def acquire(self) -> None:
+        try:
+            for path in self.paths:
+                make_private_dirs(path.parent)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    holder, where = _read_holder(fd)
+                    os.close(fd)
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise IndexUnavailable(f"cannot lock {path}: {exc.strerror}") from None
+                    who = f"pid {holder}" if holder else "another process"
+                    at = f", socket {where}" if where else ""
+                    raise IndexBusy(f"another clawmem daemon ({who}{at}) is already running for this workspace"
+                                    f" (lock {path}); stop it first, or query it with `clawmem status`") from None
+                self._fds.append(fd)
+                with contextlib.suppress(OSError):  # a note for a refused second daemon: the lock holds without it
+                    os.ftruncate(fd, 0)  # (on a full disk the daemon still serves what is indexed)
+                    os.write(fd, f"{os.getpid()}\n{self.socket_path or ''}\n".encode())
+            if self.directory is not None:  # last: a lock file above names the holder's socket when it can
+                self._lock_directory(self.directory)
+        except BaseException:
+            self.release()
+            raise
+
+    def _lock_directory(self, directory: Path) -> None:
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise IndexUnavailable(f"cannot open the workspace {directory}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            st = os.fstat(fd)
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise IndexUnavailable(f"cannot lock the workspace {directory}: {exc.strerror}") from None
+            holder = _flock_holder(st.st_dev, st.st_ino)
+            who = f"pid {holder}" if holder else "another process"
+            raise IndexBusy(f"another clawmem daemon ({who}) is already running for the workspace {directory}"
+                            " (it holds a lock on the folder, whatever its cache or runtime folders);"
+                            " stop it first, or query it with `clawmem status`") from None
+        self._fds.append(fd)
+
+    def release(self) -> None:
+        # The files stay: unlinking a lock file races with the next daemon taking it.
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
+def _flock_holder(device: int, inode: int) -> int | None:
+    """The pid holding an flock on the file (device, inode), from /proc/locks (Linux); None if not found."""
+    wanted = f"{os.major(device):02x}:{os.minor(device):02x}:{inode}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            for line in locks:
+                fields = line.split()
+                if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == wanted and fields[4].isdigit():
+                    return int(fields[4])
+    except OSError:
+        pass
+    return None
+
+
+def _read_holder(fd: int) -> tuple[int | None, str]:
+    """(pid, socket) written by the lock's holder; (None, "") when unreadable."""
+    try:
+        lines = os.pread(fd, 4096, 0).decode("utf-8", "replace").splitlines()
+        return (int(lines[0]) if lines and lines[0].strip() else None), (lines[1] if len(lines) > 1 else "")
+    except (OSError, ValueError):
+        return None, ""
+
+
+class Daemon:
+    """The running service: also the socket's Backend (search/get/status/context/sync/reindex)."""
+
+    def __init__(self, settings: Settings, *, reload_settings: Callable[[], Settings] | None = None,
+                 provider: EmbeddingProvider | None = _UNSET, notifier: Notifier | None = None,
+                 log: Any = None, environ: MutableMapping[str, str] | None = None,
+                 observer_factory: ObserverFactory | None = None, polling_factory: ObserverFactory | None = None,
+                 query_workers: int = 8) -> None:
+        from clawmem_index.log import get_logger
+
+        self.settings = settings
+        self._reload_settings = reload_settings
+        self._provider = provider
+        self._environ = os.environ if environ is None else environ
+        self.notifier = notifier or Notifier(self._environ)
+        self.log = log or get_logger("clawmem_index.service.daemon")
+        self._observer_factory = observer_factory
+        self._polling_factory = polling_factory
+        self._query_workers = query_workers
+        self.index = self._new_index(settings)
+        self._retired: list[MemoryIndex] = []
+        self.writer = Writer(lambda: self.index, log=self.log, on_run=self._on_run)
+        self.embedder = Embedder(lambda: self.index, log=self.log, on_run=self._on_run)
+        self._on_disk: int | None = None
+        self._scanned: tuple[int, tuple[int, int]] | None = None  # (full passes seen, disk state) of the last scan
+        self.server: RpcServer | None = None
+        self.watcher: WorkspaceWatcher | None = None
+        self.socket_path: Path | None = None
+        self.socket_activated = False
+        self._lock: InstanceLock | None = None
+        self._stopped = threading.Event()
+        self._first_build = threading.Event()
+        self._started_at = time.monotonic()
+        self._wake_w: int | None = None
+        self.reloads = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Everything but the signal handling (see `serve_forever`); raises IndexBusy if already running."""
+        settings = self.settings
+        check_workspace(settings.workspace)
+        self.index.provider  # noqa: B018 - a provider named in the settings that cannot start stops us here
+        inherited = listen_fds(self._environ)
+        try:
+            listener, path = self._listener(inherited)
+        except BaseException:
+            for sock in inherited:
+                sock.close()
+            raise
+        self.socket_path = path
+        try:
+            self.writer.start()
+            self.embedder.start()
+            self.watcher = self._new_watcher(settings)
+            self.watcher.start()
+            if self.index.has_been_built():
+                self._first_build.set()
+            self.writer.request_sync("startup")
+            self.server = RpcServer(self, listener, path=None if self.socket_activated else path,
+                                    idle_timeout=settings.daemon.idle_timeout, workers=self._query_workers,
+                                    log=self.log)
+            self.server.start()
+        except BaseException:
+            self.stop()
+            raise
+        self._started_at = time.monotonic()
+        self.log.info("started", version=__version__, workspace=str(settings.workspace), socket=str(path),
+                      socket_activated=self.socket_activated, index=str(settings.index_path),
+                      watcher=self.watcher.mode, pid=os.getpid())
+        self.notifier.ready(f"serving {settings.workspace} on {path}")
+        if self.notifier.watchdog_interval:
+            threading.Thread(target=self._watchdog_loop, args=(self.notifier.watchdog_interval,),
+                             name="clawmem-watchdog", daemon=True).start()
+
+    def _listener(self, inherited: list[socket.socket]) -> tuple[socket.socket, Path]:
+        if inherited:
+            listener = inherited[0]
+            for extra in inherited[1:]:
+                self.log.warning("extra_listen_fd_ignored", fd=extra.fileno())
+                extra.close()
+            name = listener.getsockname()
+            if listener.family != socket.AF_UNIX or not isinstance(name, str) or not name:
+                raise ConfigError("the socket passed by systemd must be a Unix stream socket with a path")
+            path = Path(name)
+            self._lock = InstanceLock(self._lock_paths(path), path, directory=self.settings.workspace)
+            self._lock.acquire()
+            self.socket_activated = True
+            return listener, path
+        path = self.settings.socket_path
+        ensure_private_dir(path.parent, enforce=self.settings.socket is None)
+        self._lock = InstanceLock(self._lock_paths(path), path, directory=self.settings.workspace)
+        self._lock.acquire()
+        try:
+            return bind_unix_socket(path, private_dir=self.settings.socket is None), path
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _lock_paths(self, socket_path: Path) -> list[Path]:
+        index = self.settings.index_path
+        return [self.settings.daemon_lock_path, socket_path.with_name(socket_path.name + ".lock"),
+                index.with_name(index.name + ".daemon.lock")]
+
+    def stop(self) -> None:
+        """Stop serving: idempotent, and safe after a partial start."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.notifier.stopping()
+        self.log.info("stopping")
+        if self.server is not None:
+            self.server.stop_listening()
+        if self.watcher is not None:
+            self.watcher.stop()
+        if not self.writer.stop(STOP_TIMEOUT):
+            self.log.warning("writer_still_running", action="exiting anyway; the index stays consistent")
+        if not self.embedder.stop(STOP_TIMEOUT / 4):
+            self.log.warning("provider_call_in_flight", action="exiting anyway; pending vectors stay pending")
+        if self.server is not None:
+            self.server.close()
+        for index in (*self._retired, self.index):
+            index.close()
+        if self._lock is not None:
+            self._lock.release()
+        self.notifier.close()
+        self.log.info("stopped")
+
+    def request_stop(self) -> None:
+        """Ask `serve_forever` to stop (from any thread)."""
+        if self._wake_w is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, bytes([_STOP_BYTE]))
+
+    def serve_forever(self) -> int:
+        """Start, then block the main thread on signals until SIGTERM/SIGINT; returns the exit status."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        self._wake_w = write_fd
+        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        previous = {sig: signal.signal(sig, _ignore_signal) for sig in handled}
+        previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        try:
+            self.start()
+            while True:
+                received = os.read(read_fd, 64)
+                if signal.SIGHUP in received:
+                    self.reload()
+                stops = [b for b in received if b in (signal.SIGTERM, signal.SIGINT, _STOP_BYTE)]
+                if stops:
+                    self.log.info("signal", signal=_signal_name(stops[0]))
+                    break
+        finally:
+            signal.set_wakeup_fd(previous_fd)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._wake_w = None
+            self.stop()
+            os.close(read_fd)
+            os.close(write_fd)
+        return 0
+
+    def reload(self) -> None:
+        """SIGHUP: read the configuration again; workspace, socket and index stay as they are."""
+        if self._reload_settings is None:
+            return
+        self.notifier.reloading()
+        old = self.settings
+        try:
+            fresh = self._reload_settings()
+        except ClawmemError as exc:
+            self.log.error("reload_failed", error=str(exc), action="keeping the previous configuration")
+            self.notifier.send("READY=1", "STATUS=reload failed: keeping the previous configuration")
+            return
+        kept = replace(fresh, workspace=old.workspace, index=old.index_path, socket=old.socket)
+        # Same embedding settings: the new index keeps the provider (and the local model's process).
+        same = kept.embedding == old.embedding and self.index.resolved_provider is not None
+        index = self._new_index(kept, self.index.resolved_provider if same else _UNSET)
+        if same:
+            index.provider_note, index.fallback_used = self.index.provider_note, self.index.fallback_used
+        try:
+            index.provider  # noqa: B018 - a named provider that cannot start keeps the previous configuration
+        except ClawmemError as exc:
+            self.log.error("reload_failed", error=str(exc), action="keeping the previous configuration")
+            self.notifier.send("READY=1", "STATUS=reload failed: keeping the previous configuration")
+            return
+        for name, before, after in (("workspace", old.workspace, fresh.workspace),
+                                    ("index", old.index_path, fresh.index_path),
+                                    ("socket", old.socket_path, fresh.socket_path)):
+            if before != after:
+                self.log.warning("reload_ignored", setting=name, value=str(after), action="restart to change it")
+        from clawmem_index.log import configure
+
+        configure(kept.log_level)
+        retired, self.index = self.index, index
+        self._retired.append(retired)
+        if not same:  # after the swap, so that a pass that fails on it finds the new index and goes again
+            retired.release_model()  # its model process would otherwise live on beside the new one
+        self.settings = kept
+        if self.server is not None:
+            self.server.idle_timeout = kept.daemon.idle_timeout
+        if (kept.daemon, kept.extra_paths, kept.sources, kept.sessions_dir) != (
+                old.daemon, old.extra_paths, old.sources, old.sessions_dir):
+            if self.watcher is not None:
+                self.watcher.stop()
+            self.watcher = self._new_watcher(kept)
+            self.watcher.start()
+        self.reloads += 1
+        self.log.info("reloaded", config_file=str(kept.config_file) if kept.config_file else None)
+        self.writer.request_sync("reload")
+        self.notifier.send("READY=1", "STATUS=configuration reloaded")
+
+    # -- parts -------------------------------------------------------------------------------
+
+    def _new_index(self, settings: Settings, provider: EmbeddingProvider | None = _UNSET) -> MemoryIndex:
+        chosen = self._provider if provider is _UNSET else provider
+        given = {} if chosen is _UNSET else {"provider": chosen}
+        return MemoryIndex(settings, pending_files=self._pending_files, files_on_disk=self._files_on_disk,
+                           isolate_local_model=settings.embedding.isolate_local, long_lived=True, **given)
+
+    def _pending_files(self) -> int:
+        """Files changed since the last sync, from what the watcher and the writer know.
+
+        Asked on every query, so it must not scan: only while a full pass is due (start-up, lost
+        events, a new folder) is the answer unknown, and then one stat scan per full pass counts.
+        """
+        seen = self.watcher.pending() if self.watcher is not None else None
+        queued = self.writer.pending()
+        if seen is not None and queued is not None:
+            return len(seen | queued)
+        return self._scan()[1]
+
+    def _files_on_disk(self) -> int:
+        """Memory files on disk as the last full pass counted them, moved by the targeted passes since."""
+        return self._on_disk if self._on_disk is not None else self._scan()[0]
+
+    def _scan(self) -> tuple[int, int]:
+        """(files on disk, changed files) by a stat scan, at most once between two full passes."""
+        epoch = self.writer.counts["sync"] + self.writer.counts["reindex"]
+        if self._scanned is None or self._scanned[0] != epoch:
+            index = self.index
+            store = index.reader() if index.backend.exists() else None
+            self._scanned = (epoch, index.disk_state(store))
+        return self._scanned[1]
+
+    def _warm_chunker(self) -> None:
+        """Load the tokenizer while the first edit's debounce waits: a daemon whose start-up sync had
+        nothing to chunk (or chunked in worker processes) would otherwise load it inside that edit's
+        sync (0.4-0.6 s); loading it at start would cost ~45 MB to a daemon that is never edited."""
+        from clawmem_index.text.tokens import get_encoding
+
+        def load() -> None:
+            with contextlib.suppress(Exception):  # the sync itself reports a tokenizer that cannot load
+                get_encoding(self.settings.chunking.tokenizer)
+
+        threading.Thread(target=load, name="clawmem-warm-tokenizer", daemon=True).start()
+
+    def _new_watcher(self, settings: Settings) -> WorkspaceWatcher:
+        d = settings.daemon
+        return WorkspaceWatcher(settings.workspace, self.writer.request_sync, on_first_change=self._warm_chunker,
+                                extra_paths=settings.extra_paths,
+                                debounce=d.debounce, max_delay=d.max_delay, rescan_interval=d.rescan_interval,
+                                observer_factory=self._observer_factory, polling_factory=self._polling_factory,
+                                log=self.log,
+                                sessions=settings.sessions_dir if "sessions" in settings.sources else None)
+
+    def _on_run(self, run: Run) -> None:
+        report = run.report
+        if run.kind != "embed":
+            self._first_build.set()  # done or failed: either way waiting longer answers nothing new
+        if run.kind != "embed" and run.error is None and not run.cancelled:
+            self.embedder.wake()  # the new chunks' vectors
+            if report is not None:
+                full = run.targeted is None
+                base = 0 if full else (self._on_disk or 0)
+                self._on_disk = (report.files_seen if full else base + report.added - report.removed)
+        if run.kind == "embed" and run.error is None:
+            if run.embedded:
+                self.notifier.status(f"embedded {run.embedded} chunks; {run.pending_embeddings or 0} pending")
+            return
+        if run.error is not None:
+            self.notifier.status(f"last {run.kind} failed: {run.error}")
+        elif report is not None:
+            self.notifier.status(f"{report.files_seen} files; last {run.kind} ({run.reason}): {report.added} added,"
+                                 f" {report.updated} updated, {report.removed} removed in {run.duration:.2f}s")
+
+    def _watchdog_loop(self, interval: float) -> None:
+        while not self._stopped.wait(interval):
+            healthy = (self.writer.alive() and self.embedder.alive() and self.server is not None
+                       and self.server.alive())
+            if healthy:
+                self.notifier.watchdog()
+            else:
+                self.log.error("unhealthy", writer=self.writer.alive(), action="withholding the watchdog ping")
+
+    # -- Backend (what the socket serves) ----------------------------------------------------
+
+    def _await_first_build(self) -> None:
+        """Hold a query while a new index gets its first keyword pass, so the first answer is a real one.
+
+        Socket activation makes this the common case: the first query is what starts the daemon.
+        """
+        if self._first_build.is_set():
+            return
+        bound = self.settings.daemon.first_build_wait
+        if not self._first_build.wait(bound):
+            raise IndexUnavailable(f"the daemon is still building this workspace's first index after {bound:g} s:"
+                                   " try again shortly (`clawmem status` shows progress)")
+
+    def search(self, request: SearchRequest) -> dict[str, object]:
+        self._await_first_build()
+        return self.index.search(request)
+
+    def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, object]:
+        self._await_first_build()
+        return self.index.context(request, budget)
+
+    def get(self, path: str, start: int | None = None, lines: int | None = None,
+            max_bytes: int | None = None) -> dict[str, object]:
+        self._await_first_build()
+        return self.index.get(path, start, lines, max_bytes)
+
+    def status(self) -> dict[str, object]:
+        """The index's status from what the daemon knows: no scan, no provider call."""
+        writer = self.writer.state()
+        embedder = self.embedder.state()
+        data = self.index.status(last_error=writer["last_error"])  # type: ignore[arg-type]
+        data["uptime"] = round(time.monotonic() - self._started_at, 1)
+        queued = writer["queued"]
+        running = writer["running"] or ("embed" if embedder["running"] else None)
+        data["daemon"] = {
+            "pid": os.getpid(),
+            "socket": str(self.socket_path),
+            "socket_activated": self.socket_activated,
+            "watcher": self.watcher.mode if self.watcher is not None else "stopped",
+            "running": running,
+            "queued": [kind for kind, wanted in queued.items() if wanted] if isinstance(queued, dict) else [],
+            "runs": {**writer["runs"], "embed": embedder["runs"]["embed"]},  # type: ignore[dict-item]
+            "last_error": writer["last_error"],
+            "embedding_error": embedder["last_error"],
+            "embedding_retry_in": embedder["retry_in"],
+            "embedding_progress": embedder["progress"],
+            "requests_served": self.server.served if self.server is not None else 0,
+            "reloads": self.reloads,
+            "memory": {"rss_bytes": _resident_bytes(), **self.index.backend.memory()},
+        }
+        model = self._model_process()
+        if model is not None:
+            data["daemon"]["model_process"] = model  # type: ignore[index]
+        if embedder["last_error"] and isinstance(data.get("stale_reasons"), list):
+            data["stale_reasons"].append(f"the embedding provider failed: {embedder['last_error']}")
+            data["fresh"] = False
+        return data
+
+    def _model_process(self) -> dict[str, object] | None:
+        """The local model's own process (pid, None until first use; restarts after it died), if it has one."""
+        try:
+            provider = self.index.provider
+        except ClawmemError:
+            return None
+        from clawmem_index.embeddings.isolated import IsolatedProvider
+
+        if not isinstance(provider, IsolatedProvider):
+            return None
+        return {"pid": provider.pid, "restarts": provider.restarts}
+
+    def sync(self, wait: bool) -> dict[str, object]:
+        ticket = self.writer.request_sync("client")
+        if not wait:
+            return {"queued": True}
+        return _finished(self.writer.wait_sync(ticket))
+
+    def reindex(self, wait: bool) -> dict[str, object]:
+        ticket = self.writer.request_reindex("client")
+        if not wait:
+            return {"queued": True}
+        return _finished(self.writer.wait_reindex(ticket))
+
+
+def _finished(run: Run) -> dict[str, object]:
+    if run.error is not None:
+        raise run.error
+    if run.cancelled:
+        raise IndexUnavailable("the daemon is shutting down")
+    return run.as_dict()
+
+
+def _resident_bytes() -> int | None:
+    """The process's resident memory now (Linux; None elsewhere): what users and monitoring watch."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _ignore_signal(signum: int, frame: object) -> None:
+    """The real handling happens in the main loop, woken by the byte set_wakeup_fd writes."""
+
+
+def _signal_name(number: int) -> str:
+    return "stop request" if number == _STOP_BYTE else signal.Signals(number).name
+
+
+def run_daemon(settings: Settings, reload_settings: Callable[[], Settings] | None = None) -> int:
+    """The `clawmem serve` entry point: logging, then the daemon until a stop signal."""
+    from clawmem_index.log import configure
+
+    configure(settings.log_level)
+    # watchdog warns (from its reader thread) when nested folders appear faster than it adds their
+    # watches; it copes, but under `-W error` that warning would kill the thread and stop watching.
+    warnings.filterwarnings("ignore", message="Callback with id", category=RuntimeWarning)
+    return Daemon(settings, reload_settings=reload_settings).serve_forever()
