@@ -3,7 +3,7 @@
 The invariant, everywhere: the service keeps answering, the other files are indexed, and an error
 is a defined one (a ClawmemError, a JSON-RPC error object, a non-zero exit with a one-line
 message), never a traceback, a crash or a dropped connection. MCP stdio and HTTP have theirs in
-tests/test_mcp_server.py and tests/test_mcp_http.py.
+tests/mcp/test_mcp_server.py and tests/mcp/test_mcp_http.py.
 """
 
 from __future__ import annotations

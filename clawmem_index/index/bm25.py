@@ -14,7 +14,7 @@ Connections to one file can share the counts (`SharedCounts`): the first to see 
 changed and publishes a copy, the others take it (4 MB and 340 ms at 1M rows once, not once a thread).
 
 The score is FTS5's formula (fts5_aux.c), operation for operation and in the same order, in numpy:
-equal bit for bit to what `bm25()` returns for the term alone (tests/test_bm25.py checks it on
+equal bit for bit to what `bm25()` returns for the term alone (tests/index/test_bm25.py checks it on
 random tables, and `KeywordIndex` has FTS5 confirm the first answer after each change of its records).
 """
 

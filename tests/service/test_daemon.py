@@ -380,7 +380,7 @@ def test_node_client(served: Settings) -> None:
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed")
-    script = Path(__file__).parent / "clients" / "query.mjs"
+    script = Path(__file__).parents[1] / "clients" / "query.mjs"
     out = subprocess.run([node, str(script), str(served.socket_path), "platypus plan"], capture_output=True,
                          text=True, timeout=30, check=True)
     search, status, garbage, get = json.loads(out.stdout)

@@ -650,7 +650,7 @@ def test_a_server_killed_mid_sync_is_reported_and_the_index_catches_up(workspace
 
 
 def test_the_shared_index_demo_searches_two_daemons_workspaces() -> None:
-    script = Path(__file__).resolve().parents[1] / "scripts" / "shared_demo.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "shared_demo.py"
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, check=True).stdout
     assert "ops:memory/2026-11-20.md" in out and "support:memory/2026-11-21.md" in out, out
 

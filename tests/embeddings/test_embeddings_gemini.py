@@ -195,4 +195,4 @@ def test_a_missing_vector_is_an_error(server: FakeServer) -> None:
 
 def test_importing_the_module_does_not_import_the_sdk() -> None:
     code = "import sys, clawmem_index.embeddings.gemini; assert 'google.genai' not in sys.modules, 'SDK imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])

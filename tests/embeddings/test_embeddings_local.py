@@ -26,9 +26,9 @@ from clawmem_index.embeddings.local import LocalProvider
 from clawmem_index.embeddings.models import ensure_local_model
 from clawmem_index.errors import ProviderError
 
-SHARED_Q8 = Path(__file__).resolve().parents[2] / "shared" / "models" / "all-MiniLM-L6-v2-q8_0.gguf"
-REFERENCE = json.loads((Path(__file__).parent / "data" / "minilm_reference.json").read_text(encoding="utf-8"))
-PROJECT = Path(__file__).resolve().parents[1]
+SHARED_Q8 = Path(__file__).resolve().parents[3] / "shared" / "models" / "all-MiniLM-L6-v2-q8_0.gguf"
+REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "minilm_reference.json").read_text(encoding="utf-8"))
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 The disk is a small tmpfs mounted in a mount namespace of the test's own (`unshare -rm`: no privilege
 needed, nothing seen outside it). This file is also the scenario run inside it: the test starts
-`unshare -rm python tests/test_full_disk.py SCENARIO DIR`, which mounts, runs the real `clawmem`
+`unshare -rm python tests/index/test_full_disk.py SCENARIO DIR`, which mounts, runs the real `clawmem`
 commands and prints what it saw as JSON.
 """
 
@@ -103,7 +103,7 @@ def _in_namespace(name: str, tmp_path: Path) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix="cm-disk-", dir="/tmp"))  # short: the daemon's socket lives under it
     try:
         out = subprocess.run(["unshare", "-rm", sys.executable, __file__, name, str(base)], capture_output=True,
-                             text=True, timeout=4 * DEADLINE, cwd=Path(__file__).parent.parent)
+                             text=True, timeout=4 * DEADLINE, cwd=Path(__file__).parents[2])
     finally:
         shutil.rmtree(base, ignore_errors=True)
     assert out.returncode == 0, out.stderr

@@ -284,7 +284,7 @@ def test_answers_out_of_order_are_put_back_in_order(server: FakeServer) -> None:
 
 def test_importing_the_module_does_not_import_the_sdk() -> None:
     code = "import sys, clawmem_index.embeddings.openai; assert 'openai' not in sys.modules, 'SDK imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
 def test_requests_are_in_flight_at_once(server: FakeServer) -> None:

@@ -17,9 +17,9 @@ import pytest
 from clawmem_index.embeddings.convert import DEFAULT_PACKAGE, convert_bert, find_packaged_model, main
 from clawmem_index.errors import ProviderError
 
-SHARED_MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+SHARED_MODELS = Path(__file__).resolve().parents[3] / "shared" / "models"
 LLAMA_CPP_Q8 = SHARED_MODELS / "all-MiniLM-L6-v2-q8_0.gguf"
-REFERENCE = json.loads((Path(__file__).parent / "data" / "minilm_reference.json").read_text(encoding="utf-8"))
+REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "minilm_reference.json").read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="session")

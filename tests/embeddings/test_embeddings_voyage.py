@@ -166,4 +166,4 @@ def test_timeouts_are_retried_then_give_up(server: FakeServer) -> None:
 
 def test_importing_the_module_does_not_import_the_sdk() -> None:
     code = "import sys, clawmem_index.embeddings.voyage; assert 'voyageai' not in sys.modules, 'SDK imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])

@@ -66,7 +66,7 @@ def test_the_model_is_loaded_in_the_child_not_in_the_caller(model: Path, tmp_pat
         print(json.dumps({{"model_mapped_in_child": {str(model)!r} in child_maps}}))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[1], check=True).stdout.splitlines()
+                         cwd=Path(__file__).resolve().parents[2], check=True).stdout.splitlines()
     first, second = json.loads(out[0]), json.loads(out[1])
     assert first["child"] != os.getpid() and first["child"] is not None
     assert first["llama_cpp_here"] is False and first["model_mapped_here"] is False
@@ -123,7 +123,7 @@ def test_the_model_process_ends_with_a_killed_caller(model: Path) -> None:
         time.sleep(600)
     """)
     caller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).resolve().parents[1])
+                              cwd=Path(__file__).resolve().parents[2])
     try:
         assert caller.stdout is not None
         child = int(caller.stdout.readline())

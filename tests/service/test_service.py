@@ -43,7 +43,7 @@ from clawmem_index.service.units import (
     unit_states,
 )
 
-REPO_UNITS = Path(__file__).resolve().parent.parent / "systemd"
+REPO_UNITS = Path(__file__).resolve().parents[2] / "systemd"
 ANALYZE = shutil.which("systemd-analyze")
 ESCAPE = shutil.which("systemd-escape")
 ACTIVATE = shutil.which("systemd-socket-activate")
