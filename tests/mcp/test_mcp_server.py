@@ -252,6 +252,48 @@ def test_the_server_loads_no_index_code_before_the_first_call(indexed: Settings,
     assert out.stdout.strip() == "[]"
 
 
+
+def test_the_handshake_waits_for_no_index_and_no_model(indexed: Settings, sock_dir: Path, tmp_path: Path) -> None:
+    """`initialize` and `tools/list` from the real command while a writer holds the index locked and the provider is
+    the local model: both are answered, and the process has loaded no engine, SQLite or model code when they are."""
+    import apsw
+
+    holder = apsw.Connection(str(indexed.index_path))
+    holder.execute("BEGIN EXCLUSIVE")  # a reader opening the index now waits for its busy timeout
+    errlog = tmp_path / "importtime.txt"
+    env = {**server_env(), "CLAWMEM_PROVIDER": "local"}
+    with errlog.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-X", "importtime", *server_args(indexed, sock_dir / "none.sock")],
+                                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def ask(message: dict[str, Any]) -> dict[str, Any]:
+        proc.stdin.write(json.dumps(message).encode() + b"\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+        if "id" not in message:
+            return {}
+        ready, _, _ = select.select([proc.stdout], [], [], STARTUP)
+        assert ready, f"no answer to {message['method']}"
+        return dict(json.loads(proc.stdout.readline()))  # type: ignore[union-attr]
+
+    try:
+        init = ask({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+        assert init["result"]["serverInfo"]["name"] == "clawmem"
+        ask({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        listed = ask({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        assert [tool["name"] for tool in listed["result"]["tools"]][0] == "memory_search"
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+        proc.stdout.close()
+        holder.execute("ROLLBACK")
+        holder.close()
+    imported = {line.split("|")[-1].strip() for line in errlog.read_text().splitlines() if line.startswith("import")}
+    assert "clawmem_index.mcp.server" in imported, "the import log is read"
+    assert not imported & {"clawmem_index.engine.core", "clawmem_index.index.store", "apsw", "llama_cpp", "numpy"}
+
+
 # -- the tools without a transport ---------------------------------------------------------------
 
 
