@@ -11,6 +11,8 @@ The cases are plain data so that a test of a new surface is a loop over them, no
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 from hypothesis import strategies as st
 
@@ -153,3 +155,21 @@ def hostile_name() -> st.SearchStrategy[bytes]:
     raw = st.binary(min_size=1, max_size=40).map(lambda b: b.replace(b"/", b"_").replace(b"\x00", b"_"))
     return st.one_of(raw, st.sampled_from(list(FIXED_NAMES.values()))).map(
         lambda b: b if b.endswith(b".md") else b + b".md")
+
+
+def make_long_path(base: Path, levels: int = 20) -> str:
+    """A folder chain longer than PATH_MAX (made relative to descriptors, as only they can)."""
+    name = "d" * 250
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir(name, dir_fd=fd)
+            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        out = os.open("deep.md", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(out, b"# Deep\nunreachable")
+        os.close(out)
+    finally:
+        os.close(fd)
+    return name

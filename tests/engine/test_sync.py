@@ -253,7 +253,7 @@ def test_a_fifo_does_not_block_a_sync_and_is_reported(settings: Settings, write,
 
 
 def test_long_paths_are_reported_and_everything_else_indexed(settings: Settings, write, workspace: Path) -> None:
-    from test_workspace import make_long_path
+    from hostile import make_long_path
 
     make_long_path(workspace / "memory")
     write("memory/a.md", "# A\nalpha")

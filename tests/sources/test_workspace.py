@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hostile import make_long_path
 
 from clawmem_index.errors import PathError
 from clawmem_index.sources.workspace import Skipped, file_date, is_memory_path, memory_key, open_memory_file, scan
@@ -222,24 +223,6 @@ def test_symlinks_fifos_and_sockets_that_look_like_memory_are_reported(workspace
     assert found == {"memory/ok.md"}
     assert skipped == {"memory/link.md": "symlink, not followed", "memory/linkdir": "symlink, not followed",
                        "memory/pipe.md": "not a regular file (FIFO)", "memory/sock.md": "not a regular file (socket)"}
-
-
-def make_long_path(base: Path, levels: int = 20) -> str:
-    """A folder chain longer than PATH_MAX (made relative to descriptors, as only they can)."""
-    name = "d" * 250
-    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(levels):
-            os.mkdir(name, dir_fd=fd)
-            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = child
-        out = os.open("deep.md", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
-        os.write(out, b"# Deep\nunreachable")
-        os.close(out)
-    finally:
-        os.close(fd)
-    return name
 
 
 def test_paths_longer_than_path_max_are_reported_not_dropped_silently(workspace: Path, write) -> None:
