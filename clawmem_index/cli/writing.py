@@ -91,8 +91,8 @@ def grant(role: str, workspace_name: str, writable: bool, url: str | None) -> No
     def action() -> None:
         import psycopg
 
+        from clawmem_index.index.pg.connection import connect
         from clawmem_index.index.pg.schema import grant_workspace, migrate
-        from clawmem_index.index.pg.store import connect
 
         target = url or os.environ.get("CLAWMEM_INDEX_URL", "")
         if not target.startswith(("postgresql://", "postgres://")):

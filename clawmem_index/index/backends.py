@@ -216,7 +216,7 @@ class PostgresBackend:
     def exists(self) -> bool:
         import psycopg
 
-        from clawmem_index.index.pg.store import READER_SESSION, one_line, connect, unavailable
+        from clawmem_index.index.pg.connection import READER_SESSION, connect, one_line, unavailable
 
         conn = connect(self.url, READER_SESSION)
         try:
@@ -252,7 +252,8 @@ class PostgresBackend:
     @contextlib.contextmanager
     def write_lock(self, timeout: float) -> Iterator[None]:
         """A session advisory lock per workspace: the server drops it if the writer's connection dies."""
-        from clawmem_index.index.pg.store import PgStore, connect
+        from clawmem_index.index.pg.connection import connect
+        from clawmem_index.index.pg.store import PgStore
 
         conn = connect(self.url)
         try:

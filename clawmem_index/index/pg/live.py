@@ -1,0 +1,78 @@
+"""What a search of the shared index reads: the workspaces in scope at their live generations, and their chunks.
+
+A store takes them at each `data_version` (the start of every search); its keyword search and
+its vectors read the same ones, so a rebuild's switch is seen by the next search on every side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clawmem_index.index.filters import ChunkFilter
+from clawmem_index.index.pg.connection import Connection, pg_text
+
+__all__ = ["Live", "filter_sql"]
+
+
+class Live:
+    """The workspaces in scope, each at its live generation and version, as `PgStore.data_version` last read
+    them (until it has, `read` is false: the store's own workspace at its generation), and what a search
+    reads of their chunks."""
+
+    def __init__(self, conn: Connection, generations: list[tuple[str, int]]) -> None:
+        self.conn = conn
+        self.generations = generations
+        self.versions: dict[str, int] = {}
+        self.read = False
+
+    def sql(self, alias: str) -> tuple[str, dict[str, Any]]:
+        """The workspaces in scope at their live generations (the first condition picks their partitions)."""
+        return (f"{alias}.workspace = ANY(%(scope_ws)s::text[]) AND ({alias}.workspace, {alias}.gen) IN"
+                " (SELECT * FROM unnest(%(scope_ws)s::text[], %(scope_gen)s::bigint[]))",
+                {"scope_ws": [w for w, _ in self.generations], "scope_gen": [g for _, g in self.generations]})
+
+    def rows(self, seqs: list[int]) -> dict[int, tuple[Any, ...]]:
+        """Each chunk in scope: seq, path, source, start_line, end_line, text, date, workspace."""
+        scope, args = self.sql("c")
+        return {int(r[0]): tuple(r) for r in self.conn.execute(
+            f"SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, c.date, c.workspace FROM cm_chunks AS c"
+            f" WHERE c.seq = ANY(%(seqs)s) AND {scope}", {**args, "seqs": seqs})}
+
+    def newest_date(self) -> str | None:
+        scope, args = self.sql("c")
+        row = self.conn.execute(f"SELECT max(c.date) FROM cm_chunks AS c WHERE {scope} AND c.date IS NOT NULL",
+                                args).fetchone()
+        return None if row is None or row[0] is None else str(row[0])
+
+    def chunk_lines(self, workspace: str, path: str, start_line: int, end_line: int) -> list[str | None]:
+        """Lines start_line..end_line of a file of `workspace` (fewer past its end), from its live generation's chunks.
+
+        For `context` across workspaces: another workspace's files are on its own host, so its lines
+        are the chunk text this index holds. Chunks overlap, so each line is taken once. A line in no
+        chunk is blank (the chunker makes no chunk of blank lines alone); a line too long for one chunk
+        is held in pieces whose order an edit may not keep (a kept piece keeps its old seq), so it is
+        None: there, but not shown whole.
+        """
+        rows = self.conn.execute(
+            "SELECT c.start_line, c.end_line, CASE WHEN c.start_line = c.end_line"
+            " AND count(*) OVER (PARTITION BY c.start_line, c.end_line) > 1 THEN NULL ELSE c.text END"
+            " FROM cm_chunks AS c JOIN cm_workspaces AS w ON w.workspace = c.workspace AND w.live_gen = c.gen"
+            " WHERE c.workspace = %s AND c.path = %s AND c.start_line <= %s AND c.end_line >= %s"
+            " ORDER BY c.start_line, c.end_line DESC, c.seq",
+            (workspace, pg_text(path), end_line, start_line)).fetchall()
+        lines: dict[int, str | None] = {}
+        for first, last, text in rows:
+            if text is None:
+                lines.setdefault(int(first), None)
+                continue
+            for number, line in enumerate(str(text).split("\n"), start=int(first)):
+                if start_line <= number <= min(int(last), end_line):
+                    lines.setdefault(number, line)
+        if not lines:
+            return []
+        return [lines.get(number, "") for number in range(start_line, max(lines) + 1)]
+
+
+def filter_sql(where: ChunkFilter | None, alias: str) -> tuple[str, dict[str, Any]]:
+    """`ChunkFilter.sql` in PostgreSQL's dialect (no filter: true)."""
+    return (where or ChunkFilter()).sql(alias, dialect="postgres")
