@@ -24,6 +24,7 @@ import xxhash
 
 from clawmem_index.config import Settings
 from clawmem_index.errors import IndexBusy, IndexCorrupt, IndexUnavailable
+from clawmem_index.index.interface import IndexStore
 from clawmem_index.index.keyword_index import SHARED_POSTINGS, PostingsCache
 from clawmem_index.index.store import Store, make_private_dirs, make_private_file
 from clawmem_index.index.vector_cells import SHARED_BYTES, SharedCells
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "PostgresBackend", "SqliteBackend", "backend_for", "former_writer_identity", "redacted", "writer_identity"]
 
-AnyStore = Any  # Store or PgStore: the same interface (see clawmem_index.index.store)
+AnyStore = IndexStore  # a Store or a PgStore (clawmem_index.index.interface)
 
 
 class Backend(Protocol):

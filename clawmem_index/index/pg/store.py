@@ -466,7 +466,7 @@ class PgStore:
         self.generations.drop(self.gen)
         self.vectors.drop_stale_indexes()
 
-    def execute(self, query: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Escape hatch for diagnostics and tests."""
-        cur = self.conn.execute(query, args)  # type: ignore[arg-type]
+        cur = self.conn.execute(sql, args)  # type: ignore[arg-type]
         return [tuple(row) for row in cur.fetchall()] if cur.description else []
