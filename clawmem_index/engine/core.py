@@ -264,7 +264,7 @@ class MemoryIndex:
                bars: Reporters, notify: Callable[[str], None] | None) -> None:
         """Vectors for what waits: batch jobs for a large backfill (waited for if `batch.wait`), then requests."""
         from clawmem_index.engine.backfill import advance, covered
-        from clawmem_index.engine.sync import embed_pending
+        from clawmem_index.engine.embed import embed_pending
 
         batch = self.settings.batch
         jobs = advance(store, provider, batch)
@@ -368,7 +368,8 @@ class MemoryIndex:
         files changed since the last sync are read. Re-chunking every file and copying the whole
         index (embedding cache included) is most of what a rebuild costs.
         """
-        from clawmem_index.engine.sync import embed_pending, sync_workspace
+        from clawmem_index.engine.embed import embed_pending
+        from clawmem_index.engine.sync import sync_workspace
 
         self.rebuilding = True
         try:
@@ -394,7 +395,8 @@ class MemoryIndex:
 
     def _rebuild(self, fingerprint: str, bars: Reporters, replacing: Store | None) -> SyncReport:
         """Build a new index privately (keyword rows, the vectors the old index or the cache has) and swap it in."""
-        from clawmem_index.engine.sync import embed_pending, sync_workspace
+        from clawmem_index.engine.embed import embed_pending
+        from clawmem_index.engine.sync import sync_workspace
 
         if replacing is not None:
             replacing.close()
