@@ -5,41 +5,28 @@ its hash moved, re-chunked; chunks whose text is unchanged keep their rows and v
 line numbers move). A changed transcript (source "sessions") is read from where the last sync
 stopped when it only grew (`clawmem_index.sources.sessions`). Each file is applied in one transaction, so a
 crash at any point leaves an index that is consistent and converges on the next run.
+
+Files are read and chunked by clawmem_index.engine.parse; vectors for the new chunks come after, from
+clawmem_index.engine.embed.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import operator
-import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import apsw
 import xxhash
 
-from clawmem_index.text.chunking import Chunk, chunk_markdown
 from clawmem_index.config import Settings
-from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
-from clawmem_index.embeddings.batching import in_flight
-from clawmem_index.errors import PathError, ProviderError
-from clawmem_index.sources.files import open_beneath, read_all, refusal_of
-from clawmem_index.text.keywords import index_text
-from clawmem_index.sources.sessions import (
-    SessionChunk,
-    TailState,
-    Transcript,
-    TranscriptReader,
-    chunk_transcript,
-    describe_malformed, describe_oversized,
-    read_transcript,
-)
+from clawmem_index.engine.parse import ParsedFile, ParsedSession, parse_all, parse_session
 from clawmem_index.index.store import FileRow, Store
+from clawmem_index.sources.sessions import describe_malformed, describe_oversized
 from clawmem_index.sources.workspace import (
     MemoryFile,
     Skipped,
@@ -47,26 +34,19 @@ from clawmem_index.sources.workspace import (
     folder_date,
     path_key,
     scan,
-    size_reason,
     source_scope,
     stat_memory_file,
     stat_session_file,
 )
+from clawmem_index.text.keywords import index_text
 
-__all__ = ["ChunkIds", "SyncReport", "embed_pending", "sync_workspace"]
+__all__ = ["ChunkIds", "Progress", "SyncReport", "sync_workspace"]
 
 Progress = Callable[[int, int], None]
 
 # A folder or name below the source that starts with a year, and the month and day after it (2026/11/25, 2026-11).
 _DATED = re.compile(r"/((?:19|20)\d\d)(?!\d)(?:[-_./](\d\d?)(?!\d))?(?:[-_./](\d\d?)(?!\d))?")
 DATING = "folders"  # meta `dating`: the index's chunks are dated by names and year/month/day folders (file_date)
-EMBED_BATCH = 64  # chunks per provider call and per vector transaction (progress moves once per batch)
-# The first batch of a pass is small: its vectors (MEMORY.md's, the latest day's) land and the pass
-# has a rate for its ETA within seconds, not after a full batch (128 chunks: ~16 s for a local model).
-FIRST_BATCH = 16
-PARALLEL_MIN_BYTES = 12 << 20  # below, workers would save 10-20% at twice to three times the memory (docs/benchmarks.md)
-PARSE_BATCH = 32  # files per task sent to a chunking worker
-PARSE_AHEAD = 16  # batches in flight per worker: enough to keep them busy, few enough to bound memory
 
 
 @dataclass
@@ -99,30 +79,6 @@ class SyncReport:
 
     def as_dict(self) -> dict[str, object]:
         return {k: list(v) if isinstance(v, list) else v for k, v in self.__dict__.items() if k != "scope"}
-
-
-@dataclass(frozen=True)
-class ParsedFile:
-    file: MemoryFile
-    hash: str
-    chunks: list[Chunk]
-    size: int
-    error: str | None = None
-    refused: bool = False  # may not be read (now a symlink, FIFO...): `error` says why, None if it is just gone
-    fts_texts: list[str] = field(default_factory=list)  # each chunk's text as the keyword index takes it
-    terms: list[Any] | None = None  # the store's `terms_of` each of those (None: the store has none)
-
-
-@dataclass(frozen=True)
-class ParsedSession:
-    """A transcript's new messages (or all of them, `transcript.whole`) as chunks, or why it was not read."""
-
-    file: MemoryFile
-    transcript: Transcript | None
-    chunks: list[SessionChunk]
-    error: str | None = None
-    refused: bool = False
-    max_bytes: int = 0  # the bound its read had (for the report)
 
 
 def _stat_source_file(settings: Settings, key: str, skipped: list[Skipped]) -> MemoryFile | None:
@@ -179,7 +135,8 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
     notes = [f for f in stale if f.source != "sessions"]
     transcripts = [f for f in stale if f.source == "sessions"]
     parsed = itertools.chain[ParsedFile | ParsedSession](
-        _parse_all(notes, settings, indexed, store.terms_of), (_parse_session(f, settings, indexed.get(f.path)) for f in transcripts))
+        parse_all(notes, settings, indexed, store.terms_of),
+        (parse_session(f, settings, indexed.get(f.path)) for f in transcripts))
     unfinished: list[MemoryFile] = []  # transcripts whose read stopped at its budget
     for done, item in enumerate(parsed, start=1):
         batch.append(item)
@@ -203,7 +160,7 @@ def _read_on(store: Store, settings: Settings, f: MemoryFile, report: SyncReport
     a pass over a transcript of any size holds at most one budget's messages (`max_file_bytes`)."""
     for _ in range(f.size // max(1, settings.max_file_bytes) + 2):  # each read takes a budget or reaches the end
         previous = store.file_row(f.path)
-        item = _parse_session(f, settings, previous)
+        item = parse_session(f, settings, previous)
         _apply_batch(store, [item], {f.path: previous} if previous is not None else {}, report)
         if item.transcript is None or item.transcript.complete:
             return
@@ -414,205 +371,3 @@ class ChunkIds:
         self._taken.add(chunk_id)
         return chunk_id
 
-
-def _parse_all(files: Sequence[MemoryFile], settings: Settings, indexed: dict[str, FileRow],
-               terms_of: Callable[[str], Any] | None) -> Iterator[ParsedFile]:
-    """Each file read and chunked, with what the keyword index makes of each chunk: in worker processes
-    when there is enough to do, so that the writer only writes."""
-    args = _ParseArgs(settings.chunking.tokens, settings.chunking.overlap, settings.chunking.tokenizer,
-                      settings.refuse_hardlinks, terms_of, settings.max_file_bytes)
-    total = sum(f.size for f in files)
-    workers = min(os.cpu_count() or 1, 8)
-    if workers > 1 and total >= PARALLEL_MIN_BYTES and len(files) >= 64:
-        # Chunking is CPU-bound pure Python: a cold index of thousands of files is worth other cores.
-        # "spawn" because the daemon has threads, which do not survive a fork safely.
-        from collections import deque
-        from concurrent.futures import Future, ProcessPoolExecutor
-        from multiprocessing import get_context
-
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_warm_up,
-                                 initargs=(settings.chunking.tokenizer,)) as pool:
-            # A bounded window of batches in flight (not `map`, which submits every file at once and
-            # keeps every parsed file the writer has not taken yet): memory stays flat in the file count.
-            ahead: deque[Future[list[ParsedFile]]] = deque()
-            for start in range(0, len(files), PARSE_BATCH):
-                batch = files[start:start + PARSE_BATCH]
-                ahead.append(pool.submit(_parse_batch, batch, args, [indexed.get(f.path) for f in batch]))
-                if len(ahead) >= workers * PARSE_AHEAD:
-                    yield from ahead.popleft().result()
-            while ahead:
-                yield from ahead.popleft().result()
-        return
-    for f in files:
-        yield _parse_one(f, args, indexed.get(f.path))
-
-
-@dataclass(frozen=True)
-class _ParseArgs:
-    max_tokens: int
-    overlap: int
-    tokenizer: str
-    refuse_hardlinks: bool
-    terms_of: Callable[[str], Any] | None  # a module-level function: it travels to the workers by name
-    max_bytes: int = 0  # a file grown past this since the scan is not read (0: no limit)
-
-
-def _parse_batch(files: Sequence[MemoryFile], args: _ParseArgs,
-                 previous: Sequence[FileRow | None]) -> list[ParsedFile]:
-    return [_parse_one(f, args, row) for f, row in zip(files, previous, strict=True)]
-
-
-def _warm_up(tokenizer: str) -> None:
-    """Load the tokenizer and parser while the parent is still scanning."""
-    chunk_markdown("# warm\n- up", tokenizer=tokenizer)
-
-
-def _parse_one(f: MemoryFile, args: _ParseArgs, previous: FileRow | None) -> ParsedFile:
-    """Read one file through a descriptor opened beneath its root, and keep the stat of what was read."""
-    try:
-        with open_beneath(f.root, f.names, display=f.path, refuse_hardlinks=args.refuse_hardlinks) as opened:
-            if args.max_bytes and opened.stat.st_size > args.max_bytes:
-                return ParsedFile(f, "", [], 0, error=size_reason(opened.stat.st_size, args.max_bytes), refused=True)
-            data = read_all(opened.fd)
-            f = f.as_read(opened.stat)
-    except PathError as exc:
-        why = refusal_of(exc)
-        if why is not None and why.missing:
-            return ParsedFile(f, "", [], 0, refused=True)  # gone since the scan: just unindex it
-        return ParsedFile(f, "", [], 0, error=why.reason if why else str(exc), refused=True)
-    except OSError as exc:
-        return ParsedFile(f, "", [], 0, error=f"cannot read: {exc.strerror or exc}")
-    digest = xxhash.xxh3_128_hexdigest(data)
-    if previous is not None and previous.hash == digest:
-        return ParsedFile(f, digest, [], len(data))
-    text = data.decode("utf-8", errors="replace")
-    chunks = chunk_markdown(text, max_tokens=args.max_tokens, overlap=args.overlap, tokenizer=args.tokenizer)
-    fts_texts = [index_text(chunk.text) for chunk in chunks]
-    terms = None if args.terms_of is None else [args.terms_of(t) for t in fts_texts]
-    return ParsedFile(f, digest, chunks, len(data), fts_texts=fts_texts, terms=terms)
-
-
-def _parse_session(f: MemoryFile, settings: Settings, previous: FileRow | None) -> ParsedSession:
-    """Read a transcript's new lines (all of them when it is not a pure append) through a counting reader."""
-    chunking = settings.chunking
-    params = (chunking.tokens, chunking.overlap, chunking.tokenizer)
-    state = TailState.from_json(previous.state) if previous is not None and previous.source == "sessions" else None
-    try:
-        with open_beneath(f.root, f.names, display=f.path, refuse_hardlinks=settings.refuse_hardlinks) as opened:
-            transcript = read_transcript(TranscriptReader(opened.fd, opened.stat.st_size), state, params,
-                                         max_bytes=settings.max_file_bytes)
-            f = f.as_read(opened.stat)
-    except PathError as exc:
-        why = refusal_of(exc)
-        if why is not None and why.missing:
-            return ParsedSession(f, None, [], refused=True)
-        return ParsedSession(f, None, [], error=why.reason if why else str(exc), refused=True)
-    except OSError as exc:
-        return ParsedSession(f, None, [], error=f"cannot read: {exc.strerror or exc}")
-    chunks, state = chunk_transcript(transcript, max_tokens=chunking.tokens, overlap=chunking.overlap,
-                                     tokenizer=chunking.tokenizer)
-    return ParsedSession(f, replace(transcript, state=state), chunks, max_bytes=settings.max_file_bytes)
-
-
-@dataclass(frozen=True)
-class _Batch:
-    """Pending chunks read together, with what the cache has for them and the texts it lacks."""
-
-    pending: list[tuple[int, str, str]]
-    cached: dict[str, bytes]
-    missing: dict[str, str]
-    borrowed: frozenset[str] = frozenset()  # texts an earlier batch still in flight asks for
-
-
-def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entries: int, batch: int = EMBED_BATCH,
-                  progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
-                  fingerprint: str | None = None, cache_only: bool = False,
-                  exclude: Collection[str] = (), index_progress: Progress | None = None,
-                  precision: str = "float32") -> tuple[int, str | None]:
-    """Give every chunk without a vector one, cache first. Returns (embedded, error or None).
-
-    The provider is called outside any transaction (on a thread of its own, one batch ahead of the
-    one being written), so other writers (keyword syncs) never wait for it and a batch's vectors are
-    stored while the next batch's are made. Each batch is written in one short transaction that
-    first checks the index still has `fingerprint` (a rebuild may have replaced it) and stores a
-    vector only for a chunk that still waits for that very text. A provider failure stops the pass
-    and leaves the rest pending (kept in the index, retried by the next pass): nothing is lost, and
-    keyword search is unaffected. `cache_only` fills what the embedding cache knows and makes no
-    provider call; chunks whose hash is in `exclude` (a batch job embeds them) are only filled from
-    the cache. `progress` is told after each batch: FIRST_BATCH chunks first, then EMBED_BATCH, or the
-    provider's `preferred_batch` when larger (a remote provider's requests in flight at once); `index_progress`
-    about the vector index's upkeep at the end (a cells build past 131k vectors takes 30-65 s at 1M).
-    `precision`: how a new vector table stores its vectors (`embedding.precision`).
-    """
-    info = provider.info
-    key = info.provider_key
-    size = max(batch, getattr(provider, "preferred_batch", batch))
-    total = store.pending_embeddings()
-
-    asked: set[str] = set()  # texts sent in this pass
-    lent: set[str] = set()  # ... that a later batch waits for too
-    made: dict[str, bytes | None] = {}  # the vectors of those, once they came back
-
-    def batches() -> Iterator[_Batch]:  # read on this thread, as the pass goes
-        cursor = 0
-        first = True
-        while not (should_stop and should_stop()):
-            pending = store.pending_chunks(min(size, FIRST_BATCH) if first else size, after=cursor)
-            first = False
-            if not pending:
-                return
-            cursor = pending[-1][0]
-            cached = store.cached_embeddings(info.provider, info.model, key, (h for _, h, _ in pending), touch=False)
-            missing: dict[str, str] = {}
-            borrowed: set[str] = set()
-            for _, h, text in pending:
-                if h in cached or h in exclude:
-                    continue
-                if h in asked:  # not in the cache yet because its batch is still in flight: never ask twice
-                    borrowed.add(h)
-                else:
-                    missing.setdefault(h, text)
-            if cache_only:
-                missing, borrowed = {}, set()
-            asked.update(missing)
-            lent.update(borrowed)
-            yield _Batch(pending, cached, missing, frozenset(borrowed))
-
-    def fetch(item: _Batch) -> tuple[_Batch, dict[str, bytes | None]]:
-        vectors = provider.embed_documents(list(item.missing.values())) if item.missing else []
-        directions = (unit(vec) for vec in vectors)
-        return item, {h: pack(d) if d is not None else None for h, d in zip(item.missing, directions, strict=True)}
-
-    done = 0
-    error: str | None = None
-    try:
-        for item, fresh in in_flight((functools.partial(fetch, item) for item in batches()), 2):
-            made.update((h, blob) for h, blob in fresh.items() if h in lent)
-            known = {**item.cached, **fresh, **{h: made[h] for h in item.borrowed if h in made}}
-            with store.transaction():
-                if fingerprint is not None and store.get_meta("fingerprint") != fingerprint:
-                    break  # replaced by a rebuild for another model: these vectors belong to no chunk of it
-                dims = next((len(blob) // 4 for blob in known.values() if blob is not None), 0)
-                if dims:
-                    store.ensure_vector_table(dims, precision)
-                    store.set_vector_owner(info.provider, info.model, key)
-                given = store.store_vectors([(seq, h, known[h]) for seq, h, _ in item.pending if h in known],
-                                            info.model)
-                done += len(given)
-                given_seqs = {seq for seq, _ in given}
-                held = {h for seq, h, _ in item.pending if seq in given_seqs}
-                store.uncache(info.provider, info.model, key, held & item.cached.keys())  # stored once: in the chunk
-                store.cache_embeddings(info.provider, info.model, key, (  # for a chunk that changed meanwhile,
-                    # or every one when the cache is the fleet's (caches_stored_vectors)
-                    (h, blob) for h, blob in fresh.items()
-                    if blob is not None and (store.caches_stored_vectors or h not in held)))
-            if progress and (given or not cache_only):  # a cache-only pass that found nothing has not moved
-                progress(done, total)
-    except ProviderError as exc:
-        error = str(exc)
-    if not (should_stop and should_stop()):
-        store.index_vectors(index_progress)  # a backend that indexes vectors whole (pgvector's HNSW) does it now
-    if cache_max_entries:
-        with store.transaction():
-            store.prune_cache(cache_max_entries)
-    return done, error

@@ -164,7 +164,7 @@ class Embedder:
 
     def _embed(self, index: MemoryIndex, run: Run) -> None:
         from clawmem_index.engine.backfill import advance, covered
-        from clawmem_index.engine.sync import embed_pending
+        from clawmem_index.engine.embed import embed_pending
 
         provider = index.provider
         if provider is None or not index.backend.exists():

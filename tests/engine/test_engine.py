@@ -247,7 +247,7 @@ def test_status_reports_counts_and_freshness(settings: Settings, write) -> None:
 def test_a_query_without_a_watcher_counts_pending_files_within_a_bound(settings: Settings, write,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Exact when the check finishes in time (changes, additions and deletions); a lower bound, said so, when not."""
-    import clawmem_index.engine.core as engine_module
+    import clawmem_index.engine.status as status_module
 
     for i in range(40):
         write(f"memory/n{i:02}.md", f"note {i} about tomatoes\n")
@@ -260,7 +260,7 @@ def test_a_query_without_a_watcher_counts_pending_files_within_a_bound(settings:
     (settings.workspace / "memory" / "n39.md").unlink()
     assert index.search(SearchRequest("tomatoes"))["index"]["pending_files"] == 12
 
-    monkeypatch.setattr(engine_module, "PENDING_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(status_module, "PENDING_CHECK_SECONDS", 0.0)
     counted = index.search(SearchRequest("tomatoes"))["index"]
     assert counted["pending_files_complete"] is False
     assert 0 <= counted["pending_files"] <= 12
@@ -272,7 +272,7 @@ def test_a_querys_pending_check_runs_beside_the_search_on_a_connection_it_closes
     """While FTS5 ranks (C code that lets go of the interpreter) the check runs on the other core:
     on a thread of its own, through its own connection, closed when done; what it raises, the search
     raises. An answer the query cache holds has no search to run beside, so it checks in place."""
-    import clawmem_index.engine.core as engine_module
+    import clawmem_index.engine.status as status_module
 
     for i in range(5):
         write(f"memory/n{i}.md", f"note {i} about tomatoes\n")
@@ -280,13 +280,13 @@ def test_a_querys_pending_check_runs_beside_the_search_on_a_connection_it_closes
     index.sync()
     reader = index.reader()
     seen: list[tuple[str, bool]] = []
-    check = MemoryIndex._query_pending_files
+    check = status_module.Freshness.query_pending_files
 
-    def watched(self: MemoryIndex, store: Store) -> dict[str, object]:
+    def watched(self: status_module.Freshness, store: Store) -> dict[str, object]:
         seen.append((threading.current_thread().name, store is reader))
         return check(self, store)
 
-    monkeypatch.setattr(MemoryIndex, "_query_pending_files", watched)
+    monkeypatch.setattr(status_module.Freshness, "query_pending_files", watched)
     open_before = len(apsw.connections())
     write("memory/n0.md", "note 0 about tomatoes, edited\n")
     assert index.search(SearchRequest("tomatoes", mode="bm25"))["index"]["pending_files"] == 1
@@ -298,7 +298,7 @@ def test_a_querys_pending_check_runs_beside_the_search_on_a_connection_it_closes
     def broken(*args: object, **kwargs: object) -> None:
         raise PathError("the workspace went away")
 
-    monkeypatch.setattr(engine_module, "scan", broken)
+    monkeypatch.setattr(status_module, "scan", broken)
     with pytest.raises(PathError, match="went away"):
         index.search(SearchRequest("tomatoes again"))
     assert len(apsw.connections()) == open_before
@@ -307,13 +307,13 @@ def test_a_querys_pending_check_runs_beside_the_search_on_a_connection_it_closes
 def test_a_bounded_pending_check_looks_at_the_newest_daily_logs_first(settings: Settings, write,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Cut short after its first file, the check still sees today's log, the one being written."""
-    import clawmem_index.engine.core as engine_module
+    import clawmem_index.engine.status as status_module
 
     for day in range(1, 29):
         write(f"memory/2026-02-{day:02}.md", f"day {day}: tomatoes\n")
     index = MemoryIndex(settings)
     index.sync()
     write("memory/2026-02-28.md", "day 28: tomatoes, and a late addition\n")
-    monkeypatch.setattr(engine_module, "PENDING_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(status_module, "PENDING_CHECK_SECONDS", 0.0)
     assert index.search(SearchRequest("tomatoes"))["index"] == {
         "pending_files": 1, "pending_files_complete": False, "pending_embeddings": 0}

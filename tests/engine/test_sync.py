@@ -143,17 +143,17 @@ def test_a_second_sync_with_nothing_changed_does_nothing(settings: Settings, wri
 
 
 def test_many_files_take_the_parallel_path_and_give_the_same_index(settings: Settings, write, monkeypatch) -> None:
-    import clawmem_index.engine.sync as sync_module
+    import clawmem_index.engine.parse as parse_module
 
     for i in range(80):
         write(f"memory/n{i:03}.md", f"# Note {i}\n" + f"- fact {i} about topic{i % 7}\n" * 20)
-    monkeypatch.setattr(sync_module, "PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(parse_module, "PARALLEL_MIN_BYTES", 1)
     index = MemoryIndex(settings)
     report = index.sync()
     assert report.added == 80
     parallel = sorted(index.reader().execute("SELECT path, start_line, end_line, hash FROM chunks"))
     index.close()
-    monkeypatch.setattr(sync_module, "PARALLEL_MIN_BYTES", 1 << 60)
+    monkeypatch.setattr(parse_module, "PARALLEL_MIN_BYTES", 1 << 60)
     index.reindex()
     serial = sorted(index.reader().execute("SELECT path, start_line, end_line, hash FROM chunks"))
     assert parallel == serial and len(parallel) >= 80
@@ -380,7 +380,7 @@ def test_a_file_deleted_between_the_scan_and_the_read_is_just_removed(settings: 
 
 def test_a_text_in_several_batches_in_flight_is_embedded_once(settings: Settings, write) -> None:
     from clawmem_index.embeddings.fake import FakeProvider
-    from clawmem_index.engine.sync import embed_pending
+    from clawmem_index.engine.embed import embed_pending
 
     for i in range(6):
         write(f"memory/copy{i}.md", "# Same\nthe very same sentence in every file\n")
@@ -466,17 +466,17 @@ def test_parallel_chunking_keeps_a_bounded_window_of_files_in_flight(settings: S
     The workers also make what the store's keyword index keeps of each chunk (the shared index's terms)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from clawmem_index.engine import sync
+    from clawmem_index.engine import parse
     from clawmem_index.text.keywords import index_text
     from clawmem_index.index.pg.store import chunk_terms_of
     from clawmem_index.sources.workspace import scan
 
     for i in range(80):
         write(f"memory/n{i:03d}.md", f"# Note {i}\n\nkiwi {i}\n")
-    monkeypatch.setattr(sync, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(sync, "PARSE_BATCH", 4)
-    monkeypatch.setattr(sync, "PARSE_AHEAD", 2)
-    monkeypatch.setattr(sync.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(parse, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(parse, "PARSE_BATCH", 4)
+    monkeypatch.setattr(parse, "PARSE_AHEAD", 2)
+    monkeypatch.setattr(parse.os, "cpu_count", lambda: 2)
     submitted = []
     real_submit = ProcessPoolExecutor.submit
 
@@ -486,7 +486,7 @@ def test_parallel_chunking_keeps_a_bounded_window_of_files_in_flight(settings: S
 
     monkeypatch.setattr(ProcessPoolExecutor, "submit", counting)
     files = sorted(scan(settings.workspace, settings.extra_paths, exclude=settings.exclude), key=lambda f: f.path)
-    parsed = sync._parse_all(files, settings, {}, chunk_terms_of)
+    parsed = parse.parse_all(files, settings, {}, chunk_terms_of)
     first = next(parsed)
     assert len(submitted) <= 2 * 2  # workers x PARSE_AHEAD batches, not all 20
     rest = list(parsed)
@@ -584,7 +584,7 @@ def test_a_memory_file_over_max_file_bytes_is_skipped_with_its_reason_and_the_re
 
 
 def test_a_file_grown_past_max_file_bytes_since_the_scan_is_not_read(settings: Settings, write) -> None:
-    from clawmem_index.engine.sync import _parse_one, _ParseArgs
+    from clawmem_index.engine.parse import _parse_one, _ParseArgs
     from clawmem_index.sources.workspace import scan
 
     write("memory/a.md", "# A\nsmall\n")

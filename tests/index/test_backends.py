@@ -220,18 +220,18 @@ def test_a_rebuild_switches_whole_and_a_failed_one_leaves_the_live_index(backend
         before = index.search(SearchRequest("gardening", mode="bm25", max_results=20))["results"]
         assert len(before) == 6
 
-        import clawmem_index.engine.sync as sync  # the engine imports it when it writes
+        import clawmem_index.engine.write as write_module  # the engine imports it when it writes
 
-        real = sync.sync_workspace
+        real = write_module.sync_workspace
 
         def failing(store, settings, **kwargs):  # type: ignore[no-untyped-def]
             real(store, settings, **kwargs)
             raise IndexUnavailable("disk gone mid-rebuild")
 
-        monkeypatch.setattr(sync, "sync_workspace", failing)
+        monkeypatch.setattr(write_module, "sync_workspace", failing)
         with pytest.raises(IndexUnavailable):
             index.reindex()
-        monkeypatch.setattr(sync, "sync_workspace", real)
+        monkeypatch.setattr(write_module, "sync_workspace", real)
         assert index.search(SearchRequest("gardening", mode="bm25", max_results=20))["results"] == before
         assert index.status()["chunks_indexed"] == 6
 

@@ -89,7 +89,7 @@ def test_an_answer_degraded_by_a_failing_provider_is_not_kept(settings: Settings
 
 
 def test_a_large_answer_is_not_kept(settings: Settings, write: Any) -> None:
-    from clawmem_index.engine.core import CACHED_RESULTS
+    from clawmem_index.engine.query import CACHED_RESULTS
 
     for i in range(CACHED_RESULTS + 5):
         write(f"memory/n{i}.md", f"# Note {i}\nkiwi number {i}\n")

@@ -203,7 +203,7 @@ class GatedProvider(FakeProvider):
 
 
 def test_a_running_pass_reports_how_far_it_is_and_when_it_should_end(settings: Settings, write: Any) -> None:
-    from clawmem_index.engine.sync import EMBED_BATCH, FIRST_BATCH
+    from clawmem_index.engine.embed import EMBED_BATCH, FIRST_BATCH
 
     for n in range(EMBED_BATCH + 6):
         write(f"memory/note-{n}.md", f"# Note {n}\nthe word number{n} alone\n")

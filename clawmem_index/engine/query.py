@@ -1,0 +1,216 @@
+"""Answer queries over one index: `search` (its answers cached, its query vectors given a deadline), `get`, `context`.
+
+Searches never wait long for a provider: a query vector has `search.query_timeout` seconds,
+after which the answer is keyword-only and says so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from clawmem_index.config import MAX_CONTEXT_BUDGET, workspace_id
+from clawmem_index.embeddings.base import EmbeddingProvider
+from clawmem_index.engine.status import built_otherwise, has_vectors
+from clawmem_index.errors import PathError, ProviderError, QueryError
+from clawmem_index.index.store import Store
+from clawmem_index.search.query_cache import QueryCache
+from clawmem_index.search.ranking import SearchOutcome, SearchRequest, run_search
+from clawmem_index.sources.files import GET_MAX_BYTES, Window, count_lines, read_window
+from clawmem_index.sources.workspace import open_memory_file
+
+if TYPE_CHECKING:
+    from clawmem_index.engine.core import MemoryIndex
+
+__all__ = ["CACHED_RESULTS", "Queries"]
+
+CONTEXT_READ_BYTES = 1 << 20  # at least this much of each range of hit lines is read for `context`
+CACHED_RESULTS = 50  # answers with more results are not kept by the query cache
+
+
+class Queries:
+    """The read side of a MemoryIndex: its answers kept (the query cache) and its provider for query vectors."""
+
+    def __init__(self, index: MemoryIndex) -> None:
+        self.index = index
+        search = index.settings.search
+        self.answers: QueryCache[SearchOutcome] = QueryCache(search.cache_entries, search.cache_seconds)
+        self.deadline: Any = None  # the provider behind a deadline (QueryDeadline), made at the first vector query
+
+    def search(self, request: SearchRequest) -> dict[str, object]:
+        index = self.index
+        store = index.reader()
+        unseen = self._scope(store, request)
+        mode = request.mode or index.settings.search.mode
+        provider, note = self._query_provider(store) if mode != "bm25" else (None, None)
+        key = (store, store.data_version(), request, index.settings.search, provider is None)
+        outcome = self.answers.get(key)
+        pending = index.freshness.start_query_check(store) if outcome is None else None
+        if outcome is None:
+            outcome = run_search(store, provider, request, index.settings.search)
+            # Not kept: an answer a failing provider degraded (it may answer the next time), nor a
+            # large one (the cache's memory stays ~256 x 50 snippets, whatever clients ask for).
+            if outcome.degraded is None and len(outcome.results) <= CACHED_RESULTS:
+                self.answers.put(key, outcome)
+        # Whose vectors the index holds (a keyword-only answer from an index with vectors says so too).
+        built = json.loads(store.get_meta("fingerprint") or "{}")
+        answer: dict[str, object] = {
+            "results": [r.as_dict() for r in outcome.results],
+            "provider": built.get("provider", "none"),
+            "model": built.get("model", ""),
+            "mode": outcome.mode,
+            "index": {**(pending() if pending is not None else index.freshness.query_pending_files(store)),
+                      "pending_embeddings": store.pending_embeddings() if has_vectors(store) else 0},
+        }
+        if index.fallback_used:
+            answer["fallback"] = True
+            answer["fallback_reason"] = index.provider_note
+        if note or outcome.degraded:
+            answer["warning"] = note or outcome.degraded
+        if unseen:
+            answer["unreadable_workspaces"] = unseen
+        return answer
+
+    def _scope(self, store: Store, request: SearchRequest) -> list[str]:
+        """Point a shared index's reader at the workspaces asked for; those it cannot see (absent or not granted)."""
+        own = self.index.settings.workspace_id
+        asked = tuple(dict.fromkeys(workspace_id(name) for name in request.workspaces or ()))
+        if self.index.backend.name != "postgres":
+            if asked and asked != (own,):
+                raise QueryError("only a shared index (index_backend = \"postgres\") searches other workspaces")
+            return []
+        if any(not name for name in asked):
+            raise QueryError("'workspaces' holds a name without a letter or digit")
+        store.scope = asked or (own,)
+        store.data_version()
+        return [name for name in store.scope if name not in store.visible()]
+
+    def _query_provider(self, store: Store) -> tuple[EmbeddingProvider | None, str | None]:
+        """The provider for query vectors, with a deadline, only if it made the index's vectors.
+
+        Vectors of other models do not compare; a provider that cannot start leaves keyword search.
+        """
+        built = json.loads(store.get_meta("fingerprint") or "{}")
+        try:
+            provider = self.index.provider
+        except ProviderError as exc:
+            return None, f"{exc}: keyword results only"
+        if provider is None:
+            note = self.index.provider_note or "no embedding provider available"
+            return None, note if "keyword search only" in note else f"{note}: keyword results only"
+        if built.get("provider", "none") == "none":
+            return None, "the index has no vectors yet (the next sync adds them): keyword results only"
+        info = provider.info
+        if (info.provider, info.model, info.endpoint, info.dims) != (
+                built.get("provider"), built.get("model"), built.get("endpoint", info.endpoint), built.get("dims")):
+            current = {"provider": info.provider, "model": info.model, "endpoint": info.endpoint, "dims": info.dims}
+            return None, f"{built_otherwise(built, current)}: keyword results only until the next sync rebuilds it"
+        if self.deadline is None:
+            from clawmem_index.embeddings.deadline import QueryDeadline
+
+            search = self.index.settings.search
+            self.deadline = QueryDeadline(provider, search.query_timeout, first_use=search.first_query_timeout)
+        return self.deadline, None
+
+    def get(self, path: str, start: int | None = None, lines: int | None = None,
+            max_bytes: int | None = None) -> dict[str, object]:
+        """Lines of one memory file, read from a descriptor opened beneath the workspace
+        (see clawmem_index.sources.files).
+
+        The text is at most `max_bytes` (GET_MAX_BYTES by default) of whole lines, streamed, so a
+        huge file costs only what is returned; a cut answer says `truncated` and where to go on.
+        """
+        for name, value, what in (("from", start, "a line number"), ("lines", lines, "a count"),
+                                  ("max_bytes", max_bytes, "a byte count")):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise QueryError(f"'{name}' must be {what} >= 1")
+        first = start or 1
+        with self._open(path) as opened:
+            key, window = opened.path, read_window(opened.fd, first, lines,
+                                                   GET_MAX_BYTES if max_bytes is None else max_bytes)
+            past_end = count_lines(opened.fd) if first > 1 and not window.lines else None
+        answer: dict[str, object] = {"path": key, "text": window.text, "from": first, "lines": window.lines,
+                                     "truncated": window.truncated}
+        if window.next_from is not None:
+            answer["next_from"] = window.next_from
+        if past_end is not None:  # nothing from `from` on: how many lines the file has
+            answer["file_lines"] = past_end
+        return answer
+
+    def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, object]:
+        """The search's best lines as one prompt block of at most `budget` tokens (clawmem_index.search.context).
+
+        Lines are read from the memory files as they are now, through the same checks as `get`; a
+        hit whose file is gone or refused since the last sync is left out. Transcript hits are left
+        out too (their lines are JSON): the block is made of memory files. On a shared index,
+        `workspaces` may name others: their files are on other hosts, so their lines are the chunk
+        text the index holds (as their last sync saw them), and their sections name their workspace.
+        """
+        from clawmem_index.search.context import Hit, build_context
+        from clawmem_index.text.tokens import MAX_TOKEN_BYTES, count_tokens
+
+        settings = self.index.settings
+        budget = settings.search.context_budget if budget is None else budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget <= MAX_CONTEXT_BUDGET:
+            raise QueryError(f"'budget' must be between 0 and {MAX_CONTEXT_BUDGET} tokens")
+        if request.source not in (None, "memory"):
+            raise QueryError("the context block is made of memory files: leave 'source' out")
+        answer = self.search(replace(request, source="memory"))  # another workspace on SQLite: a QueryError
+        results: list[dict[str, Any]] = answer.pop("results")  # type: ignore[assignment]
+        own = settings.workspace_id
+        hits = [Hit(r["path"], r["start_line"], r["end_line"], r["score"],
+                    None if r.get("workspace", own) == own else r["workspace"]) for r in results]
+        tokenizer = settings.chunking.tokenizer
+        # Hits are a few KiB of lines each; only a line longer than any that fits (text of n bytes is at
+        # least n / MAX_TOKEN_BYTES tokens) may be cut short by the read, and is then left out.
+        room = max((budget + 1) * MAX_TOKEN_BYTES, CONTEXT_READ_BYTES)
+        # the search's connection
+        store = self.index.reader() if any(hit.workspace is not None for hit in hits) else None
+
+        def read(workspace: str | None, path: str, first: int, last: int) -> list[str | None]:
+            if workspace is None or store is None:
+                return self._context_lines(path, first, last, room)
+            return _within(store.chunk_lines(workspace, path, first, last), room)
+
+        block = build_context(hits, read, lambda text: count_tokens(text, tokenizer), budget)
+        return {**block.as_dict(), "tokenizer": tokenizer, **answer}
+
+    def _context_lines(self, path: str, first: int, last: int, max_bytes: int) -> list[str | None]:
+        """Lines first..last of a memory file for `context`: None for one cut short, none if the file cannot be read."""
+        try:
+            _, window = self._read_window(path, first, last - first + 1, max_bytes)
+        except PathError:
+            return []
+        lines: list[str | None] = [line.removesuffix("\r") for line in window.text.split("\n")] if window.lines else []
+        if window.cut:
+            lines[-1] = None
+        return lines
+
+    def _read_window(self, path: str, first: int, count: int | None, max_bytes: int) -> tuple[str, Window]:
+        """(the file's index key, its lines) through a descriptor opened beneath the workspace."""
+        with self._open(path) as opened:
+            return opened.path, read_window(opened.fd, first, count, max_bytes)
+
+    def _open(self, path: str) -> Any:
+        """A memory file opened beneath the workspace, with every rule `get` applies
+        (see clawmem_index.sources.files)."""
+        settings = self.index.settings
+        return open_memory_file(settings.workspace, path, settings.extra_paths,
+                                refuse_hardlinks=settings.refuse_hardlinks, exclude=settings.exclude)
+
+
+def _within(lines: list[str | None], max_bytes: int) -> list[str | None]:
+    """Another workspace's lines for `context` as `_context_lines` reads a file's: a line's final CR dropped,
+    and the line that goes past `max_bytes` None (too long to show whole), nothing after it."""
+    out: list[str | None] = []
+    used = 0
+    for line in lines:
+        if line is not None:
+            used += len(line.encode()) + 1
+            if used > max_bytes:
+                out.append(None)
+                break
+            line = line.removesuffix("\r")
+        out.append(line)
+    return out

@@ -1,0 +1,208 @@
+"""Write one index under the writer lock: a sync in place, a switch of vectors, or a rebuild swapped in whole.
+
+Writers (sync, rebuild) serialise on the backend's writer lock. A rebuild (fingerprint changed, or
+`reindex`) is written somewhere private and swapped in whole (clawmem_index.index.backends: a file copied
+in with SQLite's backup API, or a new generation of rows in PostgreSQL): readers see the old index
+until the new one is complete, and a rebuild killed at any point leaves the old index untouched;
+what it left is removed by the next writer. Before its swap a rebuild takes the vectors the old
+index or the embedding cache holds and makes no provider call, so the keyword index never waits for
+a provider (a `reindex` or a return to an earlier model keeps every vector); the other vectors
+follow, as for a new note.
+
+`MemoryIndex.sync` and `reindex` import this module when they write, so that a command that only
+reads does not load the write path.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import apsw
+
+from clawmem_index.config import check_workspace
+from clawmem_index.embeddings.base import EmbeddingProvider
+from clawmem_index.engine.backfill import advance, covered
+from clawmem_index.engine.embed import embed_pending
+from clawmem_index.engine.status import record_failure, record_sync
+from clawmem_index.engine.sync import Progress, SyncReport, sync_workspace
+from clawmem_index.errors import ClawmemError, DiskFull, IndexUnavailable
+from clawmem_index.index.store import Store
+
+if TYPE_CHECKING:
+    from clawmem_index.engine.core import MemoryIndex
+
+__all__ = ["Reporters", "rebuild", "sync_or_rebuild", "write"]
+
+
+@dataclass(frozen=True, slots=True)
+class Reporters:
+    """Where a write tells how it goes: files synced, chunks given a vector (from the provider or the
+    cache), and the vector index's upkeep after them (a cells build)."""
+
+    files: Progress | None = None
+    chunks: Progress | None = None
+    vectors: Progress | None = None
+
+
+def write(index: MemoryIndex, work: Callable[[str, Store | None], SyncReport], embed: bool, bars: Reporters,
+          notify: Callable[[str], None] | None = None) -> SyncReport:
+    """Run `work` under the writer lock, embed what is pending, and record how it went in `meta`."""
+    if index.read_only:
+        raise IndexUnavailable(f"the index {index.backend.describe()} is open read-only here: `clawmem index`"
+                               " (or the daemon) updates it")
+    check_workspace(index.settings.workspace)
+    started = time.perf_counter()
+    index.rebuilding = False
+    with index.write_lock():
+        try:
+            fingerprint = index.fingerprint_json()
+            report = work(fingerprint, index.open_writer())
+            store = index.open_writer()
+            assert store is not None
+            try:
+                if embed and index.provider is not None:
+                    _embed(index, store, index.provider, fingerprint, report, bars, notify)
+                report.duration = time.perf_counter() - started
+                record_sync(store, report)
+            finally:
+                store.close()
+        except apsw.FullError as exc:
+            raise _disk_full(index, exc) from exc
+        except ClawmemError as exc:
+            record_failure(index.backend, exc)
+            raise
+    return report
+
+
+def _embed(index: MemoryIndex, store: Store, provider: EmbeddingProvider, fingerprint: str, report: SyncReport,
+           bars: Reporters, notify: Callable[[str], None] | None) -> None:
+    """Vectors for what waits: batch jobs for a large backfill (waited for if `batch.wait`), then requests."""
+    batch = index.settings.batch
+    jobs = advance(store, provider, batch)
+    if jobs.submitted and notify:
+        notify(f"submitted {jobs.submitted} batch job(s) for {jobs.waiting_chunks} chunks")
+    while jobs.busy and batch.wait:
+        if notify:
+            notify(f"waiting for {jobs.running} batch job(s) ({jobs.waiting_chunks} chunks)")
+        time.sleep(batch.poll_interval)  # the provider works through the job: nothing to do meanwhile
+        jobs = advance(store, provider, batch)
+    report.batch_notes += jobs.failed
+    report.batch_jobs, report.batch_chunks = jobs.running, jobs.waiting_chunks
+    embedded, report.embed_error = embed_pending(
+        store, provider, cache_max_entries=index.settings.embedding.cache_max_entries, progress=bars.chunks,
+        fingerprint=fingerprint, exclude=covered(store, provider), index_progress=bars.vectors,
+        precision=index.settings.embedding.precision)
+    report.embedded += embedded
+
+
+def sync_or_rebuild(index: MemoryIndex, fingerprint: str, store: Store | None, bars: Reporters,
+                    paths: Iterable[str] | None) -> SyncReport:
+    """A sync in place when the fingerprint is the index's; a switch of vectors when only the provider changed;
+    else a rebuild, followed by a sync of what changed while it was built."""
+    # Rows lost behind the writer's back: rebuilt. Checked by a whole pass (a start, `clawmem index`, a
+    # rescan), not by each watcher's pass over a few files: it counts the workspace's rows.
+    damage = store.damage() if store is not None and paths is None else None
+    if damage is None and store is not None and store.get_meta("fingerprint") == fingerprint:
+        try:
+            return sync_workspace(store, index.settings, progress=bars.files, paths=paths)
+        finally:
+            store.close()
+    if damage is None and store is not None and _same_chunking(store.get_meta("fingerprint"), fingerprint):
+        try:
+            return _switch_vectors(index, fingerprint, store, bars)
+        except apsw.Error:
+            pass  # rolled back (a schema-1 vector table, say): rebuild from the files instead
+    report = rebuild(index, fingerprint, bars, store)
+    live = index.open_writer()
+    assert live is not None
+    try:
+        follow = sync_workspace(live, index.settings)  # what changed while it was built
+    finally:
+        live.close()
+    report.added += follow.added
+    report.updated += follow.updated
+    report.removed += follow.removed
+    report.errors += [e for e in follow.errors if e not in report.errors]
+    report.skipped += [s for s in follow.skipped if s not in report.skipped]
+    return report
+
+
+def _disk_full(index: MemoryIndex, exc: apsw.FullError) -> DiskFull:
+    """What a full disk under the index says, recorded for `status` where there is room for it."""
+    where = index.settings.index_path.parent
+    error = DiskFull(f"the disk holding the index ({where}) is full ({exc}): free some space; the next"
+                     " `clawmem index`, or the daemon's next pass, goes on from what was committed")
+    record_failure(index.backend, error)
+    return error
+
+
+def _switch_vectors(index: MemoryIndex, fingerprint: str, store: Store, bars: Reporters) -> SyncReport:
+    """A new provider or model over the same chunks: new vectors (a parked table, the cache) in place, in one
+    transaction.
+
+    Readers see the old index until the commit and the new one after it, never a mix; only
+    files changed since the last sync are read. Re-chunking every file and copying the whole
+    index (embedding cache included) is most of what a rebuild costs.
+    """
+    index.rebuilding = True
+    try:
+        store.release_vector_index()  # a graph kept would take each new vector one by one
+        with store.transaction():
+            info = index.provider.info if index.provider is not None else None
+            chunks = store.reset_vectors(None if info is None else (info.provider, info.model, info.provider_key),
+                                         index.settings.embedding.precision)
+            store.set_meta("fingerprint", fingerprint)
+            report = sync_workspace(store, index.settings, progress=bars.files)
+            taken_back = store.counts()[1] - store.pending_embeddings()  # a parked model's own table
+            if index.provider is not None:
+                report.from_cache, _ = embed_pending(store, index.provider, cache_only=True,
+                                                     cache_max_entries=0, progress=bars.chunks,
+                                                     index_progress=bars.vectors,
+                                                     precision=index.settings.embedding.precision)
+            report.from_cache += taken_back
+        index.rebuilding = False
+    finally:
+        store.close()
+    report.chunks_kept = chunks - report.chunks_removed
+    return report
+
+
+def rebuild(index: MemoryIndex, fingerprint: str, bars: Reporters, replacing: Store | None) -> SyncReport:
+    """Build a new index privately (keyword rows, the vectors the old index or the cache has) and swap it in."""
+    if replacing is not None:
+        replacing.close()
+    started = time.perf_counter()
+    index.rebuilding = True
+    with index.backend.fresh() as fresh:
+        fresh.set_meta("fingerprint", fingerprint)
+        report = sync_workspace(fresh, index.settings, progress=bars.files, bulk=True)
+        provider = index.provider
+        info = None if provider is None else provider.info
+        precision = index.settings.embedding.precision
+        report.from_cache = fresh.carry_vectors(
+            None if info is None else (info.provider, info.model, info.provider_key), precision,
+            progress=bars.chunks, index_progress=bars.vectors)
+        if provider is not None:
+            cached, _ = embed_pending(fresh, provider, cache_only=True, cache_max_entries=0,
+                                      progress=bars.chunks, index_progress=bars.vectors, precision=precision)
+            report.from_cache += cached
+        index.backend.swap_in(fresh)
+    index.rebuilding = False
+    report.duration = time.perf_counter() - started
+    return report
+
+
+_CHUNKING_KEYS = ("schema", "keywords", "tokenizer", "chunk_tokens", "chunk_overlap")
+
+
+def _same_chunking(old: str | None, new: str) -> bool:
+    """Whether two fingerprints chunk and tokenize files identically (their providers may differ)."""
+    try:
+        before, after = json.loads(old or "{}"), json.loads(new)
+    except ValueError:
+        return False
+    return all(k in before and before[k] == after.get(k) for k in _CHUNKING_KEYS)
