@@ -34,6 +34,8 @@ SEARCH_MODES = ("hybrid", "bm25", "vector")
 FUSIONS = ("weighted", "rrf")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 INDEX_BACKENDS = ("sqlite", "postgres")
+PRECISIONS = ("auto", "float32", "float16")
+HALF_PRECISION_ABOVE = 512  # dimensions past which `embedding.precision = "auto"` stores float16
 MAX_CONTEXT_BUDGET = 100_000  # tokens of a `context` block: 250 chunks of 400
 
 
@@ -76,10 +78,12 @@ class EmbeddingSettings:
     query_threads: int = 1
     isolate_local: bool = True  # the daemon runs a local model in a child process (embeddings.isolated)
     concurrency: int = 4  # remote requests in flight at once
-    precision: str = "float32"  # or "float16": the SQLite index stores each vector in half the bytes
+    # How the SQLite index stores vectors: "float16" in half the bytes, "float32", or "auto": half past
+    # HALF_PRECISION_ABOVE dimensions, where it costs no recall (docs/benchmarks.md) and halves the state.
+    precision: str = "auto"
 
     def validate(self) -> None:
-        _require(self.precision in ("float32", "float16"), "embedding.precision", "must be float32 or float16")
+        _require(self.precision in PRECISIONS, "embedding.precision", f"must be one of {', '.join(PRECISIONS)}")
         _require(self.provider in PROVIDERS, "embedding.provider", f"must be one of {', '.join(PROVIDERS)}")
         _require(self.fallback in ("", *PROVIDERS), "embedding.fallback",
                  f"must be empty or one of {', '.join(PROVIDERS)}")
@@ -229,6 +233,13 @@ class Settings:
         """The workspace's key in a shared index: from its configured name, never from a host path."""
         return workspace_id(self.workspace_name or self.workspace.name)
 
+    def vector_precision(self, dims: int) -> str:
+        """How this index stores vectors of `dims` dimensions: float16 or float32 ("auto" picks; the shared
+        PostgreSQL index stores float32)."""
+        if self.embedding.precision != "auto":
+            return self.embedding.precision
+        return "float16" if self.index_backend == "sqlite" and dims > HALF_PRECISION_ABOVE else "float32"
+
     @property
     def socket_path(self) -> Path:
         if self.socket is not None:
@@ -251,7 +262,7 @@ class Settings:
         _require(self.index_backend in INDEX_BACKENDS, "index_backend", f"must be one of {', '.join(INDEX_BACKENDS)}")
         _require(self.index_backend != "postgres" or self.index_url.startswith(("postgresql://", "postgres://")),
                  "index_url", "must be a postgresql:// URL when index_backend is postgres")
-        _require(self.index_backend != "postgres" or self.embedding.precision == "float32", "embedding.precision",
+        _require(self.index_backend != "postgres" or self.embedding.precision != "float16", "embedding.precision",
                  "float16 is for the SQLite index; the shared PostgreSQL index stores float32 vectors")
         _require(bool(workspace_id(self.workspace_name or self.workspace.name)), "workspace_name",
                  "must hold a letter or digit")

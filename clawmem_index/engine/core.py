@@ -115,8 +115,14 @@ class MemoryIndex:
             "tokenizer": chunking.tokenizer,
             "chunk_tokens": chunking.tokens,
             "chunk_overlap": chunking.overlap,
-            **({"precision": precision} if (precision := self.settings.embedding.precision) != "float32" else {}),
+            **({"precision": precision} if (precision := self.precision) != "float32" else {}),
         }
+
+    @property
+    def precision(self) -> str:
+        """How this index stores its provider's vectors (`embedding.precision`, "auto" resolved by width)."""
+        info = self.provider.info if self.provider is not None else None
+        return self.settings.vector_precision(info.dims if info else 0)
 
     def fingerprint_json(self) -> str:
         """The fingerprint as stored in `meta` (and compared with it)."""

@@ -95,7 +95,7 @@ def _embed(index: MemoryIndex, store: Store, provider: EmbeddingProvider, finger
     embedded, report.embed_error = embed_pending(
         store, provider, cache_max_entries=index.settings.embedding.cache_max_entries, progress=bars.chunks,
         fingerprint=fingerprint, exclude=covered(store, provider), index_progress=bars.vectors,
-        precision=index.settings.embedding.precision)
+        precision=index.precision)
     report.embedded += embedded
 
 
@@ -154,7 +154,7 @@ def _switch_vectors(index: MemoryIndex, fingerprint: str, store: Store, bars: Re
         with store.transaction():
             info = index.provider.info if index.provider is not None else None
             chunks = store.reset_vectors(None if info is None else (info.provider, info.model, info.provider_key),
-                                         index.settings.embedding.precision)
+                                         index.precision)
             store.set_meta("fingerprint", fingerprint)
             report = sync_workspace(store, index.settings, progress=bars.files)
             taken_back = store.counts()[1] - store.pending_embeddings()  # a parked model's own table
@@ -162,7 +162,7 @@ def _switch_vectors(index: MemoryIndex, fingerprint: str, store: Store, bars: Re
                 report.from_cache, _ = embed_pending(store, index.provider, cache_only=True,
                                                      cache_max_entries=0, progress=bars.chunks,
                                                      index_progress=bars.vectors,
-                                                     precision=index.settings.embedding.precision)
+                                                     precision=index.precision)
             report.from_cache += taken_back
         index.rebuilding = False
     finally:
@@ -182,7 +182,7 @@ def rebuild(index: MemoryIndex, fingerprint: str, bars: Reporters, replacing: St
         report = sync_workspace(fresh, index.settings, progress=bars.files, bulk=True)
         provider = index.provider
         info = None if provider is None else provider.info
-        precision = index.settings.embedding.precision
+        precision = index.precision
         report.from_cache = fresh.carry_vectors(
             None if info is None else (info.provider, info.model, info.provider_key), precision,
             progress=bars.chunks, index_progress=bars.vectors)

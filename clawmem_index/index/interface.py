@@ -69,7 +69,7 @@ class IndexStore(Protocol):
         ...
 
     def insert_chunk(self, *, id: str, path: str, source: str, start_line: int, end_line: int, hash: str, text: str,
-            fts_text: str, model: str = '', date: str | None = None, terms: Any = None) -> int:
+            fts_text: str, model: str = "", date: str | None = None, terms: Any = None) -> int:
         """Add a chunk with its FTS row; text that UTF-8 cannot encode (lone surrogates) is stored repaired."""
         ...
 
@@ -147,7 +147,7 @@ class IndexStore(Protocol):
         """Whether vector search reads k-means cells (a large index: a deeper read ranks thousands of"""
         ...
 
-    def ensure_vector_table(self, dims: int, precision: str = 'float32') -> None:
+    def ensure_vector_table(self, dims: int, precision: str = "float32") -> None:
         ...
 
     def index_vectors(self, progress: Callable[[int, int], None] | None = None) -> None:
@@ -199,12 +199,12 @@ class IndexStore(Protocol):
         """Carry another index's cache, parked vectors and batch jobs over: a rebuild must not re-embed what it knew."""
         ...
 
-    def carry_vectors(self, owner: Owner | None, precision: str = 'float32', *, progress: Callable[[int, int],
+    def carry_vectors(self, owner: Owner | None, precision: str = "float32", *, progress: Callable[[int, int],
             None] | None = None, index_progress: Callable[[int, int], None] | None = None) -> int:
         """The chunks' vectors of the index `copy_cache_from` read; returns how many chunks took one."""
         ...
 
-    def reset_vectors(self, next_owner: Owner | None = None, precision: str = 'float32') -> int:
+    def reset_vectors(self, next_owner: Owner | None = None, precision: str = "float32") -> int:
         """Forget every vector (a new model's go in their place); returns how many chunks the index holds."""
         ...
 

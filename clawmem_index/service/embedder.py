@@ -190,7 +190,7 @@ class Embedder:
             run.embedded, error = embed_pending(
                 store, provider, cache_max_entries=index.settings.embedding.cache_max_entries,
                 fingerprint=fingerprint, should_stop=lambda: self._stopping, exclude=covered(store, provider),
-                precision=index.settings.embedding.precision, progress=self._note_progress)
+                precision=index.precision, progress=self._note_progress)
             run.pending_embeddings = store.pending_embeddings()
             if jobs.busy:
                 run.poll_in = index.settings.batch.poll_interval

@@ -252,3 +252,67 @@ def test_an_embedding_pass_past_cell_min_moves_the_vectors_into_cells_and_edits_
                                       min_score=0.0))
     assert [r["path"] for r in hits["results"]] == ["memory/new.md"]  # type: ignore[index]
 
+
+
+# -- how vectors are stored: "auto" precision -------------------------------------------------------------------
+
+
+def _with_precision(settings: Settings, precision: str) -> Settings:
+    import dataclasses
+
+    return dataclasses.replace(settings, embedding=dataclasses.replace(settings.embedding, precision=precision))
+
+
+def _stored(index: MemoryIndex) -> tuple[str, set[int]]:
+    store = index.reader()
+    [(table,)] = store.execute("SELECT name FROM sqlite_master WHERE name IN ('chunks_vec', 'chunks_vec_half')")
+    return str(table), {int(n) for (n,) in store.execute(f"SELECT DISTINCT length(embedding) FROM {table}")}
+
+
+@pytest.mark.parametrize(("dims", "table", "width"), [(512, "chunks_vec", 4), (768, "chunks_vec_half", 2)])
+def test_by_default_vectors_wider_than_512_are_stored_at_half_precision(settings: Settings, write, dims: int,
+                                                                       table: str, width: int) -> None:
+    notes(write)
+    assert settings.embedding.precision == "auto"
+    index = MemoryIndex(settings, provider=FakeProvider(dims=dims))
+    index.sync()
+    assert index.precision == ("float16" if dims > 512 else "float32")
+    assert _stored(index) == (table, {width * dims})
+    found = index.search(SearchRequest("fact number 3", mode="vector", max_results=1, min_score=0.0))
+    assert [r["path"] for r in found["results"]] == ["memory/n3.md"]  # type: ignore[index]
+    index.close()
+
+
+def test_an_index_stored_at_float32_moves_to_half_precision_without_calling_the_provider(settings: Settings,
+                                                                                        write) -> None:
+    """An index made before "auto" (float32 at 768 dimensions) keeps working: the next sync re-stores its own
+    vectors at half precision, the same vectors rounded, and no text is embedded again."""
+    import numpy as np
+
+    notes(write)
+    before = MemoryIndex(_with_precision(settings, "float32"), provider=FakeProvider(dims=768))
+    before.sync()
+    assert _stored(before) == ("chunks_vec", {4 * 768})
+    old = {str(h): np.frombuffer(bytes(b), "<f4") for h, b in before.reader().execute(
+        "SELECT c.hash, v.embedding FROM chunks AS c JOIN chunks_vec AS v ON v.rowid = c.seq")}
+    before.close()
+
+    provider = FakeProvider(dims=768)
+    index = MemoryIndex(settings, provider=provider)
+    report = index.sync()
+    assert provider.document_calls == 0 and report.from_cache == 5
+    assert _stored(index) == ("chunks_vec_half", {2 * 768})
+    new = {str(h): np.frombuffer(bytes(b), "<f2") for h, b in index.reader().execute(
+        "SELECT c.hash, v.embedding FROM chunks AS c JOIN chunks_vec_half AS v ON v.rowid = c.seq")}
+    assert new.keys() == old.keys()
+    assert all(np.array_equal(new[h], old[h].astype("<f2")) for h in old)
+    assert index.status()["fresh"] is True
+    index.close()
+
+
+def test_precision_auto_is_float32_on_the_shared_index(tmp_path: Path) -> None:
+    shared = load_settings(workspace=tmp_path, overrides={"index_backend": "postgres",
+                                                          "index_url": "postgresql://u@127.0.0.1/db"})
+    assert shared.embedding.precision == "auto" and shared.vector_precision(1536) == "float32"
+    local = load_settings(workspace=tmp_path, overrides={"embedding.precision": "float32"})
+    assert local.vector_precision(1536) == "float32"
