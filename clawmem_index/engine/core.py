@@ -47,7 +47,8 @@ from clawmem_index.search.query_cache import QueryCache
 from clawmem_index.search.ranking import SearchOutcome, SearchRequest, run_search
 from clawmem_index.index.store import SCHEMA_VERSION, Store
 from clawmem_index.text.timefmt import iso_time, seconds
-from clawmem_index.sources.workspace import open_memory_file, scan, source_scope
+from clawmem_index.sources.paths import open_memory_file
+from clawmem_index.sources.workspace import scan, source_scope
 
 if TYPE_CHECKING:
     from clawmem_index.engine.sync import Progress, SyncReport

@@ -40,11 +40,10 @@ from clawmem_index.sources.sessions import (
     read_transcript,
 )
 from clawmem_index.index.store import FileRow, Store
+from clawmem_index.sources.paths import file_date, folder_date
 from clawmem_index.sources.workspace import (
     MemoryFile,
     Skipped,
-    file_date,
-    folder_date,
     path_key,
     scan,
     size_reason,

@@ -44,7 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from clawmem_index.sources.workspace import MEMORY_DIR, SKIPPED_DIRS, is_memory_path, path_key, sessions_dir
+from clawmem_index.sources.files import path_key
+from clawmem_index.sources.paths import MEMORY_DIR, SKIPPED_DIRS, is_memory_path, sessions_dir
 
 if TYPE_CHECKING:
     from watchdog.events import FileSystemEvent, FileSystemEventHandler
