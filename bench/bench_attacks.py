@@ -252,7 +252,7 @@ def batch_attack(pid: int, sock: Path, size: int, seconds: float) -> dict[str, A
 
 
 def slow_reader_attack(pid: int, sock: Path, seconds: float) -> dict[str, Any]:
-    most = 512 << 10  # the largest `max_bytes` a `get` may ask for (clawmem_index.service.protocol.MAX_GET_BYTES)
+    most = 512 << 10  # the largest `max_bytes` a `get` may ask for (clawmem_index.service.params.MAX_GET_BYTES)
     large = [get_batch(64), json.dumps(request("get", {"path": "memory/big.md", "max_bytes": most})).encode()
              + b"\n", get_batch(64, max_bytes=most)]
     before = proc_status(pid)

@@ -177,7 +177,8 @@ class Client:
     # -- how a question is answered ----------------------------------------------------------
 
     def _ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        from clawmem_index.service.protocol import RpcError, validate_params
+        from clawmem_index.service.params import validate_params
+        from clawmem_index.service.replies import RpcError
 
         try:
             checked = validate_params(method, {k: v for k, v in params.items() if v is not None})
@@ -217,7 +218,7 @@ class Client:
             self._daemon_back = math.inf
 
     def _answer_here(self, method: str, p: dict[str, Any]) -> dict[str, Any]:
-        from clawmem_index.service.protocol import search_request
+        from clawmem_index.service.params import search_request
 
         with self._lock:
             if self._index is None:

@@ -142,9 +142,9 @@ def test_every_socket_error_code_is_in_the_readme() -> None:
     import inspect
 
     from clawmem_index import errors
-    from clawmem_index.service import protocol
+    from clawmem_index.service import replies
 
-    codes = {value for name, value in vars(protocol).items() if name.isupper() and isinstance(value, int)
+    codes = {value for name, value in vars(replies).items() if name.isupper() and isinstance(value, int)
              and -32768 <= value <= -32000}
     codes |= {cls.rpc_code for cls in vars(errors).values() if inspect.isclass(cls) and hasattr(cls, "rpc_code")}
     text = README.read_text()

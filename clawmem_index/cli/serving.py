@@ -95,32 +95,32 @@ def install_service(model: str | None, dry_run: bool, unit_dir: Path | None, no_
     def action() -> None:
         import shlex
 
-        from clawmem_index.service import units as service
+        from clawmem_index.service import unit_files, units
 
         settings = ctx.settings(**({"embedding.model": model} if model else {}))
         config = Path(ctx.flags["config"]).expanduser().resolve() if ctx.flags["config"] else None
         provider = settings.embedding.provider if ctx.flags["embedding.provider"] else None
-        instance = service.instance_spec(settings, provider=provider, model=model, config=config,
+        instance = units.instance_spec(settings, provider=provider, model=model, config=config,
                                          sandbox=not no_sandbox)
-        command = " ".join(service.systemd_quote(w) for w in service.clawmem_command())
-        files = {**service.render_templates(command, marker=True), **service.render_instance(instance)}
-        target = unit_dir or service.default_unit_dir()
-        env_file = service.env_file_path()
+        command = " ".join(units.systemd_quote(w) for w in units.clawmem_command())
+        files = {**units.render_templates(command, marker=True), **units.render_instance(instance)}
+        target = unit_dir or unit_files.default_unit_dir()
+        env_file = unit_files.env_file_path()
         for note in instance.notes:
             click.echo(f"clawmem: note: {note}", err=True)
         if dry_run:
             for rel, text in files.items():
                 click.echo(f"# --- {target / rel}")
                 click.echo(text)
-            click.echo(f"# --- {env_file}: {service.ensure_env_file(env_file, dry_run=True)} (mode 0600)")
+            click.echo(f"# --- {env_file}: {unit_files.ensure_env_file(env_file, dry_run=True)} (mode 0600)")
             return
-        states = service.install(files, target, force=force)
+        states = unit_files.install(files, target, force=force)
         for path, state in states:
             click.echo(f"{state:>10}  {path}")
         for folder in instance.writable:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        click.echo(f"{service.ensure_env_file(env_file):>10}  {env_file}  (mode 0600: put API keys here)")
-        if any(service.MARKER in _read(target / n) for n in service.LEGACY_NAMES):
+        click.echo(f"{unit_files.ensure_env_file(env_file):>10}  {env_file}  (mode 0600: put API keys here)")
+        if any(units.MARKER in _read(target / n) for n in unit_files.LEGACY_NAMES):
             click.echo("clawmem: note: the single-workspace units of an earlier clawmem are installed too: "
                        "systemctl --user disable --now clawmem.service clawmem.socket && clawmem uninstall-service",
                        err=True)
@@ -130,7 +130,7 @@ def install_service(model: str | None, dry_run: bool, unit_dir: Path | None, no_
         click.echo(f"  systemctl --user enable --now {svc}")
         click.echo("or, to start it on the first query instead:")
         click.echo(f"  systemctl --user enable --now {sock}")
-        mine = {target / rel for rel in service.render_instance(instance)}
+        mine = {target / rel for rel in units.render_instance(instance)}
         if any(state == "updated" and path in mine for path, state in states):
             click.echo(f"if it runs already: systemctl --user daemon-reload && systemctl --user restart {svc}")
         click.echo(f"logs: journalctl --user -u {svc} -f")
@@ -158,21 +158,21 @@ def uninstall_service(workspace: str | None, unit_dir: Path | None) -> None:
     def action() -> None:
         import shlex
 
-        from clawmem_index.service import units as service
+        from clawmem_index.service import unit_files, units
 
-        target = unit_dir or service.default_unit_dir()
+        target = unit_dir or unit_files.default_unit_dir()
         ws = Path(workspace).expanduser().resolve() if workspace is not None else None
-        mine = ([f"clawmem@{service.instance_name(ws)}.{kind}" for kind in ("service", "socket")] if ws is not None
-                else list(service.LEGACY_NAMES))
-        still = [u for u in service.enabled_units(target) if u in mine]
-        removed, users = service.uninstall(target, ws)
+        mine = ([f"clawmem@{units.instance_name(ws)}.{kind}" for kind in ("service", "socket")] if ws is not None
+                else list(unit_files.LEGACY_NAMES))
+        still = [u for u in unit_files.enabled_units(target) if u in mine]
+        removed, users = unit_files.uninstall(target, ws)
         for path in removed:
             click.echo(f"   removed  {path}")
         if not removed:
             click.echo("no clawmem units to remove", err=True)
         if still:
             click.echo(f"clawmem: note: still enabled: systemctl --user disable --now {shlex.join(still)}", err=True)
-        kept = [n for n in service.TEMPLATE_NAMES if service.MARKER in _read(target / n)]
+        kept = [n for n in units.TEMPLATE_NAMES if units.MARKER in _read(target / n)]
         if kept and users:
             click.echo(f"kept {', '.join(kept)}: still used by {', '.join(users)}", err=True)
         if removed:
@@ -186,11 +186,11 @@ def uninstall_service(workspace: str | None, unit_dir: Path | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def services(unit_dir: Path | None, as_json: bool) -> None:
     """List the workspaces with an installed daemon instance, and whether systemd enabled and runs them."""
-    from clawmem_index.service import units as service
+    from clawmem_index.service import unit_files, units
 
-    target = unit_dir or service.default_unit_dir()
-    instances = service.installed_instances(target)
-    states, why = service.unit_states([u for i in instances for u in (i.service, i.socket)])
+    target = unit_dir or unit_files.default_unit_dir()
+    instances = unit_files.installed_instances(target)
+    states, why = unit_files.unit_states([u for i in instances for u in (i.service, i.socket)])
     rows = [{"workspace": argument_text(str(i.workspace)), "unit": unit,
              **((states or {}).get(unit) or {"enabled": "unknown", "active": "unknown"})}
             for i in instances for unit in (i.service, i.socket)]
@@ -205,7 +205,7 @@ def services(unit_dir: Path | None, as_json: bool) -> None:
         click.echo(f"no clawmem instances installed in {target}", err=True)
     if states is None and instances:
         click.echo(f"clawmem: note: unit states unknown: {why}", err=True)
-    legacy = [n for n in service.LEGACY_NAMES if service.MARKER in _read(target / n)]
+    legacy = [n for n in unit_files.LEGACY_NAMES if units.MARKER in _read(target / n)]
     if legacy:
         click.echo(f"clawmem: note: single-workspace units of an earlier clawmem: {', '.join(legacy)}"
                    " (`clawmem uninstall-service` removes them)", err=True)

@@ -18,7 +18,7 @@ from clawmem_index.index.store import Store
 from clawmem_index.search.query_cache import QueryCache
 from clawmem_index.search.ranking import SearchOutcome, SearchRequest, run_search
 from clawmem_index.sources.files import GET_MAX_BYTES, Window, count_lines, read_window
-from clawmem_index.sources.workspace import open_memory_file
+from clawmem_index.sources.paths import open_memory_file
 
 if TYPE_CHECKING:
     from clawmem_index.engine.core import MemoryIndex

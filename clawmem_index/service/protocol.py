@@ -6,7 +6,9 @@ validation, and the mapping of `clawmem_index.errors` classes to their `rpc_code
 never answers with text that is not JSON: NaN, Infinity and numbers out of a double's range are
 refused at parse (-32700), lone surrogates in an id (-32600) or in params (-32602) and integers
 beyond 64 bits (-32602) are refused before anything runs, and answers are encoded with
-`allow_nan=False`; an answer that still cannot be encoded (a backend bug) becomes -32603.
+`allow_nan=False`; an answer that still cannot be encoded (a backend bug) becomes -32603. The
+methods' parameters are checked by `clawmem_index.service.params`; error codes, encoding and the
+bytes a reply holds are `clawmem_index.service.replies`.
 
 What one client can make the daemon hold is bounded here:
 
@@ -22,73 +24,61 @@ What one client can make the daemon hold is bounded here:
   without reading the file.
 """
 
-
 from __future__ import annotations
 
 import contextlib
 import functools
 import json
 import math
-import re
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from clawmem_index.config import MAX_CONTEXT_BUDGET
 from clawmem_index.errors import ClawmemError
+from clawmem_index.service.params import (
+    ECHO_CHARS,
+    MAX_GET_BYTES,
+    PARAMS,
+    POOLED,
+    SURROGATE,
+    quote_name,
+    search_request,
+    validate_params,
+)
+from clawmem_index.service.replies import (
+    BUSY_MESSAGE,
+    BUSY_PART,
+    INTERNAL_ERROR,
+    INTERNAL_PART,
+    INVALID_REQUEST,
+    MAX_REPLY_BYTES,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    REPLY_TOO_LARGE,
+    SERVER_BUSY,
+    MemoryBudget,
+    Reply,
+    RpcError,
+    dumps,
+    encode_part,
+    error_object,
+    fixed_reply,
+)
 from clawmem_index.sources.files import GET_MAX_BYTES
 
 if TYPE_CHECKING:
     from clawmem_index.search.ranking import SearchRequest
 
 __all__ = [
-    "FREE_BYTES",
-    "INTERNAL_ERROR",
-    "INVALID_PARAMS",
-    "INVALID_REQUEST",
     "MAX_BATCH",
-    "MAX_GET_BYTES",
-    "MAX_REPLY_BYTES",
-    "MEMORY_BUDGET",
-    "METHOD_NOT_FOUND",
-    "PARSE_ERROR",
-    "REPLY_TOO_LARGE",
-    "SERVER_BUSY",
+    "PARAMS",  # the socket's methods and their parameters (`params`), read here to refuse unknown methods
     "Backend",
     "Dispatcher",
-    "MemoryBudget",
-    "Reply",
-    "encode_line",
-    "error_object",
     "parse_line",
     "safe_log",
-    "search_request",
-    "validate_params",
 ]
 
 MAX_BATCH = 64
-MAX_REPLY_BYTES = 4 << 20
-# The largest `get` text: JSON escapes a control character to 6 bytes (\u00XX), so even a text of
-# nothing else, with its envelope, fits one reply line.
-MAX_GET_BYTES = 512 << 10
-MEMORY_BUDGET = 32 << 20
-FREE_BYTES = 64 << 10  # 256 connections x 64 KiB = 16 MiB at most outside the budget
-SEND_CHUNK = 64 << 10
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-ECHO_CHARS = 80  # how much of a client's name (method, parameter) an error message repeats
-
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-SERVER_BUSY = -32001
-REPLY_TOO_LARGE = -32002
-
-SEARCH_MODES = ("hybrid", "bm25", "vector")
-BUSY_MESSAGE = "server busy: too many large replies being sent, try again"
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Backend(Protocol):
@@ -106,14 +96,6 @@ class Backend(Protocol):
     def sync(self, wait: bool) -> dict[str, object]: ...
 
     def reindex(self, wait: bool) -> dict[str, object]: ...
-
-
-class RpcError(Exception):
-    """A JSON-RPC error to send back as is."""
-
-    def __init__(self, code: int, message: str, data: object = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.data = code, message, data
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -156,227 +138,6 @@ def parse_line(line: bytes) -> object:
         raise RpcError(PARSE_ERROR, f"parse error: not valid JSON ({type(exc).__name__})") from None
 
 
-def has_lone_surrogate(value: object) -> bool:
-    """Whether a string anywhere in `value` (keys too) holds a lone surrogate, which UTF-8 cannot encode.
-
-    Iterative, so a deeply nested value cannot exhaust the stack.
-    """
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if not item.isascii() and _SURROGATE.search(item):
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
-
-
-def _quote(name: str) -> str:
-    """A client's name for an error message: escaped (repr) and cut short."""
-    return repr(name[:ECHO_CHARS]) + ("..." if len(name) > ECHO_CHARS else "")
-
-
-# -- parameters ------------------------------------------------------------------------------
-
-# name -> (kind, required); kinds: "str", "int", "number", "bool", "names" (a list of 1-64 short strings)
-PARAMS: dict[str, dict[str, tuple[str, bool]]] = {
-    "search": {"query": ("str", True), "max_results": ("int", False), "min_score": ("number", False),
-               "mode": ("str", False), "path_prefix": ("str", False), "source": ("str", False),
-               "since": ("str", False), "before": ("str", False), "explain": ("bool", False),
-               "workspaces": ("names", False)},
-    "get": {"path": ("str", True), "from": ("int", False), "lines": ("int", False), "max_bytes": ("int", False)},
-    "status": {},
-    "context": {"query": ("str", True), "budget": ("int", False), "max_results": ("int", False),
-                "min_score": ("number", False), "mode": ("str", False), "path_prefix": ("str", False),
-                "source": ("str", False), "since": ("str", False), "before": ("str", False),
-                "workspaces": ("names", False)},
-    "sync": {"wait": ("bool", False)},
-    "reindex": {"wait": ("bool", False)},
-}
-# Methods answered on the query pool (bounded read connections); sync/reindex only wait on the writer.
-POOLED = frozenset({"search", "get", "status", "context"})
-
-_KIND_NAMES = {"str": "a string", "int": "an integer", "number": "a number", "bool": "true or false",
-               "names": "a list of 1 to 64 workspace names"}
-MAX_WORKSPACES = 64
-
-
-def validate_params(method: str, params: object) -> dict[str, Any]:
-    """The request's params checked against the method's signature, or an RpcError(-32602) saying why."""
-    spec = PARAMS[method]
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        raise RpcError(INVALID_PARAMS, f"invalid params: {method} takes named parameters (a JSON object)")
-    if has_lone_surrogate(params):
-        raise RpcError(INVALID_PARAMS, "invalid params: a string holds a lone surrogate (not valid Unicode)")
-    unknown = sorted(set(params) - set(spec))
-    if unknown:
-        expected = ", ".join(spec) or "none"
-        raise RpcError(INVALID_PARAMS, f"invalid params: unknown parameter {_quote(unknown[0])} for {method}"
-                                       f" (expected: {expected})")
-    clean: dict[str, Any] = {}
-    for name, (kind, required) in spec.items():
-        value = params.get(name)
-        if value is None:
-            if required:
-                raise RpcError(INVALID_PARAMS, f"invalid params: {method} needs {name!r} ({_KIND_NAMES[kind]})")
-            continue
-        if not _is_kind(value, kind):
-            got = "a boolean" if isinstance(value, bool) else type(value).__name__
-            raise RpcError(INVALID_PARAMS, f"invalid params: {name!r} must be {_KIND_NAMES[kind]}, not {got}")
-        clean[name] = value
-    _check_ranges(method, clean)
-    for name, value in clean.items():
-        if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
-            raise RpcError(INVALID_PARAMS, f"invalid params: {name!r} is out of range (beyond a 64-bit integer)")
-    return clean
-
-
-def _is_kind(value: object, kind: str) -> bool:
-    if kind == "str":
-        return isinstance(value, str)
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "names":
-        return (isinstance(value, list) and 1 <= len(value) <= MAX_WORKSPACES
-                and all(isinstance(v, str) and 0 < len(v) <= 200 for v in value))
-    if isinstance(value, bool):
-        return False
-    if kind == "int":
-        return isinstance(value, int)
-    # An int is a number whatever its size (math.isfinite would overflow on a huge one).
-    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
-
-
-def _check_ranges(method: str, p: dict[str, Any]) -> None:
-    def bad(message: str) -> RpcError:
-        return RpcError(INVALID_PARAMS, f"invalid params: {message}")
-
-    if method in ("search", "context"):
-        if "max_results" in p and not 1 <= p["max_results"] <= 1000:
-            raise bad("'max_results' must be between 1 and 1000")
-        if "min_score" in p and not 0.0 <= p["min_score"] <= 1.0:
-            raise bad("'min_score' must be between 0 and 1")
-        if "mode" in p and p["mode"] not in SEARCH_MODES:
-            raise bad(f"'mode' must be one of {', '.join(SEARCH_MODES)}")
-        if "budget" in p and not 0 <= p["budget"] <= MAX_CONTEXT_BUDGET:
-            raise bad(f"'budget' must be between 0 and {MAX_CONTEXT_BUDGET} tokens")
-    elif method == "get":
-        for name in ("from", "lines"):
-            if name in p and p[name] < 1:
-                raise bad(f"{name!r} must be >= 1")
-        if "max_bytes" in p and not 1 <= p["max_bytes"] <= MAX_GET_BYTES:
-            raise bad(f"'max_bytes' must be between 1 and {MAX_GET_BYTES}")
-
-
-# -- replies ---------------------------------------------------------------------------------
-
-
-class MemoryBudget:
-    """Reply bytes held in memory across all connections, built or waiting for a reader.
-
-    Slow or absent readers would otherwise pin one full reply each. The first `free` bytes of
-    every reply are not counted, so small answers never wait on large ones; a connection holds
-    one reply at a time, so those stay bounded by the connection cap.
-    """
-
-    def __init__(self, limit: int, free: int = FREE_BYTES) -> None:
-        self.limit = limit
-        self.free = free
-        self.held = 0
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> bool:
-        with self._lock:
-            if self.held + n > self.limit:
-                return False
-            self.held += n
-            return True
-
-    def give(self, n: int) -> None:
-        with self._lock:
-            self.held -= n
-
-
-class Reply:
-    """One response line, kept as its encoded answers (never joined into a second copy).
-
-    `size` is the exact length of the line (brackets, commas and newline included), so the
-    reply cap is checked before an answer is added, and the bytes beyond the budget's free
-    allowance are reserved in the shared budget until `release`.
-    """
-
-    def __init__(self, batch: bool, budget: MemoryBudget | None) -> None:
-        self.batch = batch
-        self.budget = budget
-        self.parts: list[bytes] = []
-        self.size = 2 if batch else 0
-        self.reserved = 0
-        self.advance = 0  # part of `reserved` taken for an answer not made yet
-
-    def cost(self, part: bytes) -> int:
-        return len(part) + 1  # its comma or closing bracket, or the newline of a single answer
-
-    def reserve(self, size: int, *, advance: bool = False) -> bool:
-        """Hold room in the budget for `size` more bytes, settling any advance; False if it does not fit.
-
-        With `advance`, the room is taken before the answer is made (one whose largest size is known
-        beforehand), so work whose answer could not be held is never done; the next call settles it
-        against the real size (`reserve(0)` gives it back). On False nothing changes.
-        """
-        if self.budget is None:
-            return True
-        free = self.budget.free
-        need = max(0, self.size + size - free) - max(0, self.size - free)
-        extra = need - self.advance
-        if extra > 0 and not self.budget.take(extra):
-            return False
-        if extra < 0:
-            self.budget.give(-extra)
-        self.reserved += extra
-        self.advance = need if advance else 0
-        return True
-
-    def hold(self, part: bytes) -> bool:
-        return self.reserve(self.cost(part))
-
-    def add(self, part: bytes) -> None:
-        self.parts.append(part)
-        self.size += self.cost(part)
-
-    def release(self) -> None:
-        if self.budget is not None and self.reserved:
-            self.budget.give(self.reserved)
-        self.reserved = self.advance = 0
-
-    def chunks(self) -> Iterator[bytes]:
-        """The line in pieces of about SEND_CHUNK: small answers coalesced, large ones as they are."""
-        pending = bytearray(b"[" if self.batch else b"")
-        for i, part in enumerate(self.parts):
-            if i:
-                pending += b","
-            if len(part) >= SEND_CHUNK:
-                if pending:
-                    yield bytes(pending)
-                    pending.clear()
-                yield part
-                continue
-            pending += part
-            if len(pending) >= SEND_CHUNK:
-                yield bytes(pending)
-                pending.clear()
-        pending += b"]\n" if self.batch else b"\n"
-        yield bytes(pending)
-
-    def data(self) -> bytes:
-        return b"".join(self.chunks())
-
-
 # -- the protocol ----------------------------------------------------------------------------
 
 
@@ -402,7 +163,7 @@ class Dispatcher:
             return self._build(entries, batch, budget)
         except Exception:
             safe_log(self._log, "exception", "dispatch_failed")
-            return _fixed_reply(_INTERNAL_PART)
+            return fixed_reply(INTERNAL_PART)
 
     def _build(self, entries: list[object], batch: bool, budget: MemoryBudget | None) -> Reply | None:
         """Run the entries in order, measuring each answer against the reply cap and the shared budget.
@@ -413,7 +174,7 @@ class Dispatcher:
         reply = Reply(batch, budget)
         to_come = sum(self._refusal_cost(e) for e in entries)
         if reply.size + to_come > self.max_reply:
-            return _fixed_reply(_encode_part(error_object(None, REPLY_TOO_LARGE, self._too_large_message())))
+            return fixed_reply(encode_part(error_object(None, REPLY_TOO_LARGE, self._too_large_message())))
         stop: int | None = None
         for entry in entries:
             to_come -= self._refusal_cost(entry)
@@ -421,7 +182,7 @@ class Dispatcher:
                 part, stop = self._place(reply, entry, stop, to_come)
             except _OutOfBudget:
                 reply.release()
-                return _fixed_reply(_BUSY_PART)
+                return fixed_reply(BUSY_PART)
             if part is not None:
                 reply.add(part)
         return reply if reply.parts else None
@@ -481,7 +242,7 @@ class Dispatcher:
         if _is_notification(entry):
             return 0
         longest = max(self._too_large_message(), BUSY_MESSAGE, key=len)
-        return len(_encode_part(error_object(_valid_id(entry), REPLY_TOO_LARGE, longest))) + 1
+        return len(encode_part(error_object(_valid_id(entry), REPLY_TOO_LARGE, longest))) + 1
 
     def _too_large_message(self) -> str:
         return (f"reply too large: the answers would exceed {self.max_reply} bytes; ask for less"
@@ -490,12 +251,12 @@ class Dispatcher:
     def _encode_answer(self, answer: dict[str, object] | None) -> bytes:
         """The answer as JSON; one that cannot be encoded (a backend bug) becomes an internal error."""
         try:
-            return _dumps(answer)
+            return dumps(answer)
         except Exception as exc:
             safe_log(self._log, "exception", "answer_not_encodable")
             rid = answer.get("id") if isinstance(answer, dict) else None
             message = f"internal error: the answer could not be encoded as JSON ({type(exc).__name__})"
-            return _encode_part(error_object(rid, INTERNAL_ERROR, message))
+            return encode_part(error_object(rid, INTERNAL_ERROR, message))
 
     def _one(self, message: object) -> dict[str, object] | None:
         if not isinstance(message, dict):
@@ -526,7 +287,7 @@ class Dispatcher:
 
     def _call(self, method: str, raw_params: object) -> object:
         if method not in PARAMS:
-            raise RpcError(METHOD_NOT_FOUND, f"method not found: {_quote(method)} (methods: {', '.join(PARAMS)})")
+            raise RpcError(METHOD_NOT_FOUND, f"method not found: {quote_name(method)} (methods: {', '.join(PARAMS)})")
         p = validate_params(method, raw_params)
         backend = self.backend
         call: Callable[[], object]
@@ -543,16 +304,6 @@ class Dispatcher:
         else:
             call = lambda: backend.reindex(p.get("wait", False))
         return call()
-
-
-def search_request(params: dict[str, Any]) -> SearchRequest:
-    """The SearchRequest of validated `search` (or `context`) params."""
-    from clawmem_index.search.ranking import SearchRequest
-
-    return SearchRequest(params["query"], params.get("max_results"), params.get("min_score"), params.get("mode"),
-                         params.get("path_prefix"), params.get("source"), params.get("since"), params.get("before"),
-                         bool(params.get("explain", False)),
-                         tuple(params["workspaces"]) if params.get("workspaces") else None)
 
 
 @dataclass(frozen=True)
@@ -604,7 +355,7 @@ def _is_notification(entry: object) -> bool:
 def _id_ok(rid: object) -> bool:
     """Whether an answer may echo `rid`: null, a finite number (parse_line saw to that), valid Unicode text."""
     if isinstance(rid, str):
-        return rid.isascii() or not _SURROGATE.search(rid)
+        return rid.isascii() or not SURROGATE.search(rid)
     return rid is None or (isinstance(rid, int | float) and not isinstance(rid, bool))
 
 
@@ -612,37 +363,6 @@ def _valid_id(entry: object) -> object:
     """The entry's id if an answer may echo it, else None."""
     rid = entry.get("id") if isinstance(entry, dict) else None
     return rid if _id_ok(rid) else None
-
-
-def error_object(rid: object, code: int, message: str, data: object = None) -> dict[str, object]:
-    error: dict[str, object] = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
-    return {"jsonrpc": "2.0", "id": rid, "error": error}
-
-
-def _dumps(obj: object) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
-
-
-def _encode_part(obj: object) -> bytes:
-    """`obj` as JSON without the newline; never raises (falls back to an internal error with id null)."""
-    try:
-        return _dumps(obj)
-    except Exception:
-        return _INTERNAL_PART
-
-
-def encode_line(obj: object) -> bytes:
-    """`obj` as one response line; never raises."""
-    return _encode_part(obj) + b"\n"
-
-
-def _fixed_reply(part: bytes) -> Reply:
-    """A small constant answer, outside any budget."""
-    reply = Reply(False, None)
-    reply.add(part)
-    return reply
 
 
 def _describe(exc: BaseException) -> str:
@@ -659,9 +379,3 @@ def safe_log(log: Any, level: str, event: str, **fields: Any) -> None:
         return
     with contextlib.suppress(Exception):
         getattr(log, level)(event, **fields)
-
-
-_INTERNAL_PART = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"internal error"}}'
-_BUSY_PART = _dumps(error_object(None, SERVER_BUSY, BUSY_MESSAGE))
-
-

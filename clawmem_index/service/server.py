@@ -35,18 +35,16 @@ from pathlib import Path
 from typing import Any
 
 from clawmem_index.errors import ConfigError, IndexUnavailable
-from clawmem_index.service.protocol import (
+from clawmem_index.service.protocol import Backend, Dispatcher, safe_log
+from clawmem_index.service.replies import (
     INVALID_REQUEST,
     MAX_REPLY_BYTES,
     MEMORY_BUDGET,
     SERVER_BUSY,
-    Backend,
-    Dispatcher,
     MemoryBudget,
     Reply,
     encode_line,
     error_object,
-    safe_log,
 )
 
 __all__ = ["MAX_CONNECTIONS", "MAX_LINE", "SEND_TIMEOUT", "LineReader", "RpcServer", "bind_unix_socket",

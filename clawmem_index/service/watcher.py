@@ -1,15 +1,11 @@
 """File events → debounced "sync requested" signals for the daemon.
 
-Only what can hold memory is watched, because a workspace is often a code repository too: a
-recursive watch on it would spend an inotify watch on every folder of `.git`, `node_modules` or a
-build tree (exhausting the user's limit, or making the polling fallback stat them all) and wake the
-daemon for every build. The roots are the workspace itself, non-recursively (`MEMORY.md`, and
-`memory/` or an extra path appearing, vanishing or moving), `memory/` recursively when it is a real
-folder (never a symlink: the scanner does not follow them either), each extra folder recursively,
-and the parent of an extra file (or of an extra folder not there yet) non-recursively; with the
-sessions source on, the transcripts' folder recursively (or its parent until it exists). When an
-event creates, deletes or moves a root or one of its parents, the worker thread re-schedules the
-roots before the sync that event asked for can fire; a periodic check catches what no event told.
+Only what can hold memory is watched, never a whole workspace that is a code repository too: which
+roots, and which index keys an event below them names, are the rules of
+`clawmem_index.service.watch_paths`. When an event creates, deletes or moves a root or one of its
+parents, the worker thread re-schedules the roots before the sync that event asked for can fire; a
+periodic check catches what no event told. The watchdog observers themselves (and the fallback to
+polling) are made in `clawmem_index.service.observers`.
 
 A signal carries the index keys of the memory files that changed, so the daemon can sync just
 those (one edit costs the same in a workspace of any size), or None when the watcher cannot know
@@ -36,15 +32,23 @@ import contextlib
 import errno
 import logging
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clawmem_index.sources.workspace import MEMORY_DIR, SKIPPED_DIRS, is_memory_path, path_key, sessions_dir
+from clawmem_index.service.observers import (
+    WATCH_LIMIT_ERRNOS,
+    WATCHDOG_LOGGER,
+    OverflowTap,
+    default_observer,
+    ensure_warnings_reach,
+    polling_observer,
+    stop_quietly,
+)
+from clawmem_index.service.watch_paths import RootKey, WatchedPaths, within
 
 if TYPE_CHECKING:
     from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -55,18 +59,8 @@ __all__ = ["Debounce", "WorkspaceWatcher"]
 # on_sync(reason, paths): paths are index keys, or None for "anything may have changed: full pass".
 SyncCallback = Callable[[str, frozenset[str] | None], object]
 ObserverFactory = Callable[[], "BaseObserver"]
-# A watched root: (absolute directory, recursive).
-RootKey = tuple[str, bool]
 
-# Errors that mean "this kernel will not give us (more) inotify watches": fall back to polling.
-WATCH_LIMIT_ERRNOS = frozenset({errno.ENOSPC, errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 HEALTH_INTERVAL = 30.0
-# Event types that are not changes: watchdog >= 5 reports opens and read-only closes, and our own
-# sync reads every changed file, so counting them would make each sync trigger the next.
-_IGNORED_EVENTS = frozenset({"opened", "closed_no_write"})
-# Event types that can make a root appear, vanish or move.
-_ROOT_EVENTS = frozenset({"created", "deleted", "moved"})
-_WATCHDOG_LOGGER = "watchdog.observers"
 
 
 @dataclass
@@ -131,15 +125,10 @@ class WorkspaceWatcher:
         self.rescan_interval = rescan_interval
         self.polling_interval = polling_interval
         self.health_interval = health_interval
-        self._observer_factory = observer_factory or _default_observer
-        self._polling_factory = polling_factory or (lambda: _polling_observer(polling_interval))
+        self._observer_factory = observer_factory or default_observer
+        self._polling_factory = polling_factory or (lambda: polling_observer(polling_interval))
         self._log = log or _NullLog()
-        self._rel_extras, self._abs_extras = _split_extras(self.workspace, extra_paths)
-        self._memory_root = os.path.join(self.workspace, MEMORY_DIR)
-        self._extra_roots = tuple(os.path.normpath(self.workspace / e) for e in self._rel_extras) + self._abs_extras
-        self._sessions = sessions_dir(self.workspace, sessions) if sessions is not None else None
-        # Folders watched like extra folders: recursively, or through their parent until they exist.
-        self._dir_roots = self._extra_roots + ((self._sessions.path,) if self._sessions is not None else ())
+        self._watched = WatchedPaths(self.workspace, extra_paths, sessions)
         self._debounce = Debounce(debounce, max_delay)
         self._cond = threading.Condition()
         self._reasons: set[str] = set()
@@ -154,7 +143,7 @@ class WorkspaceWatcher:
         self._scheduled: dict[RootKey, _Root] = {}
         self._unwatchable: set[RootKey] = set()
         self._thread: threading.Thread | None = None
-        self._tap = _OverflowTap(self._on_overflow, self._on_watch_failure)
+        self._tap = OverflowTap(self._on_overflow, self._on_watch_failure)
         self.mode = "stopped"
         self.signals = 0
 
@@ -162,14 +151,14 @@ class WorkspaceWatcher:
 
     def start(self) -> None:
         """Start observing; never raises for watch limits (it falls back to polling instead)."""
-        logging.getLogger(_WATCHDOG_LOGGER).addHandler(self._tap)
-        _ensure_warnings_reach(logging.getLogger(_WATCHDOG_LOGGER))
+        logging.getLogger(WATCHDOG_LOGGER).addHandler(self._tap)
+        ensure_warnings_reach(logging.getLogger(WATCHDOG_LOGGER))
         try:
             self._start_observer(self._observer_factory)
             self.mode = "inotify" if "Inotify" in type(self._observer).__name__ else "native"
         except OSError as exc:
             if exc.errno not in WATCH_LIMIT_ERRNOS:
-                logging.getLogger(_WATCHDOG_LOGGER).removeHandler(self._tap)
+                logging.getLogger(WATCHDOG_LOGGER).removeHandler(self._tap)
                 raise
             self._log.warning("watch_limit", error=str(exc), action="polling fallback and full rescan",
                               hint="raise fs.inotify.max_user_watches / max_user_instances")
@@ -188,7 +177,7 @@ class WorkspaceWatcher:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         self._stop_observer()
-        logging.getLogger(_WATCHDOG_LOGGER).removeHandler(self._tap)
+        logging.getLogger(WATCHDOG_LOGGER).removeHandler(self._tap)
         self.mode = "stopped"
 
     def request(self, reason: str, paths: frozenset[str] | None = None) -> None:
@@ -224,59 +213,10 @@ class WorkspaceWatcher:
 
     def affected(self, event: FileSystemEvent) -> frozenset[str] | None:
         """The index keys an event may have changed: empty if none, None if it cannot be known."""
-        if event.event_type in _IGNORED_EVENTS:
-            return frozenset()
-        if event.is_directory and event.event_type == "modified":
-            return frozenset()  # a directory's mtime moves with every child: the child's own event counts
-        keys: set[str] = set()
-        for raw in _event_paths(event):
-            key = self._key(raw, event.is_directory)
-            if key is None:
-                return None
-            keys.update(key)
-        return frozenset(keys)
-
-    def _key(self, path: str, is_directory: bool) -> frozenset[str] | None:
-        """The index key of one path: empty if not memory, None if it needs a full pass to know.
-
-        Keys are made as the scanner makes them (`path_key`), so a name that is not valid UTF-8
-        names the same key here as in the index.
-        """
-        transcript = self._session_key(path, is_directory)
-        if transcript is None or transcript:
-            return transcript
-        rel = os.path.relpath(path, self.workspace)
-        if rel.startswith(".."):
-            # Outside the workspace (an extra path): index keys are absolute there; scan it all.
-            return None if any(_under(path, extra, is_directory) for extra in self._abs_extras) else frozenset()
-        rel = rel.replace(os.sep, "/")
-        if is_directory:
-            # Files may already be inside a folder created or moved in: only a full pass finds them.
-            return None if _memory_dir(rel, self._rel_extras) else frozenset()
-        return frozenset({path_key(rel)}) if is_memory_path(rel, self._rel_extras) else frozenset()
-
-    def _session_key(self, path: str, is_directory: bool) -> frozenset[str] | None:
-        """The transcript a path is (its key), empty if none, None for a folder in the sessions tree (full pass)."""
-        where = self._sessions
-        if where is None or not _within(path, where.path):
-            return frozenset()
-        parts = Path(os.path.relpath(path, where.path)).parts if path != where.path else ()
-        if any(p.startswith(".") or p in SKIPPED_DIRS for p in parts):
-            return frozenset()
-        if is_directory:
-            return None
-        key = where.key_of(parts)
-        return frozenset({key}) if parts and where.names_of(key) is not None else frozenset()
-
-    def _touched_roots(self, event: FileSystemEvent) -> frozenset[str]:
-        """The paths of an event that are a memory root or one of its parents (the roots to redo)."""
-        if event.event_type not in _ROOT_EVENTS:
-            return frozenset()
-        candidates = (self._memory_root, *self._dir_roots)
-        return frozenset(path for path in _event_paths(event) if any(_within(c, path) for c in candidates))
+        return self._watched.affected(event)
 
     def _on_event(self, event: FileSystemEvent) -> None:
-        touched = self._touched_roots(event)
+        touched = self._watched.touched_roots(event)
         if touched:
             with self._cond:
                 self._roots_due = touched | (self._roots_due or frozenset())
@@ -414,27 +354,7 @@ class WorkspaceWatcher:
         observer, self._observer = self._observer, None
         self._scheduled = {}
         if observer is not None:
-            _stop_quietly(observer)
-
-    def _wanted(self) -> dict[RootKey, tuple[int, int]]:
-        """The roots that exist now as real folders, each with its (device, inode)."""
-        found: dict[RootKey, tuple[int, int]] = {}
-        workspace = _dir_identity(str(self.workspace), follow=True)  # it may be given through a symlink
-        if workspace is not None:
-            found[(str(self.workspace), False)] = workspace
-        candidates: list[RootKey] = [(self._memory_root, True)]
-        for extra in self._dir_roots:
-            if _dir_identity(extra) is not None:
-                candidates.append((extra, True))
-            else:  # a single file, or a folder not there yet: its parent sees it come
-                candidates.append((os.path.dirname(extra), False))
-        for key in candidates:
-            identity = _dir_identity(key[0])
-            if identity is not None:
-                found[key] = identity
-        recursive = [path for path, rec in found if rec]
-        return {key: identity for key, identity in found.items()
-                if not any(_within(key[0], outer) and (outer, True) != key for outer in recursive)}
+            stop_quietly(observer)
 
     def _reconcile(self, touched: frozenset[str], *, strict: bool = False) -> bool:
         """Make the scheduled watches match the roots on disk; True if any watch was added or removed.
@@ -449,14 +369,14 @@ class WorkspaceWatcher:
         observer, handler = self._observer, self._handler
         if observer is None or handler is None:
             return False
-        wanted = self._wanted()
+        wanted = self._watched.wanted()
         alive = {emitter.watch for emitter in list(observer.emitters) if emitter.is_alive()}
         scheduled = dict(self._scheduled)  # published whole, so `roots()` may read it from any thread
         changed = False
         try:
             for key, root in list(scheduled.items()):
                 if (wanted.get(key) == root.identity and root.watch in alive
-                        and not any(_within(key[0], path) for path in touched)):
+                        and not any(within(key[0], path) for path in touched)):
                     continue
                 del scheduled[key]
                 with contextlib.suppress(KeyError):  # already gone with the observer's own clean-up
@@ -483,105 +403,6 @@ class WorkspaceWatcher:
         return changed
 
 
-class _OverflowTap(logging.Handler):
-    """watchdog >= 7 handles an inotify queue overflow internally and only logs it: listen there."""
-
-    def __init__(self, on_overflow: Callable[[], None], on_watch_failure: Callable[[], None]) -> None:
-        super().__init__(logging.WARNING)
-        self._on_overflow = on_overflow
-        self._on_watch_failure = on_watch_failure
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage().lower()
-        if "unable to rebuild" in message:
-            self._on_watch_failure()
-        elif "overflow" in message:
-            self._on_overflow()
-
-
 class _NullLog:
     def __getattr__(self, name: str) -> Callable[..., None]:
         return lambda *args, **kwargs: None
-
-
-def _ensure_warnings_reach(logger: logging.Logger) -> None:
-    if logger.getEffectiveLevel() > logging.WARNING:
-        logger.setLevel(logging.WARNING)
-
-
-def _default_observer() -> BaseObserver:
-    from watchdog.observers import Observer
-
-    return Observer()
-
-
-def _polling_observer(interval: float) -> BaseObserver:
-    """Polls with lstat: `PollingObserver` uses stat and would walk into symlinked folders the scanner skips."""
-    from watchdog.observers.polling import PollingObserverVFS
-
-    return PollingObserverVFS(os.lstat, os.scandir, polling_interval=interval)
-
-
-def _stop_quietly(observer: BaseObserver) -> None:
-    try:
-        observer.stop()
-        if observer.is_alive():
-            observer.join(timeout=5.0)
-    except (RuntimeError, OSError):  # a half-started observer may refuse to stop; it holds nothing we need
-        return
-
-
-def _event_paths(event: FileSystemEvent) -> list[str]:
-    paths = [event.src_path]
-    if event.event_type == "moved":
-        paths.append(event.dest_path)
-    return [os.fsdecode(p) for p in paths if p]
-
-
-def _dir_identity(path: str, *, follow: bool = False) -> tuple[int, int] | None:
-    """(device, inode) of a folder, else None; a symlink counts only with `follow`."""
-    try:
-        st = os.stat(path) if follow else os.lstat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
-
-
-def _within(path: str, parent: str) -> bool:
-    return path == parent or path.startswith(parent.rstrip(os.sep) + os.sep)
-
-
-def _split_extras(workspace: Path, extra_paths: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Extra paths as workspace-relative prefixes (inside) and absolute paths (outside the workspace)."""
-    inside: list[str] = []
-    outside: list[str] = []
-    for extra in extra_paths:
-        target = Path(extra).expanduser()
-        absolute = os.path.normpath(target if target.is_absolute() else workspace / target)
-        rel = os.path.relpath(absolute, workspace)
-        if rel.startswith(".."):
-            outside.append(absolute)
-        else:
-            inside.append(rel.replace(os.sep, "/"))
-    return tuple(inside), tuple(outside)
-
-
-def _memory_dir(rel: str, extras: Sequence[str]) -> bool:
-    """A directory inside the memory tree (or an extra path): files may appear in it unannounced."""
-    parts = PurePosixPath(rel).parts
-    if not parts or any(p.startswith(".") or p in SKIPPED_DIRS for p in parts):
-        return False
-    if parts[0] == MEMORY_DIR:
-        return True
-    return any(parts[: len(PurePosixPath(e).parts)] == PurePosixPath(e).parts for e in extras)
-
-
-def _under(path: str, extra: str, is_directory: bool) -> bool:
-    if path == extra:
-        return True
-    if not path.startswith(extra.rstrip(os.sep) + os.sep):
-        return False
-    parts = Path(os.path.relpath(path, extra)).parts
-    if any(p.startswith(".") or p in SKIPPED_DIRS for p in parts):
-        return False
-    return is_directory or path.lower().endswith(".md")

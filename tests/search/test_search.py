@@ -74,7 +74,7 @@ def test_excluded_paths_are_neither_indexed_nor_readable(workspace: Path, write,
     ("memory/[ab].md", "memory/[ab].md", True),
 ])
 def test_exclude_globs(pattern: str, key: str, hit: bool) -> None:
-    from clawmem_index.sources.workspace import excluded
+    from clawmem_index.sources.paths import excluded
 
     assert excluded(key, (pattern,)) is hit
 

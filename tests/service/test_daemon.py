@@ -653,7 +653,8 @@ def test_serve_refuses_a_missing_workspace(tmp_path: Path, sock_dir: Path) -> No
 
 def test_get_at_its_largest_max_bytes_fits_one_reply(workspace: Path, dsettings: Settings) -> None:
     """The documented maximum works on the worst text for JSON: control characters, escaped six-fold (\\u0001)."""
-    from clawmem_index.service.protocol import MAX_GET_BYTES, MAX_REPLY_BYTES
+    from clawmem_index.service.params import MAX_GET_BYTES
+    from clawmem_index.service.replies import MAX_REPLY_BYTES
 
     (workspace / "memory" / "controls.md").write_bytes(b"\x01" * (MAX_GET_BYTES - 1) + b"\nnext line\n")
     with running_daemon(dsettings) as daemon, RawClient(dsettings.socket_path) as raw:

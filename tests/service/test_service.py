@@ -21,17 +21,21 @@ from daemon_helpers import short_dir, stop_process, wait_until
 from clawmem_index.cli import cli
 from clawmem_index.config import load_settings
 from clawmem_index.errors import ConfigError
+from clawmem_index.service.unit_files import (
+    LEGACY_NAMES,
+    ensure_env_file,
+    env_file_path,
+    install,
+    installed_instances,
+    uninstall,
+    unit_states,
+)
 from clawmem_index.service.units import (
     DROPIN,
-    LEGACY_NAMES,
     MARKER,
     TEMPLATE_NAMES,
     clawmem_command,
-    ensure_env_file,
-    env_file_path,
     escape_path,
-    install,
-    installed_instances,
     instance_name,
     instance_spec,
     render_instance,
@@ -39,8 +43,6 @@ from clawmem_index.service.units import (
     shipped_units,
     systemd_quote,
     unescape_path,
-    uninstall,
-    unit_states,
 )
 
 REPO_UNITS = Path(__file__).resolve().parents[2] / "systemd"

@@ -8,7 +8,8 @@ import pytest
 from hostile import make_long_path
 
 from clawmem_index.errors import PathError
-from clawmem_index.sources.workspace import Skipped, file_date, is_memory_path, memory_key, open_memory_file, scan
+from clawmem_index.sources.paths import file_date, is_memory_path, memory_key, open_memory_file
+from clawmem_index.sources.workspace import Skipped, scan
 
 
 def resolve(workspace: Path, requested: str) -> Path:
