@@ -102,7 +102,7 @@ def _embed(index: MemoryIndex, store: Store, provider: EmbeddingProvider, finger
 def sync_or_rebuild(index: MemoryIndex, fingerprint: str, store: Store | None, bars: Reporters,
                     paths: Iterable[str] | None) -> SyncReport:
     """A sync in place when the fingerprint is the index's; a switch of vectors when only the provider changed;
-    else a rebuild, followed by a sync of what changed while it was built."""
+    else (a precision change too) a rebuild, followed by a sync of what changed while it was built."""
     # Rows lost behind the writer's back: rebuilt. Checked by a whole pass (a start, `clawmem index`, a
     # rescan), not by each watcher's pass over a few files: it counts the workspace's rows.
     damage = store.damage() if store is not None and paths is None else None
@@ -111,7 +111,8 @@ def sync_or_rebuild(index: MemoryIndex, fingerprint: str, store: Store | None, b
             return sync_workspace(store, index.settings, progress=bars.files, paths=paths)
         finally:
             store.close()
-    if damage is None and store is not None and _same_chunking(store.get_meta("fingerprint"), fingerprint):
+    if damage is None and store is not None and _same_chunking(store.get_meta("fingerprint"), fingerprint) \
+            and not _only_precision_differs(store.get_meta("fingerprint"), fingerprint):
         try:
             return _switch_vectors(index, fingerprint, store, bars)
         except apsw.Error:
@@ -197,6 +198,18 @@ def rebuild(index: MemoryIndex, fingerprint: str, bars: Reporters, replacing: St
 
 
 _CHUNKING_KEYS = ("schema", "keywords", "tokenizer", "chunk_tokens", "chunk_overlap")
+
+
+def _only_precision_differs(old: str | None, new: str) -> bool:
+    """Whether the same vectors are to be stored at another precision: a rebuild takes them over converted, into
+    a file without the old table's pages (a switch in place would leave them free, the file as large as before)."""
+    try:
+        before, after = json.loads(old or "{}"), json.loads(new)
+    except ValueError:
+        return False
+    precision = ("precision", "float32")
+    return before.get(*precision) != after.get(*precision) and \
+        {k: v for k, v in before.items() if k != "precision"} == {k: v for k, v in after.items() if k != "precision"}
 
 
 def _same_chunking(old: str | None, new: str) -> bool:

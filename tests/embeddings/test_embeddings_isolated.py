@@ -55,7 +55,7 @@ def test_the_child_gives_the_vectors_the_model_gives_in_process(model: Path, loc
 def test_the_model_is_loaded_in_the_child_not_in_the_caller(model: Path, tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import json, sys
-        from tests.test_embeddings_isolated import isolated
+        from tests.embeddings.test_embeddings_isolated import isolated
         from pathlib import Path
         provider = isolated(Path({str(model)!r}))
         provider.embed_query("hello")
@@ -116,7 +116,7 @@ def test_the_model_process_ends_with_a_killed_caller(model: Path) -> None:
     script = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from tests.test_embeddings_isolated import isolated
+        from tests.embeddings.test_embeddings_isolated import isolated
         provider = isolated(Path({str(model)!r}))
         provider.embed_query("hello")
         print(provider.pid, flush=True)
