@@ -43,7 +43,7 @@ from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ClawmemError, ConfigError, IndexBusy, IndexUnavailable
 from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.service.server import RpcServer, bind_unix_socket, ensure_private_dir
-from clawmem_index.index.store import make_private_dirs
+from clawmem_index.index.connection import make_private_dirs
 from clawmem_index.service.systemd import Notifier, listen_fds
 from clawmem_index.service.watcher import ObserverFactory, WorkspaceWatcher
 from clawmem_index.service.writer import Run, Writer
