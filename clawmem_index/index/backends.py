@@ -24,9 +24,10 @@ import xxhash
 
 from clawmem_index.config import Settings
 from clawmem_index.errors import IndexBusy, IndexCorrupt, IndexUnavailable
+from clawmem_index.index.connection import make_private_dirs, make_private_file
 from clawmem_index.index.interface import IndexStore
 from clawmem_index.index.keyword_index import SHARED_POSTINGS, PostingsCache
-from clawmem_index.index.store import Store, make_private_dirs, make_private_file
+from clawmem_index.index.store import Store
 from clawmem_index.index.vector_cells import SHARED_BYTES, SharedCells
 
 if TYPE_CHECKING:

@@ -33,6 +33,7 @@ import apsw
 
 from clawmem_index.index.filters import ChunkFilter
 from clawmem_index.index.schema import Meta
+from clawmem_index.index.vector_blobs import are_usable, float32_of_half, pad8, padded_dims, to_stored
 from clawmem_index.index.vector_cells import SharedCells, VectorCells
 
 __all__ = ["MIN_CANDIDATES", "OVERSAMPLE", "PRECISIONS", "candidate_count", "PREFIX_SCAN_ROWS", "VECTOR_PARTITIONS", "VectorHit",
@@ -110,7 +111,7 @@ class VectorIndex:
         self.loaded = loaded
         self._layout: tuple[int, _VectorLayout] | None = None
         self._cells = VectorCells(conn, meta, lambda: (self.layout().table, self.layout().dtype), shared_cells)
-        conn.create_scalar_function(FLOAT32_SQL, _float32_of_half, 1, deterministic=True)
+        conn.create_scalar_function(FLOAT32_SQL, float32_of_half, 1, deterministic=True)
 
     def layout(self) -> _VectorLayout:
         """The vector tables this file has, re-read when the schema changes (another connection may add them)."""
@@ -218,9 +219,9 @@ class VectorIndex:
         chunks = int(self._conn.execute("SELECT count(*) FROM chunks").fetchone()[0])
         chunk_size = BITS_CHUNK_SMALL if chunks <= BITS_SMALL_MAX else BITS_CHUNK
         self._conn.execute(f"CREATE VIRTUAL TABLE chunks_vec_bits USING vec0(chunk_size={chunk_size},"
-                           f" part INTEGER PARTITION KEY, embedding bit[{_padded_dims(int(dims))}])")
+                           f" part INTEGER PARTITION KEY, embedding bit[{padded_dims(int(dims))}])")
         self._meta.set("vector_partitions", str(VECTOR_PARTITIONS))
-        pad = 4 * ((-int(dims)) % 8)  # as _pad8: zeros to a multiple of 8 dimensions
+        pad = 4 * ((-int(dims)) % 8)  # as pad8: zeros to a multiple of 8 dimensions
         vector = self.sql_float32("embedding")
         padded = f"CAST({vector} || zeroblob({pad}) AS BLOB)" if pad else vector
         self._conn.execute(  # one statement: a row at a time gives up and retakes the GIL for each
@@ -251,21 +252,21 @@ class VectorIndex:
             for (seq,) in stale:
                 self.remove(int(seq))
         given = [(seq, blob) for seq, blob in items if blob is not None]
-        vectors = [item for item, usable in zip(given, _usable([blob for _, blob in given], layout.dtype), strict=True)
-                   if usable]
+        vectors = [item for item, usable in zip(given, are_usable([blob for _, blob in given], layout.dtype),
+                                                strict=True) if usable]
         if layout.dims and any(len(blob) != 4 * layout.dims for _, blob in vectors):
             raise ValueError(f"a vector of another size than the index's {layout.dims} dimensions")
         if not vectors:
             return
         seqs = json.dumps([seq for seq, _ in vectors])
-        stored = [_stored(blob, layout.dtype) for _, blob in vectors]
+        stored = [to_stored(blob, layout.dtype) for _, blob in vectors]
         self._conn.execute(f"INSERT INTO {layout.table}(rowid, embedding) {_SLICED}",
                            (seqs, b"".join(stored), len(stored[0])))
         if layout.cells:
             self._cells.add(vectors)
         elif layout.bits:
             if self.loaded:
-                padded = [_pad8(blob) for _, blob in vectors]
+                padded = [pad8(blob) for _, blob in vectors]
                 self._conn.execute("INSERT INTO chunks_vec_bits(rowid, part, embedding) SELECT value, value % ?4,"
                                    " vec_quantize_binary(vec_f32(substr(?2, key * ?3 + 1, ?3))) FROM json_each(?1)",
                                    (seqs, b"".join(padded), len(padded[0]), layout.partitions))
@@ -286,7 +287,7 @@ class VectorIndex:
 
     def float32(self, blob: bytes) -> bytes:
         """A stored vector as float32 (what providers give and the embedding cache keeps)."""
-        return _float32_of_half(blob) if self.layout().half else blob
+        return float32_of_half(blob) if self.layout().half else blob
 
     def sql_float32(self, column: str, *, half: bool | None = None) -> str:
         """An SQL expression reading a stored `column` as float32 (`half`: that of another file's table)."""
@@ -340,7 +341,7 @@ class VectorIndex:
         per_part = -(-want // partitions)
         if per_part > _KNN_MAX_K:
             return None
-        bits = self._conn.execute("SELECT vec_quantize_binary(vec_f32(?))", (_pad8(query_blob),)).fetchone()[0]
+        bits = self._conn.execute("SELECT vec_quantize_binary(vec_f32(?))", (pad8(query_blob),)).fetchone()[0]
         seqs: list[int] = []
         for part in range(partitions):
             seqs.extend(int(row[0]) for row in self._conn.execute(
@@ -466,47 +467,3 @@ def _chunk_size(sql: str) -> int:
     """The chunk_size a vec0 table was made with (sqlite-vec's default when its statement names none)."""
     found = re.search(r"chunk_size\s*=\s*(\d+)", sql)
     return int(found.group(1)) if found else BITS_CHUNK
-
-
-def _padded_dims(dims: int) -> int:
-    return dims + (-dims) % 8
-
-
-def _pad8(blob: bytes) -> bytes:
-    """vec_quantize_binary wants a multiple of 8 dimensions; zeros quantize to 0 bits, alike for every vector."""
-    return blob + bytes(4 * ((-(len(blob) // 4)) % 8))
-
-
-def _usable(blobs: Sequence[bytes], dtype: str) -> list[bool]:
-    """Whether each vector has a direction as it will be stored: a zero, NaN or infinite one must never match.
-
-    Checked a batch at a time on the stored values (one vector at a time cost ~30 us each, a tenth
-    of a cold hybrid index): every value finite and one not zero.
-    """
-    import numpy as np  # writers only: a CLI search never stores a vector
-
-    if len({len(blob) for blob in blobs}) > 1:  # a wrong-sized vector: `put` refuses the batch after this
-        return [_usable([blob], dtype)[0] for blob in blobs]
-    if not blobs:
-        return []
-    values = np.frombuffer(_stored(b"".join(blobs), dtype), dtype=dtype).reshape(len(blobs), -1)
-    return (np.isfinite(values).all(axis=1) & (values != 0).any(axis=1)).tolist()
-
-
-def _stored(blob: bytes, dtype: str) -> bytes:
-    """A float32 vector as the vector table stores it (`dtype`)."""
-    if dtype == "<f4":
-        return blob
-    import numpy as np
-
-    with np.errstate(over="ignore"):  # a value beyond float16's range becomes infinite: `_usable` refuses it
-        return np.frombuffer(blob, dtype="<f4").astype(dtype).tobytes()
-
-
-def _float32_of_half(blob: bytes | None) -> bytes | None:
-    """A float16 blob as float32 (also the SQL function FLOAT32_SQL)."""
-    if blob is None:
-        return None
-    import numpy as np
-
-    return np.frombuffer(blob, dtype="<f2").astype("<f4").tobytes()

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from clawmem_index.errors import IndexBusy, IndexUnavailable
-from clawmem_index.index.store import make_private_dirs
+from clawmem_index.index.connection import make_private_dirs
 
 __all__ = ["InstanceLock"]
 

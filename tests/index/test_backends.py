@@ -254,9 +254,9 @@ def test_a_rebuild_switches_whole_and_a_failed_one_leaves_the_live_index(backend
 
 def test_the_wal_a_rebuild_wrote_through_is_cut_back_while_readers_stay_open(settings: Settings, write,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    import clawmem_index.index.store as store_module
+    import clawmem_index.index.connection as connection
 
-    monkeypatch.setattr(store_module, "WAL_LIMIT", 32 << 10)
+    monkeypatch.setattr(connection, "WAL_LIMIT", 32 << 10)
     for i in range(500):  # an index past SQLite's automatic checkpoint (1,000 pages), as any large one is
         write(f"memory/n{i}.md", f"# Note {i}\n" + f"the greenhouse log {i} holds many words today " * 160 + "\n")
     index = MemoryIndex(settings)
@@ -275,7 +275,8 @@ def test_the_wal_a_rebuild_wrote_through_is_cut_back_while_readers_stay_open(set
 
 def test_every_pragma_of_a_connection_takes_effect(tmp_path: Path) -> None:
     """apsw stops a many-statement `execute` at the first row (journal_mode answers one)."""
-    from clawmem_index.index.store import WAL_LIMIT, Store
+    from clawmem_index.index.connection import WAL_LIMIT
+    from clawmem_index.index.store import Store
 
     live, fresh = Store(tmp_path / "live.sqlite"), Store(tmp_path / "fresh.sqlite", fast_unsafe=True)
     assert [live.execute(f"PRAGMA {p}")[0][0] for p in ("journal_mode", "synchronous", "journal_size_limit")] == [

@@ -123,9 +123,9 @@ def test_vectors_are_float32_blobs_searched_by_knn(store: Store) -> None:
 
 
 def test_without_sqlite_vec_vector_search_falls_back_to_a_scan(tmp_path: Path, monkeypatch) -> None:
-    import clawmem_index.index.store as store_module
+    import clawmem_index.index.connection as connection
 
-    monkeypatch.setattr(store_module, "_load_sqlite_vec", lambda conn: (False, "not available"))
+    monkeypatch.setattr(connection, "_load_sqlite_vec", lambda conn: (False, "not available"))
     s = Store(tmp_path / "novec.sqlite")
     assert not s.vec_loaded
     s.ensure_vector_table(2)
@@ -317,7 +317,7 @@ def test_a_limit_beyond_sqlite_vecs_k_ranks_every_vector_exactly(store: Store) -
 
 def test_vectors_written_without_sqlite_vec_are_found_and_requantized_later(tmp_path: Path, monkeypatch) -> None:
     """The sign bits can only be written with sqlite-vec: a write without it leaves the exact scan until they are rebuilt."""
-    import clawmem_index.index.store as store_module
+    import clawmem_index.index.connection as connection
 
     rng = random.Random(7)
     path = tmp_path / "mixed.sqlite"
@@ -328,7 +328,7 @@ def test_vectors_written_without_sqlite_vec_are_found_and_requantized_later(tmp_
 
     def without_sqlite_vec() -> Store:
         with monkeypatch.context() as patched:
-            patched.setattr(store_module, "_load_sqlite_vec", lambda conn: (False, "not available"))
+            patched.setattr(connection, "_load_sqlite_vec", lambda conn: (False, "not available"))
             return Store(path)
 
     def requantized(expected: int) -> Store:
@@ -402,9 +402,9 @@ def cache_of(store: Store) -> dict[str, bytes]:
 
 def test_a_rebuild_takes_the_old_chunks_vectors_by_text_and_caches_those_of_texts_gone(tmp_path: Path,
                                                                                          monkeypatch) -> None:
-    import clawmem_index.index.store as store_module
+    import clawmem_index.index.carry as carry
 
-    monkeypatch.setattr(store_module, "CARRY_BATCH", 2)
+    monkeypatch.setattr(carry, "CARRY_BATCH", 2)
     old = old_index(tmp_path / "old.sqlite", {"kept": [1, 0, 0, 0], "twice": [0, 1, 0, 0], "gone": [0, 0, 1, 0],
                                               "late#pending": None, "late": [0, 0, 0, 1]})
     before = chunk_vectors(old)

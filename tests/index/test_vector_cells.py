@@ -210,12 +210,12 @@ def test_a_path_prefix_keeps_only_its_chunks_through_the_cells(store: Store, mon
 
 
 def test_cells_are_kept_by_a_writer_without_sqlite_vec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import clawmem_index.index.store as store_module
+    import clawmem_index.index.connection as connection
 
     monkeypatch.setattr(vector_cells, "CELL_MIN", CELL_MIN)
     path = tmp_path / "s.sqlite"
     with monkeypatch.context() as without:
-        without.setattr(store_module, "_load_sqlite_vec", lambda conn: (False, "not available"))
+        without.setattr(connection, "_load_sqlite_vec", lambda conn: (False, "not available"))
         plain = Store(path)
         fill(plain, clustered(11, 100, 20))
         plain.index_vectors()
@@ -289,12 +289,12 @@ def test_chunks_embedded_without_a_usable_vector_build_no_cells(store: Store) ->
 @pytest.mark.parametrize("cells", [False, True], ids=["scan", "through-cells"])
 def test_without_sqlite_vec_a_search_ranks_by_exact_cosine_in_numpy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    cells: bool) -> None:
-    import clawmem_index.index.store as store_module
+    import clawmem_index.index.connection as connection
 
     monkeypatch.setattr(vector_cells, "CELL_MIN", CELL_MIN if cells else 10**9)
     monkeypatch.setattr(vector_cells, "PROBE_MIN_VECTORS", 0)
     monkeypatch.setattr(vector_index, "PREFIX_SCAN_ROWS", 0)
-    monkeypatch.setattr(store_module, "_load_sqlite_vec", lambda conn: (False, "not available"))
+    monkeypatch.setattr(connection, "_load_sqlite_vec", lambda conn: (False, "not available"))
     plain = Store(tmp_path / "s.sqlite")
     vectors = clustered(20, 100, 20)
     paths = [f"memory/{'ab'[i % 2]}/{i}.md" for i in range(2000)]

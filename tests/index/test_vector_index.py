@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_vector_cells import clustered, exact, fill, near, ranked_as_stored
 
-import clawmem_index.index.store as store_module
+import clawmem_index.index.connection as connection
 import clawmem_index.index.vector_cells as vector_cells
 import clawmem_index.index.vector_index as vector_index
 from clawmem_index.config import Settings
@@ -31,7 +31,7 @@ def test_half_precision_stores_two_bytes_a_dimension_and_ranks_them_exactly(
     monkeypatch.setattr(vector_cells, "PROBE_MIN_VECTORS", 0)
     monkeypatch.setattr(vector_index, "PREFIX_SCAN_ROWS", 0)  # a prefix goes through the candidates too
     if not loaded:
-        monkeypatch.setattr(store_module, "_load_sqlite_vec", lambda conn: (False, "not available"))
+        monkeypatch.setattr(connection, "_load_sqlite_vec", lambda conn: (False, "not available"))
     store = Store(tmp_path / "s.sqlite")
     store.ensure_vector_table(64, "float16")
     vectors = clustered(30, 100, 20)
