@@ -17,7 +17,7 @@ import apsw
 
 from clawmem_index.index.cache import EmbeddingCache
 from clawmem_index.index.parking import Owner, ParkedVectors
-from clawmem_index.index.vector_index import FLOATS, HALVES, VectorIndex
+from clawmem_index.index.vector_index import FLOAT32_SQL, FLOATS, HALF_SQL, HALVES, VectorIndex
 
 __all__ = ["CARRY_BATCH", "VectorCarry"]
 
@@ -61,10 +61,11 @@ class VectorCarry:
                       index_progress: Callable[[int, int], None] | None = None) -> int:
         """The chunks' vectors of the index `copy_cache_from` read; returns how many chunks took one.
 
-        Where they are `owner`'s at `precision` they go straight to this index's chunks holding
-        their texts (one statement, not a row at a time through the cache: a `reindex` of 3,003
-        notes moved 80 MB each way); the others, and those of texts no chunk holds now, go to the
-        cache. All or nothing: from a damaged file none is carried, and they are made again.
+        Where they are `owner`'s they go straight to this index's chunks holding their texts, at
+        `precision` (converted in the statement when the old file stored another: one statement, not
+        a row at a time through the cache: a `reindex` of 3,003 notes moved 80 MB each way, and a
+        cache row written and deleted leaves a free page behind); the others, and those of texts no
+        chunk holds now, go to the cache. All or nothing: from a damaged file none is carried, and they are made again.
         Outside a transaction (it attaches the other file), in one of its own. `progress` hears
         how many chunks were looked at, `index_progress` how a cells build goes (VectorCells.build).
         """
@@ -98,8 +99,7 @@ class VectorCarry:
             size = dims * width  # a blob of another size is no vector: not carried, made again
             taken = 0
             with self.transaction():
-                if plain and owner == (provider, model, key) and not self.vectors.readable() \
-                        and table == (HALVES if precision == "float16" else FLOATS):
+                if plain and owner == (provider, model, key) and not self.vectors.readable():
                     taken = self._take_vectors(table, size, dims, owner, precision, progress, index_progress)
                 vector = self.vectors.sql_float32("v.embedding", half=table == HALVES)
                 self.conn.execute(
@@ -115,10 +115,13 @@ class VectorCarry:
     def _take_vectors(self, table: str, size: int, dims: int, owner: Owner, precision: str,
                       progress: Callable[[int, int], None] | None,
                       index_progress: Callable[[int, int], None] | None) -> int:
-        """Each chunk's vector (a blob of `size` bytes) from the attached `old` file's `table`, by text,
-        CARRY_BATCH chunks a statement (so that `progress` moves: a million vectors are gigabytes);
+        """Each chunk's vector (a blob of `size` bytes) from the attached `old` file's `table`, by text, stored at
+        `precision`, CARRY_BATCH chunks a statement (so that `progress` moves: a million vectors are gigabytes);
         then the cells or bits."""
         self.vectors.create(dims, precision)
+        target = self.vectors.table()
+        stored = {(FLOATS, HALVES): f"{HALF_SQL}(v.embedding)",
+                  (HALVES, FLOATS): f"{FLOAT32_SQL}(v.embedding)"}.get((table, target), "v.embedding")
         total = int(self.conn.execute("SELECT count(*) FROM main.chunks").fetchone()[0])
         taken = seen = last = 0
         while True:
@@ -127,14 +130,14 @@ class VectorCarry:
             if upto[0] is None:
                 break
             taken += self.vectors.insert_rows(
-                f"SELECT c.seq, v.embedding FROM main.chunks AS c JOIN old.{table} AS v ON v.rowid = (SELECT o.seq"
-                f" FROM old.chunks AS o WHERE o.hash = c.hash AND EXISTS (SELECT 1 FROM old.{table} AS w"
-                " WHERE w.rowid = o.seq AND length(w.embedding) = ?) LIMIT 1) WHERE c.seq > ? AND c.seq <= ?"
-                " ORDER BY c.seq", (size, last, upto[0]))
+                f"SELECT seq, stored FROM (SELECT c.seq, {stored} AS stored FROM main.chunks AS c"
+                f" JOIN old.{table} AS v ON v.rowid = (SELECT o.seq FROM old.chunks AS o WHERE o.hash = c.hash AND"
+                f" EXISTS (SELECT 1 FROM old.{table} AS w WHERE w.rowid = o.seq AND length(w.embedding) = ?) LIMIT 1)"
+                " WHERE c.seq > ? AND c.seq <= ? ORDER BY c.seq) WHERE stored IS NOT NULL", (size, last, upto[0]))
             last, seen = int(upto[0]), seen + int(upto[1])
             if progress:
                 progress(seen, total)
-        self.conn.execute(f"UPDATE chunks SET embedded = 1, model = ? WHERE seq IN (SELECT rowid FROM main.{table})",
+        self.conn.execute(f"UPDATE chunks SET embedded = 1, model = ? WHERE seq IN (SELECT rowid FROM main.{target})",
                           (owner[1],))
         self.cache.set_vector_owner(*owner)
         self.vectors.maintain(index_progress)  # past CELL_MIN vectors the cells, straight from the vectors

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["are_usable", "float32_of_half", "pad8", "padded_dims", "to_stored"]
+__all__ = ["are_usable", "float32_of_half", "half_of_float32", "pad8", "padded_dims", "to_stored"]
 
 
 def padded_dims(dims: int) -> int:
@@ -53,3 +53,11 @@ def float32_of_half(blob: bytes | None) -> bytes | None:
     import numpy as np
 
     return np.frombuffer(blob, dtype="<f2").astype("<f4").tobytes()
+
+
+def half_of_float32(blob: bytes | None) -> bytes | None:
+    """A float32 blob as float16 (the SQL function HALF_SQL); None where the vector would lose its direction."""
+    if blob is None or not blob or len(blob) % 4:
+        return None
+    half = to_stored(blob, "<f2")
+    return half if are_usable([blob], "<f2")[0] else None

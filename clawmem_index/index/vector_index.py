@@ -33,7 +33,14 @@ import apsw
 
 from clawmem_index.index.filters import ChunkFilter
 from clawmem_index.index.schema import Meta
-from clawmem_index.index.vector_blobs import are_usable, float32_of_half, pad8, padded_dims, to_stored
+from clawmem_index.index.vector_blobs import (
+    are_usable,
+    float32_of_half,
+    half_of_float32,
+    pad8,
+    padded_dims,
+    to_stored,
+)
 from clawmem_index.index.vector_cells import SharedCells, VectorCells
 
 __all__ = ["MIN_CANDIDATES", "OVERSAMPLE", "PRECISIONS", "candidate_count", "PREFIX_SCAN_ROWS", "VECTOR_PARTITIONS", "VectorHit",
@@ -63,6 +70,7 @@ _KNN_MAX_K = 4096  # sqlite-vec refuses a larger k
 _SCAN_BATCH = 8192  # vectors decoded at a time by the scan without sqlite-vec
 _BITS_STALE = "vector_bits_stale"  # meta key: vectors were written without sqlite-vec, the bits miss them
 FLOAT32_SQL = "clawmem_float32"  # SQL function: a stored blob as float32 (registered on every connection)
+HALF_SQL = "clawmem_half"  # SQL function: a float32 blob as float16, NULL if it has no direction there
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +120,7 @@ class VectorIndex:
         self._layout: tuple[int, _VectorLayout] | None = None
         self._cells = VectorCells(conn, meta, lambda: (self.layout().table, self.layout().dtype), shared_cells)
         conn.create_scalar_function(FLOAT32_SQL, float32_of_half, 1, deterministic=True)
+        conn.create_scalar_function(HALF_SQL, half_of_float32, 1, deterministic=True)
 
     def layout(self) -> _VectorLayout:
         """The vector tables this file has, re-read when the schema changes (another connection may add them)."""

@@ -310,6 +310,35 @@ def test_an_index_stored_at_float32_moves_to_half_precision_without_calling_the_
     index.close()
 
 
+def test_an_index_moved_to_half_precision_is_as_small_as_one_built_so(settings: Settings, write,
+                                                                      tmp_path: Path) -> None:
+    """The float32 table's pages do not stay behind as free pages: the move is a rebuild into a new file."""
+    import dataclasses
+
+    for i in range(120):
+        write(f"memory/n{i}.md", f"# Note {i}\n" + "\n".join(f"- fact {i}.{j} about the greenhouse" for j in range(8)))
+
+    def pages(index: MemoryIndex) -> tuple[int, int]:
+        store = index.reader()
+        [(total,)] = store.execute("PRAGMA page_count")
+        [(free,)] = store.execute("PRAGMA freelist_count")
+        return int(total), int(free)
+
+    before = MemoryIndex(_with_precision(settings, "float32"), provider=FakeProvider(dims=768))
+    before.sync()
+    at_float32 = pages(before)
+    before.close()
+    moved = MemoryIndex(settings, provider=FakeProvider(dims=768))
+    moved.sync()
+    made = MemoryIndex(dataclasses.replace(settings, index=tmp_path / "fresh.sqlite"), provider=FakeProvider(dims=768))
+    made.sync()
+    (total, free), (fresh_total, _) = pages(moved), pages(made)
+    assert free <= total // 10, (total, free)
+    assert total <= fresh_total * 1.1 and total < at_float32[0], (total, fresh_total, at_float32)
+    moved.close()
+    made.close()
+
+
 def test_precision_auto_is_float32_on_the_shared_index(tmp_path: Path) -> None:
     shared = load_settings(workspace=tmp_path, overrides={"index_backend": "postgres",
                                                           "index_url": "postgresql://u@127.0.0.1/db"})

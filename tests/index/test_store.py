@@ -479,8 +479,9 @@ def test_a_schema_1_vec0_table_is_carried_to_the_cache_not_taken(tmp_path: Path)
     new.close()
 
 
-@pytest.mark.parametrize("owner, precision", [(("p", "b", "k"), "float32"), (OWNER, "float16"), (None, "float32")])
-def test_vectors_of_another_model_or_precision_go_to_the_cache_whole(tmp_path: Path, owner, precision: str) -> None:
+@pytest.mark.parametrize("owner, precision", [(("p", "b", "k"), "float32"), (("p", "b", "k"), "float16"),
+                                              (None, "float32")])
+def test_vectors_of_another_model_go_to_the_cache_whole(tmp_path: Path, owner, precision: str) -> None:
     old = old_index(tmp_path / "old.sqlite", {"kept": [1, 0, 0, 0], "gone": [0, 0, 1, 0]})
     before = chunk_vectors(old)
     old.close()
@@ -504,6 +505,30 @@ def test_half_precision_vectors_are_taken_as_they_are_stored(tmp_path: Path) -> 
         add(new, "kept", "kept")
     assert new.carry_vectors(OWNER, "float16") == 1
     assert new.execute("SELECT embedding FROM chunks_vec_half") == stored and cache_of(new) == {}
+    new.close()
+
+
+@pytest.mark.parametrize(("before", "after"), [("float32", "float16"), ("float16", "float32")])
+def test_vectors_stored_at_another_precision_are_taken_converted_not_through_the_cache(tmp_path: Path, before: str,
+                                                                                       after: str) -> None:
+    """A change of precision rebuilds: the chunks take their vectors converted in one statement (no cache row
+    written and deleted, so no page left free), the same vectors within the rounding of the narrower type."""
+    import numpy as np
+
+    old = old_index(tmp_path / "old.sqlite", {"kept": [1, 2, 3, 4], "also": [0, 1, 0, 1]}, precision=before)
+    wanted = {h: np.frombuffer(v, "<f4").astype("<f2").astype("<f4") for h, v in chunk_vectors(old).items()}
+    old.close()
+    new = Store(tmp_path / "new.sqlite")
+    new.copy_cache_from(tmp_path / "old.sqlite")
+    with new.transaction():
+        add(new, "kept", "kept")
+        add(new, "also", "also")
+    assert new.carry_vectors(OWNER, after) == 2
+    assert new.vectors.table() == ("chunks_vec_half" if after == "float16" else "chunks_vec")
+    assert new.pending_embeddings() == 0 and cache_of(new) == {}
+    got = chunk_vectors(new)
+    assert got.keys() == wanted.keys()
+    assert all(np.array_equal(np.frombuffer(got[h], "<f4"), wanted[h]) for h in wanted)
     new.close()
 
 
