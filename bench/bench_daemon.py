@@ -52,8 +52,8 @@ CHUNKS_PER_FILE = 2.95  # what bench/generate.py's notes chunk into at the defau
 def child_daemon(spec: str) -> None:
     """Runs in the daemon's process: `Daemon(...).serve_forever()`, with the FakeProvider if asked."""
     from clawmem_index.config import load_settings
-    from clawmem_index.service.daemon import Daemon
     from clawmem_index.log import configure
+    from clawmem_index.service.daemon import Daemon
 
     args = json.loads(spec)
     settings = load_settings(workspace=args["workspace"], overrides=args["overrides"])

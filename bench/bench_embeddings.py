@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from generate import generate  # noqa: E402
 
-from clawmem_index.text.chunking import chunk_markdown  # noqa: E402
 from clawmem_index.config import EmbeddingSettings, load_settings  # noqa: E402
 from clawmem_index.embeddings.local import LocalProvider  # noqa: E402
 from clawmem_index.embeddings.models import ensure_local_model  # noqa: E402
+from clawmem_index.text.chunking import chunk_markdown  # noqa: E402
 
 
 def sample_texts(n: int) -> dict[str, list[str]]:

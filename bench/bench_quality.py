@@ -47,8 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 from clawmem_index.config import Settings, load_settings, with_overrides  # noqa: E402
 from clawmem_index.engine.core import MemoryIndex  # noqa: E402
-from clawmem_index.text.keywords import query_terms  # noqa: E402
 from clawmem_index.search.ranking import SearchRequest, run_search  # noqa: E402
+from clawmem_index.text.keywords import query_terms  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench_quality import SHARED, open_index, scifact_workspace  # noqa: E402
 
-from clawmem_index.search.ranking import SearchRequest  # noqa: E402
 from clawmem_index.index.store import Store  # noqa: E402
+from clawmem_index.search.ranking import SearchRequest  # noqa: E402
 
 
 def timed(index, queries: list[str]) -> dict[str, float]:  # type: ignore[no-untyped-def]

@@ -59,9 +59,9 @@ def long_lines() -> dict[str, str]:
 
 
 def bench_long_line(tmp: Path) -> dict[str, Any]:
-    from clawmem_index.text.chunking import chunk_markdown
     from clawmem_index.config import load_settings
     from clawmem_index.engine.core import MemoryIndex
+    from clawmem_index.text.chunking import chunk_markdown
     from clawmem_index.text.tokens import get_encoding
 
     get_encoding()

@@ -44,8 +44,8 @@ sys.path.insert(0, str(ROOT))
 import clawmem_index.index.vector_index as vector_index  # noqa: E402
 from clawmem_index.config import load_settings  # noqa: E402
 from clawmem_index.embeddings.base import ProviderInfo  # noqa: E402
-from clawmem_index.search.ranking import SearchRequest, run_search  # noqa: E402
 from clawmem_index.index.store import ChunkFilter, Store  # noqa: E402
+from clawmem_index.search.ranking import SearchRequest, run_search  # noqa: E402
 
 K = 24  # what a default search asks the store for: max_results 6 x candidate_multiplier 4
 NOISE = 0.6

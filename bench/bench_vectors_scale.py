@@ -46,9 +46,9 @@ from bench_vectors import SHARED, FixedQueries, log, synthesize, timed  # noqa: 
 
 from clawmem_index.config import load_settings  # noqa: E402
 from clawmem_index.index.keyword_index import SHARED_POSTINGS, PostingsCache  # noqa: E402
-from clawmem_index.search.ranking import SearchRequest, run_search  # noqa: E402
 from clawmem_index.index.store import Store  # noqa: E402
 from clawmem_index.index.vector_cells import SharedCells  # noqa: E402
+from clawmem_index.search.ranking import SearchRequest, run_search  # noqa: E402
 
 
 def corpus(work: Path) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:

@@ -33,8 +33,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self
 
-from clawmem_index.service.client import CALL_TIMEOUT, DaemonClient
 from clawmem_index.errors import DaemonUnreachable, QueryError, ServerBusy
+from clawmem_index.service.client import CALL_TIMEOUT, DaemonClient
 
 if TYPE_CHECKING:
     from clawmem_index.config import Settings

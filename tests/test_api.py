@@ -21,8 +21,8 @@ from clawmem_index.config import Settings
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ConfigError, IndexUnavailable, PathError, QueryError
-from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.index.store import MIGRATIONS, Store
+from clawmem_index.search.ranking import SearchRequest
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
 

@@ -59,8 +59,8 @@ def reindex(progress: bool | None, **kwargs: Any) -> None:
 @global_options
 def take_over(**kwargs: Any) -> None:
     """Make this folder the writer of its workspace in a shared index (after moving it to this host)."""
-    from clawmem_index.index.backends import PostgresBackend, backend_for
     from clawmem_index.errors import ConfigError
+    from clawmem_index.index.backends import PostgresBackend, backend_for
 
     ctx = ctx_of(kwargs)
 

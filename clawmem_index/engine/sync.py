@@ -26,8 +26,8 @@ import xxhash
 from clawmem_index.config import Settings
 from clawmem_index.engine.parse import ParsedFile, ParsedSession, parse_all, parse_session
 from clawmem_index.index.store import FileRow, Store
-from clawmem_index.sources.sessions import describe_malformed, describe_oversized
 from clawmem_index.sources.paths import file_date, folder_date
+from clawmem_index.sources.sessions import describe_malformed, describe_oversized
 from clawmem_index.sources.workspace import (
     MemoryFile,
     Skipped,

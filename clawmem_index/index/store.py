@@ -28,9 +28,9 @@ from clawmem_index.index.keyword_index import KeywordIndex, PostingsCache, TextH
 from clawmem_index.index.parking import Owner, ParkedVectors
 from clawmem_index.index.rows import ChunkRow, FileRow, JobRow
 from clawmem_index.index.schema import MIGRATIONS, SCHEMA_VERSION, Meta
-from clawmem_index.text.storable import storable
 from clawmem_index.index.vector_cells import SharedCells
 from clawmem_index.index.vector_index import FLOATS, HALVES, VectorHit, VectorIndex
+from clawmem_index.text.storable import storable
 
 # The rows, schema version and hits are the store's interface: importable from here as they always were.
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ChunkFilter", "ChunkRow", "FileRow", "JobRow", "Store", "TextHit",

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 from clawmem_index import DISTRIBUTION, __version__
 from clawmem_index.api import coverage_notes
 from clawmem_index.config import MAX_CONTEXT_BUDGET
-from clawmem_index.search.context import citation
 from clawmem_index.errors import ClawmemError, ConfigError, ExtraNotInstalled, QueryError
+from clawmem_index.search.context import citation
 from clawmem_index.service.params import MAX_WORKSPACES
 from clawmem_index.text.storable import storable
 

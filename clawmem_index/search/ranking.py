@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from clawmem_index.search.candidates import Candidate, Sides, gather, read_fixed
 from clawmem_index.config import SearchSettings
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.errors import ClawmemError, QueryError
-from clawmem_index.text.keywords import build_match, build_prefix_match
 from clawmem_index.index.store import ChunkFilter, Store, TextHit, VectorHit
+from clawmem_index.search.candidates import Candidate, Sides, gather, read_fixed
+from clawmem_index.text.keywords import build_match, build_prefix_match
 
 __all__ = ["Candidate", "SearchOutcome", "SearchRequest", "SearchResult", "decay_factor", "fuse_rrf", "iso_date",
            "mmr", "run_search"]

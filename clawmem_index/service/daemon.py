@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 from clawmem_index import __version__
 from clawmem_index.config import Settings, check_workspace
-from clawmem_index.service.embedder import Embedder
-from clawmem_index.service.lock import InstanceLock
 from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ClawmemError, ConfigError, IndexUnavailable
 from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.service.embedder import Embedder
+from clawmem_index.service.lock import InstanceLock
 from clawmem_index.service.server import RpcServer, bind_unix_socket, ensure_private_dir
 from clawmem_index.service.systemd import Notifier, listen_fds
 from clawmem_index.service.watcher import ObserverFactory, WorkspaceWatcher

@@ -17,12 +17,12 @@ from daemon_helpers import RecordingLog, wait_until
 from fake_http import FakeServer, OpenAIBatches, no_proxy  # noqa: F401 (a fixture)
 
 from clawmem_index.config import Settings, with_overrides
-from clawmem_index.service.embedder import Embedder
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.embeddings.jobs import BatchEmbedder, JobState
 from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ProviderTimeout
 from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.service.embedder import Embedder
 from clawmem_index.service.writer import Run, Writer
 
 
@@ -236,9 +236,9 @@ def test_clawmem_index_hands_a_backfill_to_openai_batches_and_collects_it(worksp
 
 def test_auto_uses_batch_jobs_only_at_the_vendors_own_endpoint(settings: Settings, write: Any) -> None:
     """An OpenAI-compatible server seldom has batch endpoints: `auto` sends it requests, `on` tries jobs."""
-    from clawmem_index.engine.backfill import batch_enabled
     from clawmem_index.config import EmbeddingSettings
     from clawmem_index.embeddings.openai import OpenAIProvider
+    from clawmem_index.engine.backfill import batch_enabled
 
     compatible = OpenAIProvider(EmbeddingSettings(base_url="http://127.0.0.1:9/v1", api_key="k"), environ={})
     official = OpenAIProvider(EmbeddingSettings(api_key="k"), environ={})

@@ -15,8 +15,8 @@ import pytest
 from clawmem_index.config import Settings, load_settings
 from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import IndexBusy, IndexUnavailable, PathError, QueryError
-from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.index.store import Store
+from clawmem_index.search.ranking import SearchRequest
 
 CHILD = """
 import sys

@@ -13,9 +13,9 @@ from clawmem_index.embeddings.base import ProviderInfo
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.embeddings.openai import OpenAIProvider
 from clawmem_index.engine.core import MemoryIndex
-from clawmem_index.search.ranking import SearchRequest
-from clawmem_index.index.store import Store
 from clawmem_index.engine.sync import SyncReport
+from clawmem_index.index.store import Store
+from clawmem_index.search.ranking import SearchRequest
 
 __all__ = ["fake_server", "no_proxy"]
 pytestmark = pytest.mark.usefixtures("no_proxy")

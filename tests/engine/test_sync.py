@@ -467,9 +467,9 @@ def test_parallel_chunking_keeps_a_bounded_window_of_files_in_flight(settings: S
     from concurrent.futures import ProcessPoolExecutor
 
     from clawmem_index.engine import parse
-    from clawmem_index.text.keywords import index_text
     from clawmem_index.index.pg.store import chunk_terms_of
     from clawmem_index.sources.workspace import scan
+    from clawmem_index.text.keywords import index_text
 
     for i in range(80):
         write(f"memory/n{i:03d}.md", f"# Note {i}\n\nkiwi {i}\n")

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from clawmem_index.index import bm25
 from clawmem_index.index.bm25 import TermScorer
-from clawmem_index.text.keywords import build_match
 from clawmem_index.index.store import Store
+from clawmem_index.text.keywords import build_match
 
 WORDS = ["staging", "stage", "stages", "deploy", "deploys", "rollback", "server", "alpha", "the", "café", "CAFE",
          "naïve", "数据"]

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from clawmem_index.index import keyword_index
 from clawmem_index.index.filters import ChunkFilter
-from clawmem_index.text.keywords import build_match, build_prefix_match, index_text
 from clawmem_index.index.store import Store
+from clawmem_index.text.keywords import build_match, build_prefix_match, index_text
 from tests.hostile import FIXED_TEXTS, hostile_text
 
 WORDS = ["staging", "stage", "deploy", "deploys", "rollback", "server", "alpha", "beta", "gamma", "the", "café",

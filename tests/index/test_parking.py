@@ -11,8 +11,8 @@ import pytest
 from clawmem_index.config import Settings, load_settings
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.engine.core import MemoryIndex
-from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.index.store import Store
+from clawmem_index.search.ranking import SearchRequest
 
 
 def notes(write, n: int = 5) -> None:

@@ -24,7 +24,6 @@ from clawmem_index.index.pg.schema import grant_workspace
 from clawmem_index.search.ranking import SearchRequest
 
 
-
 def shared(workspace: Path, url: str) -> Settings:
     return load_settings(workspace=workspace, overrides={"embedding.provider": "none", "index_backend": "postgres",
                                                          "index_url": url})
@@ -211,8 +210,8 @@ def test_hosts_cloned_from_one_image_are_two_writers(tmp_path: Path, pg_url: str
 def test_a_workspace_claimed_by_an_older_clawmem_stays_its_folders(tmp_path: Path, pg_url: str) -> None:
     """Claimed under the former identity (machine id and path), the folder upgrading keeps writing it and
     takes it under its new id; another folder is still refused."""
-    from clawmem_index.index.backends import former_writer_identity
     from clawmem_index.errors import WorkspaceTaken
+    from clawmem_index.index.backends import former_writer_identity
 
     ws = tmp_path / "ops"
     (ws / "memory").mkdir(parents=True)

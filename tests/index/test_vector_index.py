@@ -16,8 +16,8 @@ import clawmem_index.index.vector_index as vector_index
 from clawmem_index.config import Settings
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.engine.core import MemoryIndex
-from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.index.store import Store
+from clawmem_index.search.ranking import SearchRequest
 
 
 def halved(vectors: dict[int, np.ndarray]) -> dict[int, np.ndarray]:

@@ -19,12 +19,12 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from clawmem_index.api import Client
-from clawmem_index.service.client import DaemonClient
 from clawmem_index.config import Settings, load_settings
-from clawmem_index.search.context import Hit, build_context, citation
 from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ConfigError, IndexUnavailable, QueryError
+from clawmem_index.search.context import Hit, build_context, citation
 from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.service.client import DaemonClient
 from clawmem_index.text.tokens import get_encoding
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")

@@ -12,8 +12,8 @@ from clawmem_index.config import Settings, load_settings
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import PathError, QueryError
-from clawmem_index.search.ranking import Candidate, SearchRequest, fuse_rrf, snippet
 from clawmem_index.index.store import TextHit
+from clawmem_index.search.ranking import Candidate, SearchRequest, fuse_rrf, snippet
 from tests.hostile import FIXED_TEXTS, hostile_text
 
 
@@ -194,8 +194,8 @@ def test_over_k_means_cells_a_hybrid_search_reads_the_keyword_side_ahead(setting
                                                                         monkeypatch: pytest.MonkeyPatch,
                                                                         cells: bool) -> None:
     """A deeper vector read over cells costs tens of ms; 256 keyword hits spare most of them."""
-    from clawmem_index.search import ranking as search
     from clawmem_index.index.store import Store
+    from clawmem_index.search import ranking as search
 
     for i in range(300):
         write(f"memory/n{i}.md", f"# Note {i}\ndeploy staging server number {i}\n")
@@ -506,8 +506,8 @@ def test_hostile_queries_get_an_answer_or_a_query_error_through_every_stage(
 
 
 def test_the_vector_side_reads_ahead_so_the_proofs_deeper_reads_need_no_second_search() -> None:
-    from clawmem_index.search.ranking import READ_AHEAD, _VectorSide
     from clawmem_index.index.store import ChunkFilter, VectorHit
+    from clawmem_index.search.ranking import READ_AHEAD, _VectorSide
 
     class Store:
         def __init__(self, size: int) -> None:

@@ -18,10 +18,10 @@ from daemon_helpers import daemon_settings, refusing_daemon, running_daemon, sho
 
 from clawmem_index import errors
 from clawmem_index.cli import cli
-from clawmem_index.service.client import DaemonClient, error_for, find_daemon
 from clawmem_index.config import Settings, load_settings
 from clawmem_index.errors import ClawmemError, IndexUnavailable, ProtocolError, QueryError
 from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.service.client import DaemonClient, error_for, find_daemon
 from clawmem_index.service.server import RpcServer, bind_unix_socket
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")

@@ -35,12 +35,12 @@ from daemon_helpers import (
     wait_until,
 )
 
-from clawmem_index.service.client import DaemonClient
 from clawmem_index.config import Settings
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.errors import IndexBusy, IndexUnavailable
-from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.index.store import Store
+from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.service.client import DaemonClient
 
 WITHIN = DEBOUNCE + BOUND
 # watchdog warns from its reader thread when nested folders appear faster than it adds watches;

@@ -10,10 +10,10 @@ from typing import Any
 from daemon_helpers import RecordingLog, wait_until
 
 from clawmem_index.config import Settings
-from clawmem_index.service.embedder import Embedder, progress_report
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ProviderError
+from clawmem_index.service.embedder import Embedder, progress_report
 from clawmem_index.service.writer import Run, Writer
 
 

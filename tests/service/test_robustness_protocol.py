@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from daemon_helpers import RawClient, RecordingLog, daemon_settings, running_daemon, short_dir
 
+from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.service.protocol import MAX_BATCH, Dispatcher
 from clawmem_index.service.replies import INTERNAL_ERROR, MemoryBudget
-from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.service.server import MAX_LINE
 
 SEED = int(os.environ.get("CLAWMEM_FUZZ_SEED", "20261122"))

@@ -20,9 +20,9 @@ from daemon_helpers import RawClient, RecordingLog, short_dir, wait_until
 from clawmem_index.config import Settings
 from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ConfigError
+from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.service.protocol import MAX_BATCH, Dispatcher
 from clawmem_index.service.replies import MAX_REPLY_BYTES, MemoryBudget, encode_line
-from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.service.server import RpcServer, bind_unix_socket
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from daemon_helpers import RecordingLog, wait_until
 
-from clawmem_index.errors import IndexBusy, IndexUnavailable
 from clawmem_index.engine.sync import SyncReport
+from clawmem_index.errors import IndexBusy, IndexUnavailable
 from clawmem_index.service.writer import Writer
 
 

@@ -11,12 +11,20 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from clawmem_index.sources import files
-from clawmem_index.text.chunking import split_lines
 from clawmem_index.config import Settings, load_settings
 from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import PathError, QueryError
-from clawmem_index.sources.files import GET_MAX_BYTES, open_beneath, path_key, read_window, refusal_of, refused, unescape_key
+from clawmem_index.sources import files
+from clawmem_index.sources.files import (
+    GET_MAX_BYTES,
+    open_beneath,
+    path_key,
+    read_window,
+    refusal_of,
+    refused,
+    unescape_key,
+)
+from clawmem_index.text.chunking import split_lines
 
 
 def byte_file(directory: Path, name: bytes, content: bytes) -> None:

@@ -12,13 +12,13 @@ import pytest
 from daemon_helpers import BOUND, DEBOUNCE, daemon_settings, running_daemon, short_dir, wait_until
 from watchdog.events import DirCreatedEvent, FileModifiedEvent
 
-from clawmem_index.service.client import DaemonClient
 from clawmem_index.config import Settings, load_settings, with_overrides
 from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ConfigError, PathError
 from clawmem_index.search.ranking import SearchRequest
-from clawmem_index.sources.sessions import CARRY_CHARS, SAMPLE_BYTES, STATE_VERSION, Message, TailState
+from clawmem_index.service.client import DaemonClient
 from clawmem_index.service.watcher import WorkspaceWatcher
+from clawmem_index.sources.sessions import CARRY_CHARS, SAMPLE_BYTES, STATE_VERSION, Message, TailState
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
 
