@@ -1,4 +1,5 @@
-"""The `clawmem` command: a thin layer that parses flags, calls the engine and formats answers.
+"""The `clawmem` command: a thin layer that parses flags, calls the engine and formats answers (a front door: it may
+use every layer below it).
 
 One module per group of commands (`writing`, `reading`, `serving`), on the group and helpers of `base`.
 Heavy modules (the engine, structlog, provider SDKs) are imported inside the commands so that

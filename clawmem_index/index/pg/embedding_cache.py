@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from clawmem_index.index.pg.connection import Connection
-from clawmem_index.index.store import JobRow
+from clawmem_index.index.rows import JobRow
 
 __all__ = ["EmbeddingCache", "Jobs"]
 

@@ -40,7 +40,7 @@ from clawmem_index.index.pg.live import Live
 from clawmem_index.index.pg.schema import migrate
 from clawmem_index.index.pg.terms import ChunkTerms, chunk_terms
 from clawmem_index.index.pg.vectors import Vectors
-from clawmem_index.index.store import ChunkRow, FileRow, JobRow
+from clawmem_index.index.rows import ChunkRow, FileRow, JobRow
 from clawmem_index.index.vector_index import VectorHit
 
 __all__ = ["PgStore", "chunk_terms_of"]
