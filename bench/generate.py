@@ -4,7 +4,7 @@ Each file is ~2 KB of Markdown (headings, bullet notes, a code fence now and the
 ids (commit-like hashes, ticket numbers) so exact-match queries have exactly one answer.
 Deterministic for a given seed.
 
-    python bench/generate.py OUT_DIR N_FILES [--seed 7]
+    python bench/generate.py OUT_DIR N_FILES [--seed 7] [--layout folders|flat]
 """
 
 from __future__ import annotations
@@ -78,13 +78,19 @@ def project_note(rng: random.Random, serial: int) -> str:
     return "\n".join(out) + "\n"
 
 
-def generate(out: Path, n_files: int, seed: int = 7) -> Path:
+def generate(out: Path, n_files: int, seed: int = 7, layout: str = "folders") -> Path:
+    """`layout` "folders": daily logs in year folders and project notes (every fourth file) in their own;
+    "flat": every file a daily log, `memory/YYYY-MM-DD.md` in one folder, as OpenClaw keeps them."""
     rng = random.Random(seed)
     (out / "memory").mkdir(parents=True, exist_ok=True)
     (out / "MEMORY.md").write_text("# MEMORY\n\n## Facts\n" + "".join(f"- {sentence(rng)}\n" for _ in range(30)))
-    start = dt.date(2020, 1, 1)
+    start = dt.date(2020, 1, 1) if layout == "folders" else dt.date(2026, 11, 28) - dt.timedelta(days=n_files - 2)
     for i in range(n_files - 1):
-        if i % 4 == 3:
+        if layout == "flat":
+            day = start + dt.timedelta(days=i)
+            path = out / "memory" / f"{day.isoformat()}.md"
+            text = daily_log(rng, day, i)
+        elif i % 4 == 3:
             path = out / "memory" / "projects" / f"p{i // 400}" / f"project-{i}.md"
             text = project_note(rng, i)
         else:
@@ -101,8 +107,10 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("n_files", type=int)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--layout", choices=("folders", "flat"), default="folders",
+                        help="flat: every note a daily log in memory/YYYY-MM-DD.md (OpenClaw's layout)")
     args = parser.parse_args()
-    generate(args.out, args.n_files, args.seed)
+    generate(args.out, args.n_files, args.seed, args.layout)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import errno
 import itertools
 import os
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -268,14 +268,20 @@ def _walk(anchor: str, names: tuple[str, ...], key: str, note: Note, suffix: str
           source: str = "memory", *, newest_first: bool = False) -> Iterator[_Found]:
     """The files named `*suffix` below `anchor/names`, a folder at a time (no descriptor is held between folders).
 
-    A folder's files come before its subfolders'; with `newest_first`, both in `scan`'s order."""
+    A folder's files come before its subfolders'; with `newest_first`, both in `scan`'s order, and a
+    folder's files are lstat'ed as they are reached (a batch at a time), not all before the first:
+    a bounded check of a flat folder of 20,000 daily logs sees the latest within its bound."""
     stack = [(names, key)]
     while stack:
         dir_names, dir_key = stack.pop()
-        entries = _list_dir(os.path.join(anchor, *dir_names), dir_key, note, suffix)
-        siblings = {name for name, _, _ in entries}
+        folder = os.path.join(anchor, *dir_names)
+        listed = _list_dir(folder, dir_key, note, suffix, stat_files=not newest_first)
+        siblings = {name for name, _, _ in listed}
+        entries: Iterable[_Entry] = listed
         if newest_first:  # dated names (they start with a digit) first, the latest first
-            entries.sort(key=lambda entry: (entry[0][:1].isdigit(), entry[0]), reverse=True)
+            listed.sort(reverse=True)  # by name: a folder's names are unique (a key function took 45 ms at 20,000)
+            dated = [entry for entry in listed if entry[0][:1].isdigit()]
+            entries = _stat_as_reached(folder, dir_key, dated + [e for e in listed if not e[0][:1].isdigit()], note)
         subfolders: list[tuple[tuple[str, ...], str]] = []
         for name, kind, st in entries:
             name_key = path_key(name)
@@ -296,20 +302,55 @@ def _walk(anchor: str, names: tuple[str, ...], key: str, note: Note, suffix: str
         stack.extend(reversed(subfolders) if newest_first else subfolders)  # the last pushed is walked first
 
 
-def _list_dir(path: str, key: str, note: Note,
-              suffix: str = MEMORY_SUFFIX) -> list[tuple[str, str, os.stat_result | OSError | None]]:
+_Entry = tuple[str, str, os.stat_result | OSError | None]
+_STAT_BATCH = 256  # files lstat'ed per opening of their folder when stats are taken as reached
+
+
+def _stat_as_reached(path: str, key: str, entries: list[_Entry], note: Note) -> Iterator[_Entry]:
+    """`entries` in their order, each file with its lstat, taken through the folder (opened O_NOFOLLOW again) a
+    batch at a time: the first comes without waiting for the last. A file gone meanwhile is not yielded; a
+    folder that cannot be opened again is noted and ends the listing."""
+    for start in range(0, len(entries), _STAT_BATCH):
+        batch = entries[start:start + _STAT_BATCH]
+        if all(kind != "file" for _, kind, _ in batch):
+            yield from batch
+            continue
+        try:
+            fd = os.open(path, _LIST_FLAGS)
+        except OSError as exc:
+            _note_error(note, key or ".", exc)
+            return
+        done: list[_Entry] = []
+        try:
+            for name, kind, st in batch:
+                if kind == "file":
+                    try:
+                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # deleted since the listing: as if listed a moment later
+                    except OSError as exc:
+                        st = exc
+                done.append((name, kind, st))
+        finally:
+            os.close(fd)
+        yield from done
+
+
+def _list_dir(path: str, key: str, note: Note, suffix: str = MEMORY_SUFFIX, *,
+              stat_files: bool = True) -> list[_Entry]:
     """(name, "link" | "dir" | "file", stat) for the entries of a folder that may hold memory.
 
     Hidden entries, tool folders and files not named *suffix are left out. The kind comes from the
-    folder listing (no system call); only candidate files are lstat'ed, while the folder is open.
-    Opened O_NOFOLLOW, so a symlink swapped in for the folder since its check is not listed.
+    folder listing (no system call); only candidate files are lstat'ed, while the folder is open
+    (without `stat_files`: not at all, their stat is None). Opened O_NOFOLLOW, so a symlink swapped
+    in for the folder since its check is not listed.
     """
     try:
         fd = os.open(path, _LIST_FLAGS)
     except OSError as exc:
         _note_error(note, key or ".", exc)
         return []
-    entries: list[tuple[str, str, os.stat_result | OSError | None]] = []
+    entries: list[_Entry] = []
     try:
         with os.scandir(fd) as it:
             for entry in it:
@@ -323,7 +364,7 @@ def _list_dir(path: str, key: str, note: Note,
                         if name not in SKIPPED_DIRS:
                             entries.append((name, "dir", None))
                     elif name.lower().endswith(suffix):
-                        entries.append((name, "file", entry.stat(follow_symlinks=False)))
+                        entries.append((name, "file", entry.stat(follow_symlinks=False) if stat_files else None))
                 except OSError as exc:
                     entries.append((name, "file", exc))
     except OSError as exc:

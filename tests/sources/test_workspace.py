@@ -89,6 +89,29 @@ def test_newest_first_walks_dated_names_first_latest_first(workspace: Path, writ
     assert sorted(f.path for f in scan(workspace)) == sorted(f.path for f in scan(workspace, newest_first=True))
 
 
+def test_newest_first_takes_each_files_stat_when_it_reaches_it(workspace: Path, write,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bounded check of a flat folder of daily logs must not lstat 20,000 files before the newest: stats are
+    taken a batch at a time as the walk reaches them. So what happens to a later file after the first is
+    yielded is what the walk reports: a file deleted meanwhile is not yielded, one swapped for a symlink is
+    skipped as one, and a file listed with its stat up front (the eager walk) would have been yielded as it was."""
+    from clawmem_index.sources import workspace as workspace_module
+
+    monkeypatch.setattr(workspace_module, "_STAT_BATCH", 8)
+    days = [f"memory/2026-{month:02d}-{day:02d}.md" for month in (1, 2, 3) for day in range(1, 21)]
+    for rel in days:
+        write(rel, f"log {rel}")
+    skipped: list[Skipped] = []
+    walk = scan(workspace, skipped=skipped, newest_first=True)
+    assert next(walk).path == "memory/2026-03-20.md"
+    (workspace / "memory/2026-01-05.md").unlink()
+    (workspace / "memory/2026-01-04.md").unlink()
+    (workspace / "memory/2026-01-04.md").symlink_to(workspace / "memory/2026-01-03.md")
+    gone = {"memory/2026-03-20.md", "memory/2026-01-05.md", "memory/2026-01-04.md"}
+    assert [f.path for f in walk] == sorted(set(days) - gone, reverse=True)
+    assert {s.path: s.reason for s in skipped} == {"memory/2026-01-04.md": "symlink, not followed"}
+
+
 @pytest.mark.parametrize("key, day", [
     ("memory/2026-11-22.md", "2026-11-22"),
     ("memory/log/standup-2026-11-22.md", "2026-11-22"),
