@@ -33,7 +33,8 @@ from clawmem_index.index.vector_cells import SHARED_BYTES, SharedCells
 if TYPE_CHECKING:
     from clawmem_index.index.pg.store import PgStore
 
-__all__ = ["Backend", "PostgresBackend", "SqliteBackend", "backend_for", "former_writer_identity", "redacted", "writer_identity"]
+__all__ = ["Backend", "PostgresBackend", "SqliteBackend", "backend_for", "former_writer_identity", "redacted",
+           "writer_identity"]
 
 AnyStore = IndexStore  # a Store or a PgStore (clawmem_index.index.interface)
 
