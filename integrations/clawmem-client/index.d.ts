@@ -1,0 +1,79 @@
+// Types of clawmem-client (index.js). Results are the socket API's objects as the daemon sends them (README.md
+// of clawmem, "Socket API"): snake_case fields, as in every other client.
+
+export class ClawmemError extends Error {
+  constructor(message: string, code?: number | null, data?: unknown);
+  /** The JSON-RPC error code the daemon sent (null: the client's own, e.g. no daemon). */
+  code: number | null;
+  data: unknown;
+}
+export class ConfigError extends ClawmemError {}
+export class PathError extends ClawmemError {}
+export class QueryError extends ClawmemError {}
+export class ProviderError extends ClawmemError {}
+export class IndexUnavailable extends ClawmemError {}
+export class ServerBusy extends IndexUnavailable {}
+export class DaemonUnreachable extends IndexUnavailable {}
+export class ProtocolError extends ClawmemError {}
+
+export function errorFrom(error: { code?: number; message?: string; data?: unknown }): ClawmemError;
+export function workspaceKey(workspace: string): string;
+export function defaultSocketPath(workspace: string, env?: Record<string, string | undefined>): string;
+
+export interface SearchOptions {
+  maxResults?: number;
+  minScore?: number;
+  mode?: "hybrid" | "bm25" | "vector";
+  pathPrefix?: string;
+  source?: "memory" | "sessions";
+  since?: string;
+  before?: string;
+  explain?: boolean;
+  workspaces?: string[];
+}
+
+export interface ContextOptions extends Omit<SearchOptions, "explain"> {
+  budget?: number;
+}
+
+export interface SearchResult {
+  path: string;
+  start_line: number;
+  end_line: number;
+  score: number;
+  snippet: string;
+  source: string;
+  citation: string;
+  [field: string]: unknown;
+}
+
+export interface SearchAnswer {
+  results: SearchResult[];
+  provider: string;
+  model: string;
+  mode: string;
+  index: { pending_files: number; pending_embeddings: number; [field: string]: unknown };
+  [field: string]: unknown;
+}
+
+export interface GetAnswer {
+  path: string;
+  text: string;
+  from: number;
+  lines: number;
+  truncated: boolean;
+  [field: string]: unknown;
+}
+
+export class ClawmemClient {
+  constructor(options?: { socketPath?: string; workspace?: string; timeoutMs?: number });
+  readonly socketPath: string;
+  timeoutMs: number;
+  request(method: string, params?: Record<string, unknown>, options?: { timeoutMs?: number }): Promise<unknown>;
+  search(query: string, options?: SearchOptions): Promise<SearchAnswer>;
+  get(path: string, options?: { from?: number; lines?: number; maxBytes?: number }): Promise<GetAnswer>;
+  status(): Promise<Record<string, unknown>>;
+  context(query: string, options?: ContextOptions): Promise<{ text: string; tokens: number; [field: string]: unknown }>;
+  sync(options?: { wait?: boolean }): Promise<Record<string, unknown>>;
+  close(): void;
+}
