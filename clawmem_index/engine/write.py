@@ -200,22 +200,25 @@ def rebuild(index: MemoryIndex, fingerprint: str, bars: Reporters, replacing: St
 _CHUNKING_KEYS = ("schema", "keywords", "tokenizer", "chunk_tokens", "chunk_overlap")
 
 
+def _parsed(old: str | None, new: str) -> tuple[dict[str, object], dict[str, object]] | None:
+    try:
+        return json.loads(old or "{}"), json.loads(new)
+    except ValueError:
+        return None
+
+
 def _only_precision_differs(old: str | None, new: str) -> bool:
     """Whether the same vectors are to be stored at another precision: a rebuild takes them over converted, into
     a file without the old table's pages (a switch in place would leave them free, the file as large as before)."""
-    try:
-        before, after = json.loads(old or "{}"), json.loads(new)
-    except ValueError:
+    if (both := _parsed(old, new)) is None:
         return False
-    precision = ("precision", "float32")
-    return before.get(*precision) != after.get(*precision) and \
-        {k: v for k, v in before.items() if k != "precision"} == {k: v for k, v in after.items() if k != "precision"}
+    before, after = ({k: v for k, v in side.items() if k != "precision"} for side in both)
+    return both[0].get("precision", "float32") != both[1].get("precision", "float32") and before == after
 
 
 def _same_chunking(old: str | None, new: str) -> bool:
     """Whether two fingerprints chunk and tokenize files identically (their providers may differ)."""
-    try:
-        before, after = json.loads(old or "{}"), json.loads(new)
-    except ValueError:
+    if (both := _parsed(old, new)) is None:
         return False
+    before, after = both
     return all(k in before and before[k] == after.get(k) for k in _CHUNKING_KEYS)
