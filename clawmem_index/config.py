@@ -323,15 +323,14 @@ def load_settings(
                 continue
             target, name, ftype = _lookup(key, origin)
             value = _coerce(key, raw, ftype)
+            if name in ("index", "socket"):
+                value = _resolve_path(value, toml_path.parent if origin == str(toml_path) else Path.cwd())
             (sections[target] if target else top)[name] = value
 
     top.pop("workspace", None)
     if toml_path is not None and _has_password(_flatten(_read_toml(toml_path)).get("index_url")):
         raise ConfigError(f"{toml_path}: index_url holds a password; give it in PGPASSWORD (or ~/.pgpass), or the"
                           " whole URL in CLAWMEM_INDEX_URL (a systemd EnvironmentFile), not in the settings file")
-    for key in ("index", "socket"):
-        if key in top:
-            top[key] = _resolve_path(top[key], ws)
     try:
         settings = Settings(
             workspace=ws,
@@ -486,9 +485,10 @@ def _coerce(key: str, value: Any, ftype: Any) -> Any:
     raise ConfigError(f"invalid setting {key!r}: unsupported type")  # pragma: no cover
 
 
-def _resolve_path(value: Path, ws: Path) -> Path:
+def _resolve_path(value: Path, base: Path) -> Path:
+    """`~` expanded; relative to the settings file's folder (from the file) or the current one (env, flags)."""
     value = value.expanduser()
-    return value if value.is_absolute() else (Path.cwd() / value).resolve()
+    return value if value.is_absolute() else (base / value).resolve()
 
 
 def as_dict(settings: Settings) -> dict[str, Any]:

@@ -31,6 +31,22 @@ def test_toml_then_env_then_flags(tmp_path: Path) -> None:
     assert (s.embedding.provider, s.search.max_results) == ("voyage", 3)
 
 
+def test_relative_paths_in_the_file_are_from_its_folder_and_others_from_the_current_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative `socket` in clawmem.toml names one place whoever reads the file (a CLI run from any
+    folder, the daemon, the OpenClaw plugin); one from the environment is the caller's own."""
+    ws, elsewhere = tmp_path / "ws", tmp_path / "elsewhere"
+    ws.mkdir()
+    elsewhere.mkdir()
+    (ws / "clawmem.toml").write_text('socket = "run/ws.sock"\nindex = "~/idx.sqlite"\n')
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    s = load_settings(workspace=ws, environ={})
+    assert (s.socket_path, s.index_path) == (ws / "run" / "ws.sock", tmp_path / "idx.sqlite")
+    s = load_settings(workspace=ws, environ={"CLAWMEM_SOCKET": "mine.sock"})
+    assert s.socket_path == elsewhere / "mine.sock"
+
+
 def test_fixed_environment_names(tmp_path: Path) -> None:
     env = {"CLAWMEM_WORKSPACE": str(tmp_path), "CLAWMEM_INDEX": str(tmp_path / "i.db"),
            "CLAWMEM_SOCKET": str(tmp_path / "s.sock"), "CLAWMEM_MODEL": "m", "CLAWMEM_LOCAL_MODEL": "/x.gguf",

@@ -64,7 +64,7 @@ from clawmem_index.service.replies import (
     error_object,
     fixed_reply,
 )
-from clawmem_index.sources.files import GET_MAX_BYTES
+from clawmem_index.sources.files import GET_MAX_BYTES, refusal_of
 
 if TYPE_CHECKING:
     from clawmem_index.search.ranking import SearchRequest
@@ -202,7 +202,7 @@ class Dispatcher:
             return result
         except ClawmemError as exc:  # the pool is shutting down
             refused = None if _is_notification(entry) else error_object(
-                _valid_id(entry), exc.rpc_code, _describe(exc), {"type": type(exc).__name__})
+                _valid_id(entry), exc.rpc_code, _describe(exc), error_data(exc))
             return self._step(reply, _Ready(refused), stop, to_come)
 
     def _step(self, reply: Reply, entry: object, stop: int | None, to_come: int) -> tuple[bytes | None, int | None]:
@@ -276,7 +276,7 @@ class Dispatcher:
         except RpcError as exc:
             return error_object(rid, exc.code, exc.message, exc.data) if has_id else None
         except ClawmemError as exc:
-            return error_object(rid, exc.rpc_code, _describe(exc), {"type": type(exc).__name__}) if has_id else None
+            return error_object(rid, exc.rpc_code, _describe(exc), error_data(exc)) if has_id else None
         except Exception as exc:
             safe_log(self._log, "exception", "request_failed", method=method)
             message = f"internal error: {type(exc).__name__}: {_describe(exc)}"
@@ -363,6 +363,16 @@ def _valid_id(entry: object) -> object:
     """The entry's id if an answer may echo it, else None."""
     rid = entry.get("id") if isinstance(entry, dict) else None
     return rid if _id_ok(rid) else None
+
+
+def error_data(exc: ClawmemError) -> dict[str, object]:
+    """`data` of an error answer: the class's name, and `missing` when `get` named a file that is not
+    there (clients answer "not found" rather than "refused" without parsing the message)."""
+    data: dict[str, object] = {"type": type(exc).__name__}
+    refusal = refusal_of(exc)
+    if refusal is not None and refusal.missing:
+        data["missing"] = True
+    return data
 
 
 def _describe(exc: BaseException) -> str:

@@ -186,15 +186,18 @@ def test_null_optional_params_mean_the_default(dispatcher: Dispatcher) -> None:
     assert answer["result"]["results"]
 
 
-@pytest.mark.parametrize("params, code, kind", [
-    ({"path": "../etc/passwd"}, -32011, "PathError"),
-    ({"path": "/etc/passwd"}, -32011, "PathError"),
-    ({"path": "memory/missing.md"}, -32011, "PathError"),
-    ({"path": "notes.txt"}, -32011, "PathError"),
+@pytest.mark.parametrize("params, code, kind, missing", [
+    ({"path": "../etc/passwd"}, -32011, "PathError", False),
+    ({"path": "/etc/passwd"}, -32011, "PathError", False),
+    ({"path": "memory/missing.md"}, -32011, "PathError", True),
+    ({"path": "notes.txt"}, -32011, "PathError", False),
 ])
-def test_refused_paths_carry_the_error_class_code(dispatcher: Dispatcher, params: Any, code: int, kind: str) -> None:
+def test_refused_paths_carry_the_error_class_code(dispatcher: Dispatcher, params: Any, code: int, kind: str,
+                                                  missing: bool) -> None:
+    """`data.missing` tells a file that is not there from one refused, without parsing the message."""
     error = ask(dispatcher, req("get", params))["error"]
     assert (error["code"], error["data"]["type"]) == (code, kind)
+    assert error["data"].get("missing", False) is missing
     assert params["path"] in error["message"] or "missing" in error["message"]
 
 
