@@ -1,0 +1,39 @@
+// memory-clawmem: OpenClaw's memory slot answered by clawmem (https://pypi.org/project/clawmem-index/).
+// register() only wires objects: OpenClaw calls it several times per process, and nothing may start there.
+import { ClawmemMemory } from "./lib/runtime.js";
+import { readSettings } from "./lib/settings.js";
+import { createTools } from "./lib/tools.js";
+
+export const PLUGIN_ID = "memory-clawmem";
+
+function register(api) {
+  const settings = readSettings(api.pluginConfig);
+  const memory = new ClawmemMemory({
+    settings,
+    workspaceOf: (cfg, agentId) => api.runtime.agent.resolveAgentWorkspaceDir(cfg, agentId),
+    logger: api.logger,
+  });
+  api.registerMemoryCapability({ runtime: memory.runtime() });
+  const toolsFor = (ctx) => {
+    const config = ctx.getRuntimeConfig?.() ?? ctx.runtimeConfig ?? ctx.config ?? api.config;
+    const agentId = ctx.agentId ?? "main";
+    const workspace = settings.workspace ?? ctx.workspaceDir ?? memory.workspaceFor(config, agentId);
+    return createTools({
+      managerFor: () => memory.manager(workspace),
+      config,
+      sessionKey: ctx.sessionKey,
+      sandboxed: ctx.sandboxed === true,
+      agentId,
+    });
+  };
+  api.registerTool((ctx) => toolsFor(ctx)[0], { names: ["memory_search"] });
+  api.registerTool((ctx) => toolsFor(ctx)[1], { names: ["memory_get"] });
+}
+
+export default {
+  id: PLUGIN_ID,
+  name: "clawmem memory",
+  description: "OpenClaw's memory search answered by clawmem: a watched, incremental, hybrid index of the workspace's Markdown",
+  kind: "memory",
+  register,
+};

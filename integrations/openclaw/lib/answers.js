@@ -1,0 +1,101 @@
+// clawmem's answers in the shapes OpenClaw's memory surfaces expect (MemorySearchResult, MemoryReadResult,
+// MemoryProviderStatus). Pure functions: no socket, no clock beyond what is passed in.
+
+export const BACKEND = "clawmem";
+
+/** "path#L3" or "path#L3-L9", as memory-core cites. */
+export function citation(path, startLine, endLine) {
+  return startLine === endLine ? `${path}#L${startLine}` : `${path}#L${startLine}-L${endLine}`;
+}
+
+/** One clawmem result as OpenClaw's MemorySearchResult. */
+export function toHit(result) {
+  const hit = {
+    path: result.path,
+    startLine: result.start_line,
+    endLine: result.end_line,
+    score: result.score,
+    snippet: result.snippet,
+    source: result.source === "sessions" ? "sessions" : "memory",
+    citation: citation(result.path, result.start_line, result.end_line),
+  };
+  if (typeof result.vector_score === "number") hit.vectorScore = result.vector_score;
+  if (typeof result.text_score === "number") hit.textScore = result.text_score;
+  return hit;
+}
+
+/** What clawmem says about how current and how complete an answer is (empty when it is fully current). */
+export function freshnessOf(answer) {
+  const index = answer.index ?? {};
+  const notes = [];
+  if (index.pending_files > 0) notes.push(`${index.pending_files} changed file(s) not yet indexed`);
+  if (index.pending_embeddings > 0) {
+    notes.push(`${index.pending_embeddings} chunk(s) still waiting for vectors: keyword matches answer for them`);
+  }
+  if (typeof answer.warning === "string" && answer.warning) notes.push(answer.warning);
+  return notes;
+}
+
+/** The search parameters clawmem takes for OpenClaw's search options. */
+export function searchParams(opts = {}) {
+  const params = {};
+  if (Number.isInteger(opts.maxResults) && opts.maxResults > 0) params.maxResults = opts.maxResults;
+  if (typeof opts.minScore === "number" && Number.isFinite(opts.minScore)) params.minScore = opts.minScore;
+  if (opts.lexicalOnly) params.mode = "bm25";
+  const sources = Array.isArray(opts.sources) ? opts.sources : null;
+  if (sources && sources.length === 1 && (sources[0] === "memory" || sources[0] === "sessions")) {
+    params.source = sources[0];
+  }
+  return params;
+}
+
+/** clawmem's `status` as OpenClaw's MemoryProviderStatus; clawmem's own view sits under `custom`. */
+export function providerStatus(status, { workspace, socketPath, error } = {}) {
+  if (!status) {
+    return {
+      backend: BACKEND,
+      provider: "clawmem",
+      workspaceDir: workspace,
+      dirty: true,
+      ...(error ? { lastSyncError: error } : {}),
+      fts: { enabled: true, available: false, ...(error ? { error } : {}) },
+      vector: { enabled: false, available: false },
+      custom: { backend: BACKEND, socket: socketPath, reachable: false, ...(error ? { error } : {}) },
+    };
+  }
+  const vectors = status.vector_search && status.vector_search !== "none";
+  const daemon = status.daemon ?? {};
+  const problem = status.last_error ?? daemon.last_error ?? daemon.embedding_error ?? undefined;
+  return {
+    backend: BACKEND,
+    provider: status.provider || "none",
+    model: status.model || undefined,
+    requestedProvider: status.configured_provider,
+    files: status.files_indexed,
+    chunks: status.chunks_indexed,
+    dirty: status.fresh !== true,
+    ...(problem ? { lastSyncError: String(problem) } : {}),
+    workspaceDir: status.workspace ?? workspace,
+    dbPath: status.index_path,
+    sources: ["memory", "sessions"].filter((s) => (status.sources ?? ["memory"]).includes(s)),
+    fts: { enabled: true, available: status.index_exists !== false },
+    vector: {
+      enabled: status.provider !== "none",
+      available: Boolean(vectors),
+      semanticAvailable: Boolean(vectors),
+      ...(status.dims ? { dims: status.dims } : {}),
+    },
+    custom: {
+      backend: BACKEND,
+      version: status.version,
+      socket: socketPath ?? status.socket,
+      fresh: status.fresh,
+      staleReasons: status.stale_reasons ?? [],
+      pendingFiles: status.pending_files ?? 0,
+      pendingEmbeddings: status.pending_embeddings ?? 0,
+      lastSyncAt: status.last_sync_at,
+      providerNote: status.provider_note,
+      vectorSearch: status.vector_search,
+    },
+  };
+}

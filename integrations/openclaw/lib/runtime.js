@@ -1,0 +1,72 @@
+// OpenClaw's MemoryPluginRuntime: one ClawmemManager per agent workspace, all sharing one daemon pool.
+import { BACKEND } from "./answers.js";
+import { DaemonPool } from "./daemons.js";
+import { ClawmemManager } from "./manager.js";
+
+export class ClawmemMemory {
+  /**
+   * @param {{settings: ReturnType<import("./settings.js").readSettings>,
+   *   workspaceOf: (cfg: unknown, agentId: string) => string, logger?: object, env?: object}} p
+   */
+  constructor({ settings, workspaceOf, logger, env }) {
+    this.settings = settings;
+    this.workspaceOf = workspaceOf;
+    this.logger = logger;
+    this.env = env;
+    this._pool = null;
+    this._managers = new Map();
+  }
+
+  /** Nothing starts until the first request: OpenClaw loads plugins several times per process. */
+  get pool() {
+    this._pool ??= new DaemonPool({ ...this.settings, env: this.env, logger: this.logger });
+    return this._pool;
+  }
+
+  /** The agent's workspace: the plugin's `workspace` setting, else the agent's OpenClaw workspace. */
+  workspaceFor(cfg, agentId) {
+    return this.settings.workspace ?? this.workspaceOf(cfg, agentId);
+  }
+
+  manager(workspace) {
+    let manager = this._managers.get(workspace);
+    if (!manager) {
+      manager = new ClawmemManager({
+        pool: this.pool,
+        workspace,
+        timeoutMs: this.settings.timeoutMs,
+        statusTtlMs: this.settings.statusTtlMs,
+      });
+      this._managers.set(workspace, manager);
+    }
+    return manager;
+  }
+
+  /** The object OpenClaw registers as the memory capability's runtime. */
+  runtime() {
+    return {
+      getMemorySearchManager: async ({ cfg, agentId, purpose }) => {
+        const started = Date.now();
+        let workspace;
+        try {
+          workspace = this.workspaceFor(cfg, agentId);
+        } catch (error) {
+          return { manager: null, error: `memory-clawmem: no workspace for agent ${agentId}: ${error.message}` };
+        }
+        const manager = this.manager(workspace);
+        if (purpose === "status" || purpose === "cli") {
+          await manager.refreshStatus().catch(() => {}); // status() then says what failed
+        }
+        return { manager, debug: { backend: BACKEND, purpose, managerMs: Date.now() - started } };
+      },
+      resolveMemoryBackendConfig: () => ({ backend: BACKEND }),
+      // Session hits are this agent's own transcripts (its workspace's daemon); a sandbox sees memory only.
+      authorizeSearchHits: async ({ sandboxed, hits }) =>
+        sandboxed ? hits.filter((hit) => hit.source !== "sessions") : hits,
+      closeMemorySearchManager: async () => {},
+      closeAllMemorySearchManagers: async () => {
+        this._pool?.closeAll();
+      },
+    };
+  }
+}

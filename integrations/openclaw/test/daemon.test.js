@@ -1,0 +1,42 @@
+// With the real `clawmem` command: run by the Python suite (tests/integrations/test_openclaw_plugin.py), which
+// passes the command and a workspace; skipped when run alone. The plugin starts the daemon itself.
+import assert from "node:assert/strict";
+import { appendFileSync } from "node:fs";
+import { test } from "node:test";
+
+import { DEFAULTS } from "../lib/settings.js";
+import { ClawmemMemory } from "../lib/runtime.js";
+import { createTools } from "../lib/tools.js";
+
+const { CLAWMEM_TEST_COMMAND: command, CLAWMEM_TEST_WORKSPACE: workspace } = process.env;
+
+test("a real clawmem: started for the workspace, a note written after it started found by a stemmed query",
+  { skip: !command && "no clawmem command given" }, async () => {
+    const memory = new ClawmemMemory({ settings: { ...DEFAULTS, command, timeoutMs: 60_000, startTimeoutMs: 60_000 }, workspaceOf: () => workspace });
+    const [search, get] = createTools({ managerFor: () => memory.manager(workspace), config: {} });
+    try {
+      const first = (await search.execute("1", { query: "platypus plans" })).details;
+      assert.equal(first.debug.backend, "clawmem");
+      assert.deepEqual(first.results.map((r) => r.path).sort(), ["MEMORY.md", "memory/ideas.md"]);
+      appendFileSync(`${workspace}/memory/ideas.md`, "\nThe otters were counted on Tuesday.\n");
+      const deadline = Date.now() + 30_000;
+      let found = [];
+      while (Date.now() < deadline) {
+        found = (await search.execute("2", { query: "otter counting" })).details.results;
+        if (found.length > 0) break;
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      assert.equal(found[0]?.path, "memory/ideas.md");
+      const read = (await get.execute("3", { path: "memory/ideas.md", from: found[0].startLine, lines: 50 })).details;
+      assert.equal(read.status, "ok");
+      assert.match(read.text, /otters were counted/);
+      assert.equal((await get.execute("4", { path: "memory/none.md" })).details.status, "not_found");
+      assert.equal((await get.execute("5", { path: "../x.md" })).details.status, "error");
+      const { manager } = await memory.runtime().getMemorySearchManager({ cfg: {}, agentId: "main", purpose: "status" });
+      const status = manager.status();
+      assert.deepEqual([status.backend, status.files, status.custom.fresh], ["clawmem", 2, true]);
+      process.kill(manager.daemon.status.daemon.pid, "SIGTERM");
+    } finally {
+      memory.pool.closeAll();
+    }
+  });

@@ -1,0 +1,63 @@
+"""integrations/openclaw, the OpenClaw memory-slot plugin, through `node --test`: its own tests against a fake
+`clawmem` that serves, fails and hangs on purpose, and its daemon test, in which the plugin starts this checkout's
+real `clawmem serve` for a workspace and searches it. (A real OpenClaw Gateway: test_openclaw_gateway.py.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon_helpers import short_dir
+
+PLUGIN = Path(__file__).resolve().parents[2] / "integrations" / "openclaw"
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    yield from short_dir()
+
+
+def plugin_dependencies(npm: str) -> None:
+    """The plugin's node_modules: the client from this checkout and smol-toml from the registry (once)."""
+    if (PLUGIN / "node_modules" / "smol-toml" / "package.json").exists() and (
+            PLUGIN / "node_modules" / "clawmem-client" / "index.js").exists():
+        return
+    out = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=PLUGIN,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_plugin_passes_its_tests_and_starts_a_real_daemon(workspace: Path, sock_dir: Path) -> None:
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("node is not installed")
+    plugin_dependencies(npm)
+    (workspace / "MEMORY.md").write_text("# Memory\nPrefer the platypus plan.\n")
+    (workspace / "memory" / "ideas.md").write_text("# Ideas\nA platypus detector.\n")
+    command = Path(sys.executable).with_name("clawmem")
+    env = {**os.environ, "CLAWMEM_TEST_COMMAND": str(command), "CLAWMEM_TEST_WORKSPACE": str(workspace),
+           "XDG_RUNTIME_DIR": str(sock_dir), "XDG_CACHE_HOME": str(sock_dir / "cache"), "CLAWMEM_PROVIDER": "none"}
+    try:
+        out = subprocess.run([node, "--test"], cwd=PLUGIN, env=env, capture_output=True, text=True, timeout=240)
+    finally:
+        stop_daemons(sock_dir)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "# fail 0" in out.stdout and "# skipped 0" in out.stdout, out.stdout
+
+
+def stop_daemons(sock_dir: Path) -> None:
+    """Stop a daemon the plugin started and a failed test left running (its pid from the lock clawmem keeps)."""
+    for lock in (sock_dir / "cache" / "clawmem" / "daemons").glob("*.lock"):
+        text = lock.read_text().split("\n", 1)[0].strip()  # "<pid>\n<socket>\n"
+        cmdline = Path(f"/proc/{text}/cmdline")
+        if text.isdigit() and cmdline.exists() and b"clawmem" in cmdline.read_bytes():
+            try:
+                os.kill(int(text), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
