@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,8 +13,7 @@ from pathlib import Path
 
 import pytest
 from daemon_helpers import short_dir
-
-PLUGIN = Path(__file__).resolve().parents[2] / "integrations" / "openclaw"
+from openclaw_host import PLUGIN, plugin_dependencies, stop_started_daemons
 
 
 @pytest.fixture
@@ -23,21 +21,11 @@ def sock_dir() -> Iterator[Path]:
     yield from short_dir()
 
 
-def plugin_dependencies(npm: str) -> None:
-    """The plugin's node_modules: the client from this checkout and smol-toml from the registry (once)."""
-    if (PLUGIN / "node_modules" / "smol-toml" / "package.json").exists() and (
-            PLUGIN / "node_modules" / "clawmem-client" / "index.js").exists():
-        return
-    out = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=PLUGIN,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-
-
 def test_the_plugin_passes_its_tests_and_starts_a_real_daemon(workspace: Path, sock_dir: Path) -> None:
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         pytest.skip("node is not installed")
-    plugin_dependencies(npm)
+    plugin_dependencies()
     (workspace / "MEMORY.md").write_text("# Memory\nPrefer the platypus plan.\n")
     (workspace / "memory" / "ideas.md").write_text("# Ideas\nA platypus detector.\n")
     command = Path(sys.executable).with_name("clawmem")
@@ -46,18 +34,7 @@ def test_the_plugin_passes_its_tests_and_starts_a_real_daemon(workspace: Path, s
     try:
         out = subprocess.run([node, "--test"], cwd=PLUGIN, env=env, capture_output=True, text=True, timeout=240)
     finally:
-        stop_daemons(sock_dir)
+        stop_started_daemons(sock_dir / "cache")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "# fail 0" in out.stdout and "# skipped 0" in out.stdout, out.stdout
 
-
-def stop_daemons(sock_dir: Path) -> None:
-    """Stop a daemon the plugin started and a failed test left running (its pid from the lock clawmem keeps)."""
-    for lock in (sock_dir / "cache" / "clawmem" / "daemons").glob("*.lock"):
-        text = lock.read_text().split("\n", 1)[0].strip()  # "<pid>\n<socket>\n"
-        cmdline = Path(f"/proc/{text}/cmdline")
-        if text.isdigit() and cmdline.exists() and b"clawmem" in cmdline.read_bytes():
-            try:
-                os.kill(int(text), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
