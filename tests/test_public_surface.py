@@ -21,8 +21,8 @@ DOCUMENTED_IMPORTS = {
     "clawmem_index.embeddings.fake": ["FakeProvider"],
 }
 
-CLI_COMMANDS = {"context", "get", "grant", "index", "init", "install-service", "mcp", "reindex", "search", "serve",
-                "services", "status", "take-over", "uninstall-service"}
+CLI_COMMANDS = {"context", "get", "grant", "import-openclaw", "index", "init", "install-service", "mcp", "reindex",
+                "search", "serve", "services", "status", "take-over", "uninstall-service"}
 
 SOCKET_METHODS = {
     "search": {"query", "max_results", "min_score", "mode", "path_prefix", "source", "since", "before", "explain",

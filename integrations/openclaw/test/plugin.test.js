@@ -10,7 +10,7 @@ import { after, afterEach, test } from "node:test";
 import { DaemonUnreachable, defaultSocketPath, workspaceKey } from "clawmem-client";
 
 import plugin from "../index.js";
-import { providerStatus, searchParams, toHit } from "../lib/answers.js";
+import { freshnessOf, providerStatus, searchParams, toHit } from "../lib/answers.js";
 import { DaemonPool, NotInstalled, WrongWorkspace, socketFor } from "../lib/daemons.js";
 import { ClawmemManager } from "../lib/manager.js";
 import { ClawmemMemory } from "../lib/runtime.js";
@@ -247,6 +247,12 @@ test("tools: memory_search's payload, memory_get's statuses, and failures as res
 test("answers: status before any daemon is dirty, and hits keep clawmem's scores", () => {
   assert.deepEqual(searchParams({ maxResults: 0, minScore: Number.NaN, sources: ["wiki"] }), {});
   assert.equal(toHit({ path: "p", start_line: 1, end_line: 1, score: 1, snippet: "s", source: "sessions", vector_score: 0.5 }).vectorScore, 0.5);
+  assert.deepEqual(freshnessOf({ index: { pending_files: 0, pending_embeddings: 0 } }), []);
+  assert.deepEqual(freshnessOf({ index: { pending_files: 2, pending_embeddings: 5 }, warning: "provider slow" }), [
+    "2 changed file(s) not yet indexed",
+    "5 chunk(s) still waiting for vectors: keyword matches answer for them",
+    "provider slow",
+  ]);
   const none = providerStatus(null, { workspace: "/w", error: "down" });
   assert.deepEqual([none.dirty, none.lastSyncError, none.custom.reachable], [true, "down", false]);
 });
