@@ -173,3 +173,25 @@ def make_long_path(base: Path, levels: int = 20) -> str:
     finally:
         os.close(fd)
     return name
+
+
+SENTINEL = "wolverine"  # a word only the good file of hostile_workspace holds
+
+
+def hostile_workspace(workspace: Path) -> None:
+    """Every fixed case as a memory file (by content and by name), all transcript lines, and one good note."""
+    memory = workspace / "memory"
+    (workspace / "MEMORY.md").write_text(f"# Memory\nThe {SENTINEL} decision stands.\n")
+    for n, text in enumerate(FIXED_TEXTS.values()):
+        (memory / f"text-{n}.md").write_bytes(text.encode("utf-8", "surrogatepass"))
+    for n, raw in enumerate(FIXED_BYTES.values()):
+        (memory / f"bytes-{n}.md").write_bytes(raw)
+    for raw in FIXED_NAMES.values():
+        with open(os.path.join(os.fsencode(memory), raw), "wb") as fh:
+            fh.write(b"a note under a hostile name\n")
+    (memory / "same.md").write_text(many_identical_chunks(300_000))
+    sessions = workspace / "sessions"
+    sessions.mkdir()
+    lines = [*FIXED_TRANSCRIPT_LINES.values(), json.dumps(
+        {"type": "message", "message": {"role": "user", "content": f"the {SENTINEL} of the transcript"}})]
+    (sessions / "hostile.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")

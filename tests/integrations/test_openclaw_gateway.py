@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from daemon_helpers import short_dir
+from hostile import FIXED_TEXTS
 from openclaw_host import PLUGIN, installed_openclaw, plugin_dependencies, running_gateway, stop_started_daemons
 
 CLAWMEM = Path(sys.executable).with_name("clawmem")
@@ -80,6 +81,14 @@ def test_openclaw_answers_memory_from_clawmem(tmp_path: Path, sock_dir: Path) ->
             # OpenClaw's own RPC answers from clawmem too (memory-core is denied: nothing else could).
             rpc = gateway.call("memory.search", {"query": "platypus plans", "agentId": "alpha"})
             assert [hit["path"] for hit in rpc["results"]] == ["MEMORY.md"]
+
+            # The hostile corpus through the Gateway's JSON: each a result or a refusal, and the Gateway goes on.
+            for name, text in FIXED_TEXTS.items():
+                for tool, args in (("memory_search", {"query": text}), ("memory_get", {"path": text})):
+                    status, body = gateway.invoke(tool, args, "alpha")
+                    assert status in (200, 400) and "ok" in body, (name, tool, status, body)
+                    if status == 200:
+                        assert body["result"]["details"]["debug"]["backend"] == "clawmem", (name, tool)
 
             # beta has no daemon: the plugin starts one; each agent sees only its own workspace.
             assert paths(gateway.details("memory_search", {"query": "zebra migrations"}, "beta")) == [

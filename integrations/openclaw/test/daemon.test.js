@@ -40,3 +40,38 @@ test("a real clawmem: started for the workspace, a note written after it started
       memory.pool.closeAll();
     }
   });
+
+// The hostile-input corpus (tests/hostile.py, written to a JSON file by the Python suite): every text as a query
+// and as a path, through the tools, against a workspace holding every hostile file. Each answer is a result in
+// OpenClaw's shape, never a throw, and the daemon answers normally afterwards.
+const { CLAWMEM_TEST_HOSTILE: hostileFile } = process.env;
+
+test("the hostile corpus through the tools: every answer a result, and the workspace still searched",
+  { skip: !hostileFile && "no hostile corpus given" }, async () => {
+    const { readFileSync } = await import("node:fs");
+    const corpus = JSON.parse(readFileSync(hostileFile, "utf8"));
+    const memory = new ClawmemMemory({ settings: { ...DEFAULTS, command, timeoutMs: 60_000, startTimeoutMs: 60_000 }, workspaceOf: () => corpus.workspace });
+    const [search, get] = createTools({ managerFor: () => memory.manager(corpus.workspace), config: {} });
+    try {
+      for (const [name, text] of Object.entries(corpus.texts)) {
+        for (const corpusName of ["memory", "sessions", "all"]) {
+          const found = (await search.execute("h", { query: text, corpus: corpusName })).details;
+          assert.ok(Array.isArray(found.results), `${name}: ${JSON.stringify(found).slice(0, 200)}`);
+          assert.ok(found.debug?.backend === "clawmem", name);
+          JSON.stringify(found); // sendable as it is
+        }
+        const read = (await get.execute("h", { path: text, from: 1, lines: 5 })).details;
+        assert.ok(["ok", "not_found", "error"].includes(read.status), `${name}: ${JSON.stringify(read).slice(0, 200)}`);
+      }
+      const found = (await search.execute("s", { query: corpus.sentinel, corpus: "all" })).details;
+      assert.deepEqual(found.results.map((r) => r.path).sort(), ["MEMORY.md", "sessions/hostile.jsonl"]);
+      for (const hit of (await search.execute("n", { query: "hostile name", maxResults: 50 })).details.results) {
+        const read = (await get.execute("g", { path: hit.path, from: hit.startLine, lines: 1 })).details;
+        assert.equal(read.status, "ok", `${hit.path}: ${JSON.stringify(read)}`);
+      }
+      const { manager } = await memory.runtime().getMemorySearchManager({ cfg: {}, agentId: "main", purpose: "status" });
+      process.kill(manager.daemon.status.daemon.pid, "SIGTERM");
+    } finally {
+      memory.pool.closeAll();
+    }
+  });
