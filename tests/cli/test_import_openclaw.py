@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from clawmem_index.cli import cli
-from clawmem_index.cli.openclaw import import_settings, memory_search_settings
+from clawmem_index.cli.openclaw_settings import import_settings, memory_search_settings
 from clawmem_index.config import load_settings
 
 CONFIG = """// OpenClaw's config is JSON5: comments, trailing commas, unquoted keys.
