@@ -81,6 +81,9 @@ def test_openclaw_answers_memory_from_clawmem(tmp_path: Path, sock_dir: Path) ->
             # OpenClaw's own RPC answers from clawmem too (memory-core is denied: nothing else could).
             rpc = gateway.call("memory.search", {"query": "platypus plans", "agentId": "alpha"})
             assert [hit["path"] for hit in rpc["results"]] == ["MEMORY.md"]
+            # ... and so does its memory doctor, from the status clawmem's daemon gave.
+            doctor = gateway.call("doctor.memory.status", {"agentId": "alpha"})
+            assert doctor["provider"] == "none" and "keyword search only" in doctor["embedding"]["error"]
 
             # The hostile corpus through the Gateway's JSON: each a result or a refusal, and the Gateway goes on.
             for name, text in FIXED_TEXTS.items():
