@@ -252,10 +252,11 @@ def idle_cpu(daemon: Daemon, seconds: float = 10.0) -> dict[str, Any]:
 # -- the runs ---------------------------------------------------------------------------------
 
 
-def run(edit_sizes: list[int], query_chunks: list[int], work: Path) -> dict[str, Any]:
-    results: dict[str, Any] = {"edit": [], "query": [], "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
+def run(edit_sizes: list[int], query_chunks: list[int], work: Path, layout: str = "folders") -> dict[str, Any]:
+    results: dict[str, Any] = {"edit": [], "query": [], "layout": layout,
+                               "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     for n_files in edit_sizes:
-        ws = generate(work / f"edit{n_files}", n_files)
+        ws = generate(work / f"edit{n_files}", n_files, layout=layout)
         built = build_index(ws, work / f"edit{n_files}.sqlite", fake=False)
         sock = Path(tempfile.mkdtemp(prefix="cmb", dir="/tmp")) / "d.sock"
         daemon = Daemon(ws, work / f"edit{n_files}.sqlite", sock, fake=False)
@@ -270,7 +271,7 @@ def run(edit_sizes: list[int], query_chunks: list[int], work: Path) -> dict[str,
             shutil.rmtree(sock.parent, ignore_errors=True)
     for chunks in query_chunks:
         n_files = max(2, round(chunks / CHUNKS_PER_FILE))
-        ws = generate(work / f"query{n_files}", n_files)
+        ws = generate(work / f"query{n_files}", n_files, layout=layout)
         built = build_index(ws, work / f"query{n_files}.sqlite", fake=True)
         sock = Path(tempfile.mkdtemp(prefix="cmb", dir="/tmp")) / "d.sock"
         daemon = Daemon(ws, work / f"query{n_files}.sqlite", sock, fake=True)
@@ -295,6 +296,8 @@ def main() -> None:
     parser.add_argument("--query-chunks", default="10000,100000")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "daemon.json")
     parser.add_argument("--keep", action="store_true", help="keep the generated workspaces")
+    parser.add_argument("--layout", choices=("folders", "flat"), default="folders",
+                        help="flat: every note a daily log in memory/YYYY-MM-DD.md (OpenClaw's layout)")
     args = parser.parse_args()
     if args.child:
         child_daemon(args.child)
@@ -303,7 +306,7 @@ def main() -> None:
     os.environ["XDG_CACHE_HOME"] = str(work / "cache")
     try:
         results = run([int(x) for x in args.edit_sizes.split(",") if x],
-                      [int(x) for x in args.query_chunks.split(",") if x], work)
+                      [int(x) for x in args.query_chunks.split(",") if x], work, args.layout)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -123,10 +123,10 @@ def cli_search(ws: Path, idx: Path, query: str) -> float:
     return cli(ws, idx, "search", "--mode", "bm25", "--json", query)
 
 
-def bench(size: int, root: Path) -> dict[str, object]:
-    ws = root / f"ws-{size}"
+def bench(size: int, root: Path, layout: str = "folders") -> dict[str, object]:
+    ws = root / (f"ws-{size}" if layout == "folders" else f"ws-{size}-{layout}")
     if not ws.exists():
-        generate(ws, size)
+        generate(ws, size, layout=layout)
     idx = root / f"idx-{size}" / "index.sqlite"
     shutil.rmtree(idx.parent, ignore_errors=True)
     total_bytes = sum(p.stat().st_size for p in ws.rglob("*.md"))
@@ -147,6 +147,7 @@ def bench(size: int, root: Path) -> dict[str, object]:
                 for phrase in CLI_PHRASES}}
     return {
         "files": size,
+        "layout": layout,
         "mb": round(total_bytes / 1e6, 2),
         "chunks": cold["chunks"],
         "cold_index_s": round(cold["sync_s"], 3),
@@ -169,10 +170,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="200,2000,20000")
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "clawmem-bench")
+    parser.add_argument("--layout", choices=("folders", "flat"), default="folders",
+                        help="flat: every note a daily log in memory/YYYY-MM-DD.md (OpenClaw's layout)")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "index.json")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
-    rows = [bench(int(s), args.root) for s in args.sizes.split(",")]
+    rows = [bench(int(s), args.root, args.layout) for s in args.sizes.split(",")]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=2))
     keys = list(rows[0])
