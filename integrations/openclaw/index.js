@@ -28,6 +28,15 @@ function register(api) {
   };
   api.registerTool((ctx) => toolsFor(ctx)[0], { names: ["memory_search"] });
   api.registerTool((ctx) => toolsFor(ctx)[1], { names: ["memory_get"] });
+  // In the Gateway itself (not discovery or the CLI): reach or start each agent's daemon when the Gateway starts,
+  // so that a new workspace's first index is built before the first search, not during it.
+  if (api.registrationMode === "full" && typeof api.registerService === "function") {
+    api.registerService({
+      id: "clawmem-daemons",
+      start: (ctx) => memory.warmUp(ctx.config ?? api.config),
+      stop: () => memory.close(),
+    });
+  }
 }
 
 export default {

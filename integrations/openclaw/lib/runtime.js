@@ -28,6 +28,39 @@ export class ClawmemMemory {
     return this.settings.workspace ?? this.workspaceOf(cfg, agentId);
   }
 
+  /** The workspaces of the configured agents (their own, else the default agent's). */
+  agentWorkspaces(cfg) {
+    const entries = cfg?.agents?.entries;
+    const ids = entries && typeof entries === "object" ? Object.keys(entries) : [];
+    const folders = new Set();
+    for (const agentId of ids.length > 0 ? ids : ["main"]) {
+      try {
+        folders.add(this.workspaceFor(cfg, agentId));
+      } catch (error) {
+        this.logger?.warn?.(`memory-clawmem: no workspace for agent ${agentId}: ${error.message}`);
+      }
+    }
+    return [...folders];
+  }
+
+  /**
+   * Reach (or start) the daemon of every agent's workspace in the background; returns at once. A failure is
+   * logged here and reported again, as a tool result, by the first search that needs that daemon.
+   */
+  warmUp(cfg) {
+    for (const workspace of this.agentWorkspaces(cfg)) {
+      this.pool.daemonFor(workspace).then(
+        (daemon) => this.logger?.info?.(`memory-clawmem: ${workspace} served on ${daemon.socketPath}`),
+        (error) => this.logger?.warn?.(`memory-clawmem: ${workspace}: ${error.message}`),
+      );
+    }
+  }
+
+  /** Drop the connections; the daemons go on serving their workspaces. */
+  close() {
+    this._pool?.closeAll();
+  }
+
   manager(workspace) {
     let manager = this._managers.get(workspace);
     if (!manager) {
@@ -64,9 +97,7 @@ export class ClawmemMemory {
       authorizeSearchHits: async ({ sandboxed, hits }) =>
         sandboxed ? hits.filter((hit) => hit.source !== "sessions") : hits,
       closeMemorySearchManager: async () => {},
-      closeAllMemorySearchManagers: async () => {
-        this._pool?.closeAll();
-      },
+      closeAllMemorySearchManagers: async () => this.close(),
     };
   }
 }

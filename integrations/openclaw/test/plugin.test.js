@@ -220,6 +220,45 @@ test("register: a memory capability and both tools, and nothing started (OpenCla
   assert.equal(manager.status().files, 2);
 });
 
+test("in the Gateway, a service reaches or starts every agent's daemon at start; elsewhere none is registered", async () => {
+  const one = fresh();
+  const two = path.join(one.dir, "ws-two");
+  mkdirSync(path.join(two, "memory"), { recursive: true });
+  const services = [];
+  const api = (registrationMode) => ({
+    registrationMode,
+    pluginConfig: { command: FAKE },
+    config: {},
+    runtime: { agent: { resolveAgentWorkspaceDir: (_cfg, agentId) => (agentId === "alpha" ? one.workspace : two) } },
+    registerMemoryCapability: () => {},
+    registerTool: () => {},
+    registerService: (service) => services.push(service),
+  });
+  plugin.register(api("discovery"));
+  plugin.register(api("tool-discovery"));
+  assert.equal(services.length, 0);
+  plugin.register(api("full"));
+  assert.deepEqual(services.map((s) => s.id), ["clawmem-daemons"]);
+  // The service's own pool uses the Gateway's environment: point it at this test's folders for the check.
+  const saved = { ...process.env };
+  Object.assign(process.env, one.env);
+  try {
+    const began = Date.now();
+    services[0].start({ config: { agents: { entries: { alpha: {}, beta: {} } } } });
+    assert.ok(Date.now() - began < 1_000, "start returns at once");
+    const check = poolFor(one.env, { autoStart: false });
+    for (const workspace of [one.workspace, two]) {
+      await waitFor(async () => (await check.daemonFor(workspace).catch(() => null)) !== null, 10_000);
+    }
+    await services[0].stop();
+  } finally {
+    for (const key of Object.keys(one.env)) {
+      if (key in saved) process.env[key] = saved[key];
+      else delete process.env[key];
+    }
+  }
+});
+
 test("tools: memory_search's payload, memory_get's statuses, and failures as results with clawmem's message", async () => {
   const { workspace, env } = fresh();
   const memory = new ClawmemMemory({ settings: { ...DEFAULTS, command: FAKE }, workspaceOf: () => workspace, env });
@@ -268,7 +307,7 @@ function alive(pid) {
 
 async function waitFor(predicate, ms = 5_000) {
   const deadline = Date.now() + ms;
-  while (!predicate()) {
+  while (!(await predicate())) {
     if (Date.now() > deadline) throw new Error("condition not met in time");
     await new Promise((r) => setTimeout(r, 20));
   }
