@@ -5,6 +5,7 @@ endpoint (/tools/invoke) and the `memory.search` RPC."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,9 +14,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from daemon_helpers import short_dir
+from daemon_helpers import RawClient, short_dir
 from hostile import FIXED_TEXTS
 from openclaw_host import PLUGIN, installed_openclaw, plugin_dependencies, running_gateway, stop_started_daemons
+
+from clawmem_index.config import Settings
 
 CLAWMEM = Path(sys.executable).with_name("clawmem")
 
@@ -40,7 +43,16 @@ def paths(details: dict) -> list[str]:
     return [hit["path"] for hit in details["results"]]
 
 
-def test_openclaw_answers_memory_from_clawmem(tmp_path: Path, sock_dir: Path) -> None:
+def served_workspace(socket_path: Path) -> str | None:
+    """The workspace the daemon on `socket_path` serves (None: none answers there)."""
+    try:
+        with RawClient(socket_path, timeout=5) as raw:
+            return raw.call("status")["result"]["workspace"]
+    except OSError:
+        return None
+
+
+def test_openclaw_answers_memory_from_clawmem(tmp_path: Path, sock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     openclaw = installed_openclaw()
     plugin_dependencies()
     alpha, beta, broken = tmp_path / "alpha", tmp_path / "beta", tmp_path / "broken"
@@ -65,6 +77,10 @@ def test_openclaw_answers_memory_from_clawmem(tmp_path: Path, sock_dir: Path) ->
     }
     try:
         with running_gateway(openclaw, tmp_path / "openclaw", config, env) as gateway:
+            # The Gateway's start reached alpha's daemon and started beta's: beta is indexed before its first search.
+            monkeypatch.setenv("XDG_RUNTIME_DIR", str(sock_dir))
+            beta_socket = dataclasses.replace(Settings(), workspace=beta.resolve()).socket_path
+            eventually(lambda: served_workspace(beta_socket) == str(beta.resolve()), "beta's daemon, from the start")
             # A note written after the daemon started, found through a stemmed query, and read back.
             (alpha / "memory" / "2026-11-28.md").write_text("# 2026-11-28\n\nWe counted the otters at the lake.\n")
             found = eventually(lambda: (d := gateway.details("memory_search", {"query": "otter counting"}, "alpha"))
@@ -93,7 +109,7 @@ def test_openclaw_answers_memory_from_clawmem(tmp_path: Path, sock_dir: Path) ->
                     if status == 200:
                         assert body["result"]["details"]["debug"]["backend"] == "clawmem", (name, tool)
 
-            # beta has no daemon: the plugin starts one; each agent sees only its own workspace.
+            # Each agent sees only its own workspace.
             assert paths(gateway.details("memory_search", {"query": "zebra migrations"}, "beta")) == [
                 "memory/2026-11-20.md"]
             assert paths(gateway.details("memory_search", {"query": "zebra migrations"}, "alpha")) == []
