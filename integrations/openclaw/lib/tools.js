@@ -29,6 +29,14 @@ export const GET_PARAMETERS = {
 
 const DEFAULT_MAX_RESULTS = 6;
 
+/** OpenClaw's own result count for the agent (`memory.search.query.maxResults`, the agent's over the shared). */
+function configuredMaxResults(config, agentId) {
+  const own = config?.agents?.entries?.[agentId]?.memory?.search?.query?.maxResults;
+  const shared = config?.memory?.search?.query?.maxResults;
+  const value = own ?? shared;
+  return Number.isInteger(value) && value > 0 ? value : DEFAULT_MAX_RESULTS;
+}
+
 function jsonResult(payload) {
   return { content: [{ type: "text", text: JSON.stringify(payload, null, 2) }], details: payload };
 }
@@ -79,7 +87,7 @@ export function createTools({ managerFor, config, sessionKey, sandboxed, agentId
       const manager = managerFor();
       try {
         const answer = await manager.searchAnswer(query, {
-          maxResults: params?.maxResults ?? DEFAULT_MAX_RESULTS,
+          maxResults: params?.maxResults ?? configuredMaxResults(config, agentId),
           minScore: params?.minScore,
           sources: corpus === "all" ? (sandboxed ? ["memory"] : undefined) : [corpus],
         });

@@ -271,6 +271,12 @@ test("tools: memory_search's payload, memory_get's statuses, and failures as res
   assert.match(found.results[0].snippet, /Source: memory\/a.md#L2-L4$/);
   assert.equal(readFileSync(env.FAKE_CLAWMEM_LOG, "utf8").includes('"max_results":6'), true);
   assert.equal((await get.execute("c2", { path: "memory/gone.md" })).details.status, "not_found");
+  // OpenClaw's own result count for the agent is the default, as memory-core honours it.
+  const counted = { memory: { search: { query: { maxResults: 4 } } }, agents: { entries: { beta: { memory: { search: { query: { maxResults: 2 } } } } } } };
+  await createTools({ managerFor: () => memory.manager(workspace), config: counted, agentId: "alpha" })[0].execute("c6", { query: "a" });
+  await createTools({ managerFor: () => memory.manager(workspace), config: counted, agentId: "beta" })[0].execute("c7", { query: "b" });
+  const sent = readFileSync(env.FAKE_CLAWMEM_LOG, "utf8").trim().split("\n").map((l) => JSON.parse(l));
+  assert.deepEqual(sent.slice(-2).map((p) => p.max_results), [4, 2]);
   const [offSearch] = createTools({ managerFor: () => memory.manager(workspace), config: { memory: { citations: "off" } } });
   assert.equal((await offSearch.execute("c3", { query: "x" })).details.results[0].citation, undefined);
   // No daemon can start: a result saying so, not a throw into the Gateway.
