@@ -220,8 +220,10 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
                                                                             settings.early_return_ratio):
         mode = "bm25"
     if mode != "bm25":
-        if provider is None or not store.vec_table_exists():
-            degraded = "no embeddings available: keyword results only"
+        if provider is None:
+            degraded = "no embedding provider: keyword results only"
+        elif not store.vec_table_exists():
+            degraded = "no vectors stored yet (still being made, or none made so far): keyword results only"
         else:
             try:
                 vec = unit(provider.embed_query(query))

@@ -221,6 +221,22 @@ def test_query_vectors_from_another_model_are_never_compared(settings: Settings,
     assert answer["results"]
 
 
+def test_a_search_before_any_vector_says_why_it_is_keyword_only(settings: Settings, write) -> None:
+    """During a backfill the provider is fine and the vectors are not there yet: the warning says so, and does
+    not claim there is no provider."""
+    from clawmem_index.search.ranking import run_search
+
+    write("memory/a.md", "# A\nthe automobile needs tyres\n")
+    index = MemoryIndex(settings)
+    index.sync()
+    request = SearchRequest("automobile", mode="vector", min_score=0.0)
+    waiting = run_search(index.reader(), FakeProvider(), request, settings.search)
+    assert waiting.mode == "bm25" and waiting.results
+    assert waiting.degraded is not None and waiting.degraded.startswith("no vectors stored yet")
+    without = run_search(index.reader(), None, request, settings.search)
+    assert without.degraded == "no embedding provider: keyword results only"
+
+
 def test_a_keyword_only_index_does_not_load_a_provider(settings: Settings, write) -> None:
     write("memory/a.md", "# A\nalpha")
     MemoryIndex(settings, provider=None).sync()
