@@ -19,6 +19,12 @@ export async function withDeadline(timeoutMs, what, work) {
   }
 }
 
+/** Whether clawmem can embed, from its status: its embedding error, or why it has no provider. */
+function embeddingAvailability(status) {
+  const error = status.daemon?.embedding_error ?? (status.provider === "none" ? status.provider_note : null);
+  return error ? { ok: false, error: String(error) } : { ok: true };
+}
+
 export class ClawmemManager {
   /**
    * @param {{pool: import("./daemons.js").DaemonPool, workspace: string, timeoutMs: number, statusTtlMs: number}} p
@@ -108,9 +114,7 @@ export class ClawmemManager {
 
   async probeEmbeddingAvailability() {
     try {
-      const status = await this.refreshStatus();
-      const error = status.daemon?.embedding_error ?? (status.provider === "none" ? status.provider_note : null);
-      return { ok: !error, ...(error ? { error: String(error) } : {}), checked: true, checkedAtMs: Date.now() };
+      return { ...embeddingAvailability(await this.refreshStatus()), checked: true, checkedAtMs: Date.now() };
     } catch (error) {
       return { ok: false, error: error.message, checked: true, checkedAtMs: Date.now() };
     }
@@ -118,9 +122,7 @@ export class ClawmemManager {
 
   getCachedEmbeddingAvailability() {
     const status = this.daemon?.status;
-    if (!status) return null;
-    const error = status.daemon?.embedding_error ?? (status.provider === "none" ? status.provider_note : null);
-    return { ok: !error, ...(error ? { error: String(error) } : {}), cached: true, checkedAtMs: this.daemon.statusAt };
+    return status ? { ...embeddingAvailability(status), cached: true, checkedAtMs: this.daemon.statusAt } : null;
   }
 
   async probeVectorAvailability() {
