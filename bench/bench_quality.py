@@ -18,6 +18,10 @@ its line range covers an evidence line; per question: recall@6 (evidence lines c
 answer's first 6 results), hit@6, MRR over the answer; by category and overall (1,982 questions).
 Every configuration is compared with `bm25` question by question: the mean difference and its 95%
 interval from 2,000 paired bootstrap resamples, so a one-point change is not mistaken for a gain.
+locomo-typo1 / locomo-typo2: the same 1,982 questions with one realistic typo (a neighbouring key or a
+dropped letter, past the first letter) in the rarest content word of 4+ letters the conversation holds,
+or in the two rarest (two in the one word when only one); paired with `locomo` question by question
+when both sets run (`recall@6_vs_clean`).
 locomo-typos / locomo-partial: the same questions asked as their two longest content words, both
 misspelled (two neighbouring letters swapped, anywhere past the first), or as the first half of the
 longest one: for the
@@ -29,10 +33,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
 import time
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +84,8 @@ CONFIGS = [
     Config("early2", search={"early_return_ratio": 2.0}),
     Config("early3", search={"early_return_ratio": 3.0}),
     Config("no-prefix", search={"prefix_fallback": False}),
+    Config("bm25-no-typos", "bm25", search={"min_score": 0.0, "correct_typos": False}),
+    Config("hybrid-no-typos", search={"correct_typos": False}),
 ]
 BY_NAME = {c.name: c for c in CONFIGS}
 BASELINE = "bm25"
@@ -267,6 +275,14 @@ def locomo_scores(hits: list[dict[str, Any]], expected: set[tuple[str, int]]) ->
             "mrr": 1.0 / first if first else 0.0}
 
 
+def word_counts(workspace: Path) -> Counter[str]:
+    """How often each lower-case word occurs in a workspace's Markdown."""
+    counts: Counter[str] = Counter()
+    for path in workspace.rglob("*.md"):
+        counts.update(m.group().lower() for m in re.finditer(r"\w+", path.read_text(encoding="utf-8")))
+    return counts
+
+
 def misspell(word: str) -> str:
     """A typo past the first letter: two neighbouring letters swapped (the last dropped when they are alike),
     at a position fixed by the word (so every run asks the same), spread over the word as real typos are."""
@@ -286,17 +302,75 @@ def partial_query(question: str) -> str | None:
     return words[0][: len(words[0]) // 2 + 1] if words else None
 
 
-TRANSFORMS: dict[str, Callable[[str], str | None]] = {"locomo-typos": typo_query, "locomo-partial": partial_query}
+_KEYS = ("qwertyuiop", "asdfghjkl", "zxcvbnm")
+
+
+def _neighbours(key: str) -> str:
+    """The keys next to `key` on a QWERTY keyboard (same row and the rows above and below)."""
+    for r, row in enumerate(_KEYS):
+        if key in row:
+            i = row.index(key)
+            near = [row[j] for j in (i - 1, i + 1) if 0 <= j < len(row)]
+            near += [_KEYS[o][j] for o in (r - 1, r + 1) if 0 <= o < len(_KEYS) for j in (i - 1, i, i + 1)
+                     if 0 <= j < len(_KEYS[o])]
+            return "".join(near)
+    return ""
+
+
+def realistic_typo(word: str, salt: int = 0) -> str:
+    """One typo a person makes, past the first letter, fixed by the word (so every run asks the same): a
+    neighbouring key instead of a letter, or a letter dropped."""
+    h = zlib.crc32(f"{word}/{salt}".encode())
+    i = 1 + h % (len(word) - 1)
+    near = _neighbours(word[i])
+    if (h >> 8) % 2 and near:
+        return word[:i] + near[(h >> 12) % len(near)] + word[i + 1:]
+    return word[:i] + word[i + 1:]
+
+
+def rarest_words(question: str, counts: Counter[str], k: int) -> list[str]:
+    """The question's `k` rarest content words of 4+ letters that the conversation holds (rarest first)."""
+    words = [w for w in query_terms(question) if w.isalpha() and len(w) >= 4 and counts[w] > 0]
+    return sorted(words, key=lambda w: (counts[w], -len(w), w))[:k]
+
+
+def with_typos(question: str, counts: Counter[str], typos: int) -> str:
+    """The question with one realistic typo in each of its `typos` rarest content words (as it is if it has none;
+    two typos in its one such word when it has one and two are asked)."""
+    words = rarest_words(question, counts, typos)
+    if not words:
+        return question
+    wrong = {w: realistic_typo(w) for w in words}
+    if len(words) < typos and len(words[0]) > 4:
+        wrong[words[0]] = realistic_typo(wrong[words[0]], salt=1)
+    return re.sub(r"\w+", lambda m: wrong.get(m.group().lower(), m.group()), question)
+
+
+def typo1_query(question: str, counts: Counter[str]) -> str:
+    return with_typos(question, counts, 1)
+
+
+def typo2_query(question: str, counts: Counter[str]) -> str:
+    return with_typos(question, counts, 2)
+
+
+TRANSFORMS: dict[str, Callable[..., str | None]] = {"locomo-typos": typo_query, "locomo-partial": partial_query,
+                                                    "locomo-typo1": typo1_query, "locomo-typo2": typo2_query}
+WITH_COUNTS = {"locomo-typo1", "locomo-typo2"}  # transforms that read the conversation's word counts
 
 
 def run_locomo(work: Path, configs: list[Config], model: str | None, log: Callable[[str], None],
-               transform: Callable[[str], str | None] | None = None) -> dict[str, Any]:
-    """`transform`: ask each question as it returns instead (dropped when it returns None)."""
+               transform: Callable[..., str | None] | None = None, counted: bool = False) -> dict[str, Any]:
+    """`transform`: ask each question as it returns instead (dropped when it returns None); `counted`: it is
+    given the conversation's word counts too."""
     root = locomo_workspaces(work)
     questions = [json.loads(line) for line in (root / "qrels.jsonl").open()]
     questions = [q for q in questions if q["expected"]]
     if transform is not None:
-        questions = [{**q, "question": asked} for q in questions if (asked := transform(q["question"]))]
+        counts = {name: word_counts(root / name) for name in {q["workspace"] for q in questions}} if counted else {}
+        questions = [{**q, "question": asked} for q in questions
+                     if (asked := transform(q["question"], counts[q["workspace"]]) if counted
+                         else transform(q["question"]))]
     by_ws: dict[str, list[int]] = defaultdict(list)
     for i, q in enumerate(questions):
         by_ws[q["workspace"]].append(i)
@@ -334,6 +408,7 @@ def run_locomo(work: Path, configs: list[Config], model: str | None, log: Callab
                 cell["recall@6_vs_bm25"] = paired_bootstrap([values[config.name]["recall@6"][i] for i in picked],
                                                             [base[i] for i in picked])
             row[cat] = cell
+        row["_recall"] = values[config.name]["recall@6"]  # per question, for pairing with another set
         results[config.name] = row
         log(f"  locomo {config.name}: overall {row['overall']}")
     return results
@@ -379,7 +454,16 @@ def run_sets(args: argparse.Namespace, configs: list[Config], out: dict[str, Any
         if name == "scifact":
             out[name] = run_scifact(args.work, configs, args.model, log)
         else:
-            out[name] = run_locomo(args.work, configs, args.model, log, TRANSFORMS.get(name))
+            out[name] = run_locomo(args.work, configs, args.model, log, TRANSFORMS.get(name), name in WITH_COUNTS)
+            if name in WITH_COUNTS and "locomo" in out:  # the same questions with typos, against them as asked
+                for config in configs:
+                    mine, clean = out[name][config.name], out["locomo"][config.name]
+                    mine["recall@6_vs_clean"] = paired_bootstrap(mine.pop("_recall"), clean["_recall"])
+                    log(f"  {name} {config.name} vs clean: {mine['recall@6_vs_clean']}")
+    for result in out.values():
+        for row in result.values() if isinstance(result, dict) else ():
+            if isinstance(row, dict):
+                row.pop("_recall", None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
 

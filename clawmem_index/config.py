@@ -125,6 +125,7 @@ class SearchSettings:
     mmr_floor: float = 0.5  # ... of those, only ones with at least this share of the best's relevance
     early_return_ratio: float = 0.0  # 0: off; else skip the query vector when the best keyword match leads by this
     prefix_fallback: bool = True  # when nothing passes min_score, search the beginnings of the query's words
+    correct_typos: bool = True  # a query word the index does not hold is also read as its words one typo away
     cache_entries: int = 256  # answers kept for repeated searches (0: off); any index change misses
     cache_seconds: float = 300.0  # ... and each for at most this long
     context_budget: int = 1500  # tokens of a `context` block (about 4 chunks): a prompt's share for memory

@@ -70,6 +70,8 @@ class Queries:
             answer["warning"] = note or outcome.degraded
         if unseen:
             answer["unreadable_workspaces"] = unseen
+        if outcome.extra.get("query"):
+            answer["query"] = outcome.extra["query"]  # how the query was read (typos, dates), when not as typed
         return answer
 
     def _scope(self, store: Store, request: SearchRequest) -> list[str]:

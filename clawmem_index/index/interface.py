@@ -123,6 +123,11 @@ class IndexStore(Protocol):
         """The BM25 score each of `seqs` gets for `match` in any search (absent: it does not match)."""
         ...
 
+    def vocabulary(self, prefix: str) -> dict[str, int]:
+        """The stems (clawmem_index.text.stemming) the keyword index holds that begin with `prefix`, each
+        with how many chunks hold it: what a misspelled query word is corrected against."""
+        ...
+
     def vector_distances_of(self, query_blob: bytes, seqs: Sequence[int]) -> dict[int, float]:
         """The cosine distance each of `seqs` (with a vector) gets in any vector search."""
         ...

@@ -227,6 +227,10 @@ class Store:
         """The `TextHit`s of (seq, bm25) pairs, in their order (a chunk deleted meanwhile is left out)."""
         return self.keywords.hits(ranked)
 
+    def vocabulary(self, prefix: str) -> dict[str, int]:
+        """The stems the keyword index holds that begin with `prefix`, each with how many chunks hold it."""
+        return self.keywords.vocabulary(prefix)
+
     def text_scores_of(self, match: str, seqs: Iterable[int]) -> dict[int, float]:
         """The BM25 score each of `seqs` gets for `match` in any search (absent: it does not match)."""
         return self.keywords.scores_of(match, seqs)

@@ -17,7 +17,8 @@ from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.errors import ClawmemError, QueryError
 from clawmem_index.index.store import ChunkFilter, Store, TextHit, VectorHit
 from clawmem_index.search.candidates import Candidate, Sides, gather, read_fixed
-from clawmem_index.text.keywords import build_match, build_prefix_match
+from clawmem_index.search.query_plan import QueryPlan, plan_query
+from clawmem_index.text.keywords import build_prefix_match
 
 __all__ = ["Candidate", "SearchOutcome", "SearchRequest", "SearchResult", "decay_factor", "fuse_rrf", "iso_date",
            "mmr", "run_search"]
@@ -216,7 +217,8 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
 
     degraded: str | None = None
     blob: bytes | None = None
-    if mode == "hybrid" and settings.early_return_ratio and _keywords_decide(store, query, where,
+    plan = plan_query(query, store.vocabulary if settings.correct_typos and mode != "vector" else None)
+    if mode == "hybrid" and settings.early_return_ratio and _keywords_decide(store, plan, where,
                                                                             settings.early_return_ratio):
         mode = "bm25"
     if mode != "bm25":
@@ -232,7 +234,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
             blob = None if vec is None else pack(vec)
         if blob is None:
             mode = "bm25"
-    match = build_match(query) if mode != "vector" else None
+    match = plan.match if mode != "vector" else None
     vector_blob = blob
     # With a vector side, the keyword list is read deep at once: its scores fill in vector candidates.
     keywords = None if match is None else _KeywordSide(store, match, where, settings.candidate_cap,
@@ -288,7 +290,8 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
                      _explain(c, place, how, settings) if request.explain else None, c.workspace)
         for place, c in enumerate(ranked, start=1)
     ]
-    return SearchOutcome(results, effective, degraded)
+    read = plan.as_dict()
+    return SearchOutcome(results, effective, degraded, {"query": read} if read else {})
 
 
 class _KeywordSide:
@@ -352,10 +355,10 @@ class _VectorSide:
         return self._hits[:depth]
 
 
-def _keywords_decide(store: Store, query: str, where: ChunkFilter, ratio: float) -> bool:
+def _keywords_decide(store: Store, plan: QueryPlan, where: ChunkFilter, ratio: float) -> bool:
     """Whether the best keyword match leads the next by `ratio` (or is the only one): then the query
     is not embedded and the answer is keyword-only (an exact id or a rare name needs no meaning)."""
-    match = build_match(query)
+    match = plan.match
     if match is None:
         return False
     top = store.text_search(match, 2, where)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["build_match", "build_prefix_match", "index_text", "query_terms"]
+__all__ = ["build_match", "build_prefix_match", "index_text", "match_of", "query_terms"]
 
 _CJK = (
     "\u3040-\u30ff"  # hiragana, katakana
@@ -66,7 +66,11 @@ def query_terms(query: str) -> list[str]:
 
 def build_match(query: str) -> str | None:
     """An FTS5 MATCH expression that can not fail to parse, or None when the query has no searchable term."""
-    terms = query_terms(query)
+    return match_of(query_terms(query))
+
+
+def match_of(terms: list[str]) -> str | None:
+    """The FTS5 MATCH expression (an OR of quoted terms) of `query_terms`, or of terms added to them."""
     if not terms:
         return None
     return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)

@@ -463,6 +463,7 @@ def test_when_nothing_matches_the_beginnings_of_the_words_are_searched(settings:
 
     write("memory/a.md", "# Deploys\nthe staging server is fra-2, commit a828e60\n")
     write("memory/b.md", "# Other\nlunch options near the office\n")
+    settings = with_overrides(settings, search={"correct_typos": False})  # the fallback alone (typos: test_spelling)
     index = MemoryIndex(settings, provider=FakeProvider(dims=512))
     index.sync()
     for typo in ("stagng", "a828e"):

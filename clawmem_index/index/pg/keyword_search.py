@@ -22,6 +22,8 @@ from clawmem_index.index.pg.terms import Phrase, phrases_of
 __all__ = ["KeywordSearch"]
 
 K1, B = 1.2, 0.75  # FTS5's bm25() defaults
+VOCABULARY_BLOCKS = 256  # prefixes whose stems are kept per version of the workspaces in scope
+VOCABULARY_ROWS = 20_000  # stems read for one prefix at most
 
 
 class _PostingsCache:
@@ -147,6 +149,7 @@ class KeywordSearch:
         self.conn = live.conn
         self._live = live
         self._postings = _PostingsCache(live.conn) if keep_postings else None
+        self._vocabulary: tuple[object, dict[str, dict[str, int]]] = (None, {})
 
     def search(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[TextHit]:
         return self.hits(self.ranking(match, limit, where))
@@ -160,6 +163,27 @@ class KeywordSearch:
         if not wanted:
             return {}
         return dict(self._bm25(match, seqs=wanted))
+
+    def vocabulary(self, prefix: str) -> dict[str, int]:
+        """The stems the chunks in scope hold that begin with `prefix`, each with how many chunks hold it
+        (the primary key of `cm_terms`, in byte order, serves the range); kept while the versions stand."""
+        if not prefix:
+            return {}
+        state = (tuple(self._live.generations), tuple(sorted(self._live.versions.items()))) \
+            if self._live.read and not self.conn.in_transaction else None
+        if state is None or self._vocabulary[0] != state:
+            self._vocabulary = (state, {})
+        held = self._vocabulary[1]
+        if prefix not in held:
+            if len(held) >= VOCABULARY_BLOCKS:
+                held.clear()
+            scope, args = self._live.sql("t")
+            after = prefix[:-1] + chr(min(ord(prefix[-1]) + 1, 0x10FFFF))
+            held[prefix] = {str(term): int(df) for term, df in self.conn.execute(
+                f"SELECT t.term, sum(t.df) FROM cm_terms AS t WHERE {scope} AND t.term >= %(lo)s AND t.term < %(hi)s"
+                " GROUP BY t.term ORDER BY t.term LIMIT %(rows)s",
+                {**args, "lo": prefix, "hi": after, "rows": VOCABULARY_ROWS})}
+        return held[prefix]
 
     def _bm25(self, match: str, *, limit: int | None = None, where: ChunkFilter | None = None,
               seqs: list[int] | None = None) -> list[tuple[int, float]]:

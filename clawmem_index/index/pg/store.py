@@ -353,6 +353,9 @@ class PgStore:
     def text_hits(self, ranked: Sequence[tuple[int, float]]) -> list[TextHit]:
         return self.keywords.hits(ranked)
 
+    def vocabulary(self, prefix: str) -> dict[str, int]:
+        return self.keywords.vocabulary(prefix)
+
     def workspaces_of(self, seqs: Sequence[int]) -> dict[int, str]:
         """Which workspace each chunk is from (a search over several names it in each result)."""
         return {seq: str(row[7]) for seq, row in self._live.rows(list(seqs)).items()}

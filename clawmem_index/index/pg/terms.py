@@ -10,19 +10,16 @@ prefix (`"stag"*`), or a pair of CJK characters, which the index keeps as one bi
 from __future__ import annotations
 
 import re
-import threading
 from collections import Counter
 from dataclasses import dataclass
 
-import apsw
-
 from clawmem_index.text.keywords import index_text
+from clawmem_index.text.stemming import tokens as fts5_tokens
 
 __all__ = ["ChunkTerms", "Phrase", "chunk_terms", "phrases_of"]
 
 _PHRASE = re.compile(r'"((?:[^"]|"")+)"(\*?)')
 _CJK_CHAR = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af\U00020000-\U0002ebef]")
-_local = threading.local()
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,17 +35,6 @@ class Phrase:
     prefix: bool = False
 
 
-def _tokens(text: str, *, query: bool = False) -> list[str]:
-    tokenizer = getattr(_local, "tokenizer", None)
-    if tokenizer is None:
-        _local.conn = apsw.Connection(":memory:")
-        tokenizer = _local.conn.fts5_tokenizer("porter", ["unicode61", "remove_diacritics", "2"])
-        _local.tokenizer = tokenizer
-    flags = apsw.FTS5_TOKENIZE_QUERY if query else apsw.FTS5_TOKENIZE_DOCUMENT
-    encoded = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace").encode()
-    return list(tokenizer(encoded, flags, None, include_offsets=False, include_colocated=False))
-
-
 def _bigrams(tokens: list[str]) -> list[str]:
     return [f"{a} {b}" for a, b in zip(tokens, tokens[1:], strict=False)
             if len(a) == 1 and len(b) == 1 and _CJK_CHAR.match(a) and _CJK_CHAR.match(b)]
@@ -57,11 +43,11 @@ def _bigrams(tokens: list[str]) -> list[str]:
 def chunk_terms(text: str) -> ChunkTerms:
     """A chunk's terms and counts as FTS5 indexes `index_text(text)`, CJK character pairs included."""
     spaced = index_text(text)
-    tokens = _tokens(spaced)
-    counts = Counter(tokens)
+    found = fts5_tokens(spaced)
+    counts = Counter(found)
     if _CJK_CHAR.search(spaced):  # pairs only where there are CJK characters (a scan of pairs costs more)
-        counts.update(_bigrams(tokens))
-    return ChunkTerms(list(counts), list(counts.values()), len(tokens))
+        counts.update(_bigrams(found))
+    return ChunkTerms(list(counts), list(counts.values()), len(found))
 
 
 def phrases_of(match: str) -> list[Phrase]:
@@ -73,9 +59,9 @@ def phrases_of(match: str) -> list[Phrase]:
     """
     phrases: list[Phrase] = []
     for body, star in _PHRASE.findall(match):
-        tokens = _tokens(body.replace('""', '"'), query=True)
-        if not tokens:
+        found = fts5_tokens(body.replace('""', '"'), query=True)
+        if not found:
             continue
-        term = tokens[0] if len(tokens) == 1 else " ".join(tokens[:2])
+        term = found[0] if len(found) == 1 else " ".join(found[:2])
         phrases.append(Phrase(term, prefix=bool(star)))
     return phrases

@@ -1,0 +1,38 @@
+"""How a query is read before it is ranked: its keywords, the words its typos were meant as.
+
+Each stage says what it did (`QueryPlan.as_dict`): the answer carries it as `query`, so an agent or
+a person sees that "adoptiom" was also read as "adoption", and `--explain` prints it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from clawmem_index.search.spelling import Correction, correct
+from clawmem_index.text.keywords import match_of, query_terms
+
+__all__ = ["QueryPlan", "plan_query"]
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    match: str | None  # the keyword side's FTS5 expression (None: no word to match)
+    corrections: tuple[Correction, ...] = ()
+
+    def as_dict(self) -> dict[str, object]:
+        """What the answer says of how the query was read (empty: as typed)."""
+        data: dict[str, object] = {}
+        if self.corrections:
+            data["corrected"] = [c.as_dict() for c in self.corrections]
+        return data
+
+
+def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int]] | None) -> QueryPlan:
+    """`vocabulary`: the index's stems by prefix (`IndexStore.vocabulary`); None reads no typo."""
+    terms = query_terms(query)
+    corrections = tuple(correct(terms, vocabulary)) if vocabulary is not None else ()
+    if corrections:
+        meant = {c.word: c.meant for c in corrections}
+        terms = [t for term in terms for t in (term, *meant.get(term, ()))]
+    return QueryPlan(match_of(terms), corrections)

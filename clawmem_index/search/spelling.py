@@ -1,0 +1,95 @@
+"""Misspelled query words, read as the words the index holds one typo away.
+
+A query word the index does not hold cannot match; when it was a typo ("adoptiom"), the question's
+rarest and most telling word is lost and the answer is made of its common words. Such a word is
+given the words one edit away (`clawmem_index.text.spelling`) whose stems the index holds, the most
+common first, at most MAX_MEANT; they join the keyword query beside it (the typo itself still
+matches nothing, so exact words keep every point they had).
+
+The index is asked for its stems a two-letter block at a time (one range scan of its vocabulary,
+kept until the index changes): the block the word begins with, and the few a typo in its second
+letter leads to (a swap with the third, a dropped second letter, a neighbouring key). A typo in a
+word's first letter is not corrected: reading every block would cost a scan of the whole vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from clawmem_index.text.spelling import correctable, edits
+from clawmem_index.text.stemming import stem, stems
+
+__all__ = ["MAX_MEANT", "Correction", "correct"]
+
+MAX_MEANT = 2  # words a typo is read as, at most
+
+# Neighbouring keys on a QWERTY keyboard: a typo in a word's second letter is mostly one of these.
+_ROWS = ("qwertyuiop", "asdfghjkl", "zxcvbnm")
+_NEIGHBOURS: dict[str, str] = {}
+for _r, _row in enumerate(_ROWS):
+    for _i, _key in enumerate(_row):
+        near = {_row[j] for j in (_i - 1, _i + 1) if 0 <= j < len(_row)}
+        for _other in (_r - 1, _r + 1):
+            if 0 <= _other < len(_ROWS):
+                near |= {_ROWS[_other][j] for j in (_i - 1, _i, _i + 1) if 0 <= j < len(_ROWS[_other])}
+        _NEIGHBOURS[_key] = "".join(sorted(near))
+
+
+@dataclass(frozen=True)
+class Correction:
+    """A query word the index does not hold, and the words (as typed, one edit away) it is read as."""
+
+    word: str
+    meant: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"word": self.word, "read_as": list(self.meant)}
+
+
+def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int]]) -> list[Correction]:
+    """The corrections of `words` (lower-case query words) against an index whose stems beginning with a
+    prefix `vocabulary(prefix)` gives (stem -> chunks holding it). Words the index holds are left alone."""
+    asked = {s for s in map(stem, words) if s}
+    read: dict[str, Mapping[str, int]] = {}
+
+    def block(prefix: str) -> Mapping[str, int]:
+        if prefix not in read:
+            read[prefix] = vocabulary(prefix)
+        return read[prefix]
+
+    found: list[Correction] = []
+    for word in words:
+        own = stem(word) if correctable(word) else None
+        if own is None or len(own) < 2 or block(own[:2]).get(own, 0) > 0:
+            continue
+        blocks = _blocks(own)
+        best: dict[str, tuple[int, int, str]] = {}  # stem -> (chunks holding it, letters shared in front, word)
+        candidates = edits(word)
+        for candidate, meant in zip(candidates, stems(candidates), strict=True):
+            if meant is None or meant in asked or meant[:2] not in blocks:
+                continue
+            held = block(meant[:2]).get(meant, 0)
+            shared = _shared_start(word, candidate)
+            if held > 0 and (meant not in best or shared > best[meant][1]):
+                best[meant] = (held, shared, candidate)  # shown as the word nearest the typed one's start
+        if best:
+            ranked = sorted(best.values(), key=lambda b: (-b[0], b[2]))[:MAX_MEANT]
+            found.append(Correction(word, tuple(candidate for _, _, candidate in ranked)))
+    return found
+
+
+def _blocks(own: str) -> set[str]:
+    """The two-letter beginnings of the stems a word whose stem is `own` may have been meant as (one typo, not in
+    its first letter, or its first two letters swapped); read from the stem, as the index keeps its letters."""
+    first, second = own[0], own[1]
+    return {first + second, first + own[2:3], second + first} | {first + key for key in _NEIGHBOURS.get(second, "")}
+
+
+def _shared_start(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
