@@ -17,24 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from clawmem_index.text.spelling import correctable, edits
+from clawmem_index.text.spelling import NEIGHBOURS, correctable, edits
 from clawmem_index.text.stemming import stem, stems
 
 __all__ = ["MAX_MEANT", "Correction", "correct"]
 
 MAX_MEANT = 2  # words a typo is read as, at most
-
-# Neighbouring keys on a QWERTY keyboard: a typo in a word's second letter is mostly one of these.
-_ROWS = ("qwertyuiop", "asdfghjkl", "zxcvbnm")
-_NEIGHBOURS: dict[str, str] = {}
-for _r, _row in enumerate(_ROWS):
-    for _i, _key in enumerate(_row):
-        near = {_row[j] for j in (_i - 1, _i + 1) if 0 <= j < len(_row)}
-        for _other in (_r - 1, _r + 1):
-            if 0 <= _other < len(_ROWS):
-                near |= {_ROWS[_other][j] for j in (_i - 1, _i, _i + 1) if 0 <= j < len(_ROWS[_other])}
-        _NEIGHBOURS[_key] = "".join(sorted(near))
-
 
 @dataclass(frozen=True)
 class Correction:
@@ -83,7 +71,7 @@ def _blocks(own: str) -> set[str]:
     """The two-letter beginnings of the stems a word whose stem is `own` may have been meant as (one typo, not in
     its first letter, or its first two letters swapped); read from the stem, as the index keeps its letters."""
     first, second = own[0], own[1]
-    return {first + second, first + own[2:3], second + first} | {first + key for key in _NEIGHBOURS.get(second, "")}
+    return {first + second, first + own[2:3], second + first} | {first + key for key in NEIGHBOURS.get(second, "")}
 
 
 def _shared_start(a: str, b: str) -> int:

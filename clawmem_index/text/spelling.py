@@ -2,26 +2,40 @@
 
 The index keeps stems ("adoption" is kept as "adopt"), and a typo near a word's end breaks the
 stemmer's suffix rules ("adoptiom" stems to itself), so a distance between the typed word's stem
-and the index's stems misses most typos. Instead every word one edit away from the word as typed
-(a letter dropped, added, changed, or two neighbours swapped: Damerau's four) is generated here
-and the index is asked which of them it holds, stem by stem (about 450 words for an 8-letter
-word; `clawmem_index.search.spelling` decides which to add). What the index holds is the index's
-own vocabulary (FTS5's `fts5vocab`, the shared index's `cm_terms`), so nothing here is kept and
-nothing can go stale.
+and the index's stems misses most typos. Instead the words one typo away from the word as typed are
+generated here and the index is asked which of them it holds, stem by stem (~300 words for an
+8-letter word; `clawmem_index.search.spelling` decides which to add). What the index holds is the
+index's own vocabulary (FTS5's `fts5vocab`, the shared index's `cm_terms`), so nothing here is kept
+and nothing can go stale.
 
-Letters tried for an insert or a change: English's 26 and the word's own (so "zurich" and "zürich"
-and a Cyrillic word's own letters are in reach); other alphabets can be added by language.
+A typo, as people make them: a letter dropped (any letter may be put back), one too many (taken
+out), two neighbours swapped, or a key next to the right one (on a QWERTY keyboard; a letter not on
+it may be changed into any of the word's own letters). Changing a letter into any other would read
+a word the index lacks as a real but different word ("grandma" as "grandpa", "hide" as "hike").
+Letters tried for a dropped one: English's 26 and the word's own (so "zürich" and a Cyrillic
+word's own letters are in reach); other alphabets can be added by language.
 """
 
 from __future__ import annotations
 
 import string
 
-__all__ = ["MIN_LETTERS", "correctable", "edits"]
+__all__ = ["MIN_LETTERS", "NEIGHBOURS", "correctable", "edits"]
 
-MIN_LETTERS = 5  # shorter words have too many real words one edit away ("bake": cake, bike, lake, make...)
+MIN_LETTERS = 4  # shorter words have too many real words one edit away ("cat": bat, cut, car, cart...)
 MAX_LETTERS = 32  # longer "words" are ids or pasted runs, not typed words
 _LETTERS = frozenset(string.ascii_lowercase)
+
+# The keys around each key of a QWERTY keyboard (same row, and the rows above and below).
+_ROWS = ("qwertyuiop", "asdfghjkl", "zxcvbnm")
+NEIGHBOURS: dict[str, str] = {}
+for _r, _row in enumerate(_ROWS):
+    for _i, _key in enumerate(_row):
+        _near = {_row[j] for j in (_i - 1, _i + 1) if 0 <= j < len(_row)}
+        for _other in (_r - 1, _r + 1):
+            if 0 <= _other < len(_ROWS):
+                _near |= {_ROWS[_other][j] for j in (_i - 1, _i, _i + 1) if 0 <= j < len(_ROWS[_other])}
+        NEIGHBOURS[_key] = "".join(sorted(_near))
 
 
 def correctable(word: str) -> bool:
@@ -31,19 +45,21 @@ def correctable(word: str) -> bool:
 
 
 def edits(word: str) -> list[str]:
-    """Every distinct word one edit from `word` (lower case), `word` itself left out, in a fixed order."""
+    """Every distinct word `word` (lower case) may have been meant as, one typo away, itself left out, in a fixed
+    order."""
     word = word.lower()
     letters = sorted(_LETTERS | set(word))
-    splits = [(word[:i], word[i:]) for i in range(len(word) + 1)]
+    own = "".join(sorted(set(word)))
     found: dict[str, None] = {}
-    for left, right in splits:
+    for i in range(len(word) + 1):
+        left, right = word[:i], word[i:]
         if right:
-            found[left + right[1:]] = None  # dropped
+            found[left + right[1:]] = None  # a letter too many
+            for c in NEIGHBOURS.get(right[0], own):
+                found[left + c + right[1:]] = None  # the key beside the right one
         if len(right) > 1:
-            found[left + right[1] + right[0] + right[2:]] = None  # swapped
+            found[left + right[1] + right[0] + right[2:]] = None  # two swapped
         for c in letters:
-            if right:
-                found[left + c + right[1:]] = None  # changed
-            found[left + c + right] = None  # added
+            found[left + c + right] = None  # a letter dropped
     found.pop(word, None)
     return list(found)
