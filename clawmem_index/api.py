@@ -102,7 +102,7 @@ class Client:
     def search(self, query: str, *, max_results: int | None = None, min_score: float | None = None,
                mode: str | None = None, path_prefix: str | None = None, source: str | None = None,
                since: str | None = None, before: str | None = None, explain: bool = False,
-               workspaces: Sequence[str] | None = None) -> dict[str, Any]:
+               workspaces: Sequence[str] | None = None, now: str | None = None) -> dict[str, Any]:
         """The best chunks for `query`, as the socket's `search` answers them (`explain`: how each got its place).
 
         `workspaces`: in a shared index (index_backend postgres), search these workspaces (each result
@@ -111,12 +111,14 @@ class Client:
         `{results: [{path, start_line, end_line, score, snippet, source, ...}], provider, model, mode,
         index: {pending_files, pending_embeddings}, fallback?, warning?}`. `mode` is hybrid, bm25 or
         vector; `source` memory or sessions; `since`/`before` ISO dates (inclusive/exclusive) on dated
-        chunks (daily files, transcripts).
+        chunks (daily files, transcripts). Days the query names ("yesterday", "March 3") pull notes dated
+        near them up; relative ones count from `now` (an ISO date or time; default today), and the answer's
+        `query` says how the query was read (`dates`, `corrected` typos) when not as typed.
         """
         return self._ask("search", {"query": query, "max_results": max_results, "min_score": min_score,
                                     "mode": mode, "path_prefix": path_prefix, "source": source, "since": since,
                                     "before": before, "explain": explain or None,
-                                    "workspaces": list(workspaces) if workspaces else None})
+                                    "workspaces": list(workspaces) if workspaces else None, "now": now})
 
     def get(self, path: StrPath, *, start: int | None = None, lines: int | None = None,
             max_bytes: int | None = None) -> dict[str, Any]:
@@ -138,7 +140,7 @@ class Client:
     def context(self, query: str, *, budget: int | None = None, max_results: int | None = None,
                 min_score: float | None = None, mode: str | None = None, path_prefix: str | None = None,
                 since: str | None = None, before: str | None = None,
-                workspaces: Sequence[str] | None = None) -> dict[str, Any]:
+                workspaces: Sequence[str] | None = None, now: str | None = None) -> dict[str, Any]:
         """The prompt block for `query`: whole lines of the best hits, grouped by file, in `budget` tokens.
 
         `workspaces`: in a shared index, gather from these workspaces (as `search` does); another
@@ -152,7 +154,7 @@ class Client:
         return self._ask("context", {"query": query, "budget": budget, "max_results": max_results,
                                      "min_score": min_score, "mode": mode, "path_prefix": path_prefix,
                                      "since": since, "before": before,
-                                     "workspaces": list(workspaces) if workspaces else None})
+                                     "workspaces": list(workspaces) if workspaces else None, "now": now})
 
     # -- lifecycle ---------------------------------------------------------------------------
 

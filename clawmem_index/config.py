@@ -126,6 +126,9 @@ class SearchSettings:
     early_return_ratio: float = 0.0  # 0: off; else skip the query vector when the best keyword match leads by this
     prefix_fallback: bool = True  # when nothing passes min_score, search the beginnings of the query's words
     correct_typos: bool = True  # a query word the index does not hold is also read as its words one typo away
+    date_weight: float = 0.3  # the share of the score closeness to the days a query names takes (0: dates are words)
+    date_half_life_days: float = 2.0  # ... closeness halves every so many days from those days
+    date_window_days: int = 7  # ... and is 0 past so many days from them
     cache_entries: int = 256  # answers kept for repeated searches (0: off); any index change misses
     cache_seconds: float = 300.0  # ... and each for at most this long
     context_budget: int = 1500  # tokens of a `context` block (about 4 chunks): a prompt's share for memory
@@ -144,6 +147,9 @@ class SearchSettings:
         _require(0.0 <= self.mmr_floor <= 1.0, "search.mmr_floor", "must be between 0 and 1")
         _require(0 <= self.cache_entries <= 100_000, "search.cache_entries", "must be between 0 (off) and 100000")
         _require(self.cache_seconds > 0, "search.cache_seconds", "must be > 0")
+        _require(0.0 <= self.date_weight < 1.0, "search.date_weight", "must be >= 0 (0: off) and < 1")
+        _require(self.date_half_life_days > 0, "search.date_half_life_days", "must be > 0")
+        _require(0 <= self.date_window_days <= 366, "search.date_window_days", "must be between 0 and 366")
         _require(self.early_return_ratio == 0 or self.early_return_ratio >= 1, "search.early_return_ratio",
                  "must be 0 (off) or >= 1")
         _require(self.vector_weight >= 0 and self.text_weight >= 0 and self.vector_weight + self.text_weight > 0,

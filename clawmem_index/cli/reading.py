@@ -29,12 +29,15 @@ from clawmem_index.cli.base import (
 @click.option("--since", metavar="DATE", help="Only chunks dated on or after DATE (YYYY-MM-DD).")
 @click.option("--before", metavar="DATE", help="Only chunks dated before DATE (YYYY-MM-DD).")
 @click.option("--explain", is_flag=True, help="Say how each result got its place (keyword and vector rank and score,"
-                                               " fused score, decay, MMR).")
+                                               " closeness to the days QUERY names, fused score, decay, MMR) and how"
+                                               " QUERY was read.")
+@click.option("--now", metavar="DATE", help="The day relative dates in QUERY (yesterday, three days ago, last"
+                                           " Monday) count from (YYYY-MM-DD) [default: today].")
 @click.option("--workspace-set", metavar="NAMES", help="A shared index (index_backend postgres): search these"
                                                         " workspaces, comma-separated (e.g. alpha,beta).")
 def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode: str | None,
            min_score: float | None, path_prefix: str | None, source: str | None, since: str | None,
-           before: str | None, explain: bool, workspace_set: str | None, **kwargs: Any) -> None:
+           before: str | None, explain: bool, workspace_set: str | None, now: str | None, **kwargs: Any) -> None:
     """Search the memory for QUERY.
 
     Dated chunks are those of daily files (the YYYY-MM-DD in their name, or year/month/day folders:
@@ -47,7 +50,7 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
         answer = ctx.client().search(" ".join(map(argument_text, query)), max_results=max_results, min_score=min_score,
                                      mode=mode, path_prefix=prefix,
                                      source=source, since=since, before=before, explain=explain,
-                                     workspaces=_workspace_names(workspace_set))
+                                     workspaces=_workspace_names(workspace_set), now=now)
         if _printed_as_json(answer, as_json):
             return
         results = answer["results"]
@@ -74,6 +77,7 @@ def _printed_as_json(answer: dict[str, Any], as_json: bool) -> bool:
         return True
     if answer.get("warning"):
         click.echo(f"clawmem: note: {answer['warning']}", err=True)
+    _note_reading(answer)
     _note_staleness(answer)
     _note_unreadable(answer)
     return False
@@ -84,6 +88,16 @@ def _workspace_names(workspace_set: str | None) -> list[str] | None:
     if not workspace_set:
         return None
     return [name.strip() for name in argument_text(workspace_set).split(",") if name.strip()]
+
+
+def _note_reading(answer: dict[str, Any]) -> None:
+    """Say on stderr how the query was read when not as typed: the days it names, the words its typos meant."""
+    read = answer.get("query") or {}
+    for date in read.get("dates", []):
+        days = date["from"] if date["from"] == date["to"] else f"{date['from']} to {date['to']}"
+        click.echo(f"clawmem: note: read {date['text']!r} as {days} (notes dated near it first)", err=True)
+    for typo in read.get("corrected", []):
+        click.echo(f"clawmem: note: read {typo['word']!r} as " + " or ".join(map(repr, typo["read_as"])), err=True)
 
 
 def _note_staleness(answer: dict[str, Any]) -> None:
@@ -104,6 +118,8 @@ def _explained(how: dict[str, Any]) -> str:
     """`keyword #2 0.830, vector #5 0.612, weighted 0.693, decay x0.81, MMR #4 -> #2` for people."""
     parts = [f"{side} " + (f"#{how[f'{key}_rank']} {how[f'{key}_score']:.3f}" if how.get(f"{key}_rank") else "-")
              for side, key in (("keyword", "keyword"), ("vector", "vector"))]
+    if "date_closeness" in how:
+        parts.append(f"date {how['date_closeness']:.2f}")
     parts.append(f"{how['fusion']} {how['fused_score']:.3f}")
     if "decay_factor" in how:
         parts.append(f"decay x{how['decay_factor']:.2f}")
@@ -161,9 +177,11 @@ def get(path: str, start: int | None, lines: int | None, **kwargs: Any) -> None:
 @click.option("--before", metavar="DATE", help="Only chunks dated before DATE (YYYY-MM-DD).")
 @click.option("--workspace-set", metavar="NAMES", help="A shared index (index_backend postgres): draw on these"
                                                         " workspaces, comma-separated (e.g. alpha,beta).")
+@click.option("--now", metavar="DATE", help="The day relative dates in QUERY (yesterday, three days ago, last"
+                                           " Monday) count from (YYYY-MM-DD) [default: today].")
 def context(query: tuple[str, ...], budget: int | None, as_json: bool, max_results: int | None, mode: str | None,
             min_score: float | None, path_prefix: str | None, since: str | None, before: str | None,
-            workspace_set: str | None, **kwargs: Any) -> None:
+            workspace_set: str | None, now: str | None, **kwargs: Any) -> None:
     """Print the memory block for a prompt: the best lines for QUERY, grouped by file, within a token budget.
 
     Each range is labelled `### PATH#LSTART-LEND`; whole lines only. Nothing is printed (and a note
@@ -175,7 +193,8 @@ def context(query: tuple[str, ...], budget: int | None, as_json: bool, max_resul
         answer = ctx.client().context(" ".join(map(argument_text, query)), budget=budget, max_results=max_results,
                                       min_score=min_score, mode=mode,
                                       path_prefix=argument_text(path_prefix) if path_prefix is not None else None,
-                                      since=since, before=before, workspaces=_workspace_names(workspace_set))
+                                      since=since, before=before, workspaces=_workspace_names(workspace_set),
+                                      now=now)
         if _printed_as_json(answer, as_json):
             return
         if answer["text"]:

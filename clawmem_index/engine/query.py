@@ -6,6 +6,7 @@ after which the answer is keyword-only and says so.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,9 @@ class Queries:
         unseen = self._scope(store, request)
         mode = request.mode or index.settings.search.mode
         provider, note = self._query_provider(store) if mode != "bm25" else (None, None)
-        key = (store, store.data_version(), request, index.settings.search, provider is None)
+        # "yesterday" means another day after midnight: an answer kept from before then is not this one
+        key = (store, store.data_version(), request, index.settings.search, provider is None,
+               dt.date.today() if request.now is None else None)
         outcome = self.answers.get(key)
         pending = index.freshness.start_query_check(store) if outcome is None else None
         if outcome is None:

@@ -123,6 +123,11 @@ class IndexStore(Protocol):
         """The BM25 score each of `seqs` gets for `match` in any search (absent: it does not match)."""
         ...
 
+    def dated_chunks(self, where: ChunkFilter, middle: str, limit: int) -> list[TextHit]:
+        """Up to `limit` dated chunks `where` passes (a window of days), nearest to the day `middle` first, then by
+        seq; their bm25 is 0 (they are listed for their date, not for a keyword)."""
+        ...
+
     def vocabulary(self, prefix: str) -> dict[str, int]:
         """The stems (clawmem_index.text.stemming) the keyword index holds that begin with `prefix`, each
         with how many chunks hold it: what a misspelled query word is corrected against."""

@@ -227,6 +227,17 @@ class Store:
         """The `TextHit`s of (seq, bm25) pairs, in their order (a chunk deleted meanwhile is left out)."""
         return self.keywords.hits(ranked)
 
+    def dated_chunks(self, where: ChunkFilter, middle: str, limit: int) -> list[TextHit]:
+        """Up to `limit` dated chunks `where` passes (a window of days), nearest to the day `middle` first, then by
+        seq; their bm25 is 0 (they are listed for their date, not for a keyword)."""
+        condition, args = where.sql("w")
+        rows = self.conn.execute(
+            "SELECT w.seq, w.path, w.source, w.start_line, w.end_line, w.text, w.date FROM chunks AS w"
+            f" WHERE {condition} AND w.date IS NOT NULL"
+            " ORDER BY abs(julianday(w.date) - julianday(:middle)), w.seq LIMIT :limit",
+            {**args, "middle": middle, "limit": limit})
+        return [TextHit(*row[:6], 0.0, row[6]) for row in rows]
+
     def vocabulary(self, prefix: str) -> dict[str, int]:
         """The stems the keyword index holds that begin with `prefix`, each with how many chunks hold it."""
         return self.keywords.vocabulary(prefix)

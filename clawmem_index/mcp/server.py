@@ -102,6 +102,9 @@ TOOLS: tuple[ToolSpec, ...] = (
             "explain": {"type": "boolean",
                         "description": "Also say how each snippet got its place (keyword/vector rank and score)."},
             "workspaces": WORKSPACES,
+            "now": {"type": "string", "maxLength": 40,
+                    "description": "Today's date (YYYY-MM-DD) for relative dates in the query such as 'yesterday'"
+                                   " (default: the server's today)."},
         }, ("query",)),
     ),
     ToolSpec(
@@ -174,7 +177,7 @@ def _repaired(value: Any) -> Any:
 
 def _search(client: Client, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
     answer = client.search(args["query"], max_results=args.get("maxResults"), min_score=args.get("minScore"),
-                           explain=bool(args.get("explain")), workspaces=args.get("workspaces"))
+                           explain=bool(args.get("explain")), workspaces=args.get("workspaces"), now=args.get("now"))
     results = [{"path": r["path"], "startLine": r["start_line"], "endLine": r["end_line"], "score": r["score"],
                 "snippet": r["snippet"], "source": r["source"],
                 "citation": citation(r["path"], r["start_line"], r["end_line"]),
@@ -184,7 +187,7 @@ def _search(client: Client, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
     if answer.get("fallback"):
         data["fallback"] = True
     data["index"] = answer["index"]
-    for key in ("warning", "unreadable_workspaces"):
+    for key in ("warning", "unreadable_workspaces", "query"):
         if answer.get(key):
             data[key] = answer[key]
     return data, _json(data)

@@ -43,6 +43,7 @@ class Candidate:
     text_rank: int | None = None  # place among the keyword list as read (1 = best), None: not read that deep
     vector_rank: int | None = None
     fused: float = 0.0  # the score before decay
+    closeness: float = 0.0  # to the days the query names (search.dates), 0 when it names none
     before_mmr: int = 0  # place before MMR re-ordered the answer
     workspace: str | None = None
 
@@ -60,6 +61,10 @@ class Sides:
     text_of: Callable[[list[int]], dict[int, float]] | None = None  # seq -> bm25 (negative: better is lower)
     vector_of: Callable[[list[int]], dict[int, float]] | None = None  # seq -> cosine distance
     text_ahead: int = 0  # the text side's least read depth (reading it deeper costs less than the vector side)
+    dated: Sequence[TextHit] = ()  # the chunks dated near the days the query names (search.dates), read once
+    closeness: Callable[[str | None], float] | None = None  # a chunk's closeness to those days, by its date
+    date_weight: float = 0.0  # the share of the fused score closeness takes
+    dated_bound: float = 0.0  # the closeness a chunk not in `dated` can have at most
 
 
 @dataclass(frozen=True)
@@ -93,21 +98,24 @@ def gather(sides: Sides, *, weights: tuple[float, float], want: int, pool: int, 
     `proven` is False).
     """
     wt, wv = weights
+    wd = sides.date_weight
     depth = min(cap, max(1, pool, 2 * want))
     while True:
         text_depth = min(cap, max(depth, sides.text_ahead))
         text_hits = list(sides.text(text_depth)) if sides.text is not None and wt > 0 else []
         vector_hits = list(sides.vector(depth)) if sides.vector is not None and wv > 0 else []
-        cands = _merge(text_hits, vector_hits)
+        cands = _merge(text_hits, vector_hits, sides)
         best = text_relevance(text_hits[0].bm25) if text_hits else 0.0
         text_done = sides.text is None or wt == 0 or len(text_hits) < text_depth
         vector_done = sides.vector is None or wv == 0 or len(vector_hits) < depth
         _fill(cands, sides, text_done=text_done, vector_done=vector_done, wt=wt, wv=wv)
         for c in cands:
-            c.fused = wt * _norm(c.text_score, best) ** text_exponent + wv * (c.vector_score or 0.0)
+            c.fused = (1.0 - wd) * (wt * _norm(c.text_score, best) ** text_exponent + wv * (c.vector_score or 0.0)) \
+                + wd * c.closeness
             c.score = c.fused * factor(c)
-        bound = (0.0 if text_done else wt * _norm(text_relevance(text_hits[-1].bm25), best) ** text_exponent) \
-            + (0.0 if vector_done else wv * vector_similarity(vector_hits[-1].distance))
+        bound = (1.0 - wd) * (
+            (0.0 if text_done else wt * _norm(text_relevance(text_hits[-1].bm25), best) ** text_exponent)
+            + (0.0 if vector_done else wv * vector_similarity(vector_hits[-1].distance))) + wd * sides.dated_bound
         proven = (text_done and vector_done) or bound < min_score or \
             len({c.citation for c in cands if c.fused >= min_score and c.score > bound}) >= want
         if proven or depth >= cap:
@@ -121,7 +129,7 @@ def read_fixed(sides: Sides, depth: int) -> list[Candidate]:
     """Both lists read to `depth` with each side's rank (for RRF), text scores relative to the best."""
     text_hits = list(sides.text(depth)) if sides.text is not None else []
     vector_hits = list(sides.vector(depth)) if sides.vector is not None else []
-    cands = _merge(text_hits, vector_hits)
+    cands = _merge(text_hits, vector_hits, sides)
     best = text_relevance(text_hits[0].bm25) if text_hits else 0.0
     for c in cands:
         if c.text_score is not None:
@@ -138,8 +146,9 @@ def _norm(relevance: float | None, best: float) -> float:
     return relevance / best
 
 
-def _merge(text_hits: Sequence[TextHit], vector_hits: Sequence[VectorHit]) -> list[Candidate]:
-    """One candidate per chunk; `text_score` holds the raw relevance (-bm25) until normalised."""
+def _merge(text_hits: Sequence[TextHit], vector_hits: Sequence[VectorHit], sides: Sides) -> list[Candidate]:
+    """One candidate per chunk (the dated list's too); `text_score` holds the raw relevance (-bm25) until
+    normalised; each has its closeness to the days the query names."""
     by_seq: dict[int, Candidate] = {}
     for rank, hit in enumerate(text_hits, start=1):
         by_seq[hit.seq] = Candidate(hit.seq, hit.path, hit.source, hit.start_line, hit.end_line, hit.text,
@@ -152,6 +161,13 @@ def _merge(text_hits: Sequence[TextHit], vector_hits: Sequence[VectorHit]) -> li
                                                 vhit.text, date=vhit.date, workspace=vhit.workspace)
         cand.vector_score = vector_similarity(vhit.distance)
         cand.vector_rank = rank
+    for dhit in sides.dated:  # not keyword hits: their keyword score is filled in like a vector candidate's
+        if dhit.seq not in by_seq:
+            by_seq[dhit.seq] = Candidate(dhit.seq, dhit.path, dhit.source, dhit.start_line, dhit.end_line, dhit.text,
+                                         date=dhit.date, workspace=dhit.workspace)
+    if sides.closeness is not None:
+        for cand in by_seq.values():
+            cand.closeness = sides.closeness(cand.date)
     return list(by_seq.values())
 
 

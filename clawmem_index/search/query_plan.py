@@ -1,4 +1,4 @@
-"""How a query is read before it is ranked: its keywords, the words its typos were meant as.
+"""How a query is read before it is ranked: the days it names, its keywords, the words its typos were meant as.
 
 Each stage says what it did (`QueryPlan.as_dict`): the answer carries it as `query`, so an agent or
 a person sees that "adoptiom" was also read as "adoption", and `--explain` prints it.
@@ -6,10 +6,12 @@ a person sees that "adoptiom" was also read as "adoption", and `--explain` print
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from clawmem_index.search.spelling import Correction, correct
+from clawmem_index.text.dates import DateMention, find_dates, without_dates
 from clawmem_index.text.keywords import match_of, query_terms
 
 __all__ = ["QueryPlan", "plan_query"]
@@ -18,21 +20,29 @@ __all__ = ["QueryPlan", "plan_query"]
 @dataclass(frozen=True)
 class QueryPlan:
     match: str | None  # the keyword side's FTS5 expression (None: no word to match)
+    words: str  # the query without the words of its dates (what the keyword side and its fallback read)
     corrections: tuple[Correction, ...] = ()
+    dates: tuple[DateMention, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         """What the answer says of how the query was read (empty: as typed)."""
         data: dict[str, object] = {}
+        if self.dates:
+            data["dates"] = [m.as_dict() for m in self.dates]
         if self.corrections:
             data["corrected"] = [c.as_dict() for c in self.corrections]
         return data
 
 
-def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int]] | None) -> QueryPlan:
-    """`vocabulary`: the index's stems by prefix (`IndexStore.vocabulary`); None reads no typo."""
-    terms = query_terms(query)
+def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int]] | None,
+               today: dt.date | None = None) -> QueryPlan:
+    """`vocabulary`: the index's stems by prefix (`IndexStore.vocabulary`), None to read no typo; `today`: the
+    day relative dates count from, None to read no date (its words are then keywords)."""
+    dates = tuple(find_dates(query, today)) if today is not None else ()
+    words = without_dates(query, list(dates)) if dates else query
+    terms = query_terms(words)
     corrections = tuple(correct(terms, vocabulary)) if vocabulary is not None else ()
     if corrections:
         meant = {c.word: c.meant for c in corrections}
         terms = [t for term in terms for t in (term, *meant.get(term, ()))]
-    return QueryPlan(match_of(terms), corrections)
+    return QueryPlan(match_of(terms), words, corrections, dates)

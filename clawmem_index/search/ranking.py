@@ -17,6 +17,7 @@ from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.errors import ClawmemError, QueryError
 from clawmem_index.index.store import ChunkFilter, Store, TextHit, VectorHit
 from clawmem_index.search.candidates import Candidate, Sides, gather, read_fixed
+from clawmem_index.search.dates import DatePrior
 from clawmem_index.search.query_plan import QueryPlan, plan_query
 from clawmem_index.text.keywords import build_prefix_match
 
@@ -40,6 +41,7 @@ class SearchRequest:
     before: str | None = None
     explain: bool = False  # each result says how it got its place (keyword and vector side, fusion, decay, MMR)
     workspaces: tuple[str, ...] | None = None  # a shared index: search these workspaces (the role must may read them)
+    now: str | None = None  # ISO date (or time) relative dates in the query count from (None: today)
 
 
 @dataclass(frozen=True)
@@ -140,13 +142,17 @@ def mmr(ranked: list[Candidate], lam: float, pool: int, floor: float) -> list[Ca
     return picked + [c for c in ranked if c.seq not in chosen]
 
 
-def _explain(c: Candidate, place: int, how: str, settings: SearchSettings) -> dict[str, object]:
-    """How a result got its place: each side's rank and score, the fused score, and what decay and MMR did."""
+def _explain(c: Candidate, place: int, how: str, settings: SearchSettings,
+             prior: DatePrior | None = None) -> dict[str, object]:
+    """How a result got its place: each side's rank and score, its closeness to the days the query names, the
+    fused score, and what decay and MMR did."""
     data: dict[str, object] = {
         "keyword_rank": c.text_rank, "keyword_score": None if c.text_score is None else round(c.text_score, 6),
         "vector_rank": c.vector_rank, "vector_score": None if c.vector_score is None else round(c.vector_score, 6),
         "fusion": how, "fused_score": round(c.fused, 6),
     }
+    if prior is not None:
+        data["date_closeness"] = round(c.closeness, 6)
     if settings.decay_half_life_days:
         data["decay_factor"] = round(c.score / c.fused, 6) if c.fused else 1.0
     if settings.mmr_lambda:
@@ -187,6 +193,12 @@ def iso_date(value: str | None, name: str) -> str | None:
         raise QueryError(f"{name!r} must be an ISO date like 2026-11-22, not {value!r}") from None
 
 
+def _today(now: str | None) -> dt.date:
+    """The day a query's relative dates count from: the request's `now`, else this machine's today."""
+    day = iso_date(now, "now")
+    return dt.date.fromisoformat(day) if day else dt.date.today()
+
+
 def snippet(text: str, limit: int) -> str:
     """At most `limit` characters, cut on a character (never a byte) boundary."""
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
@@ -217,7 +229,11 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
 
     degraded: str | None = None
     blob: bytes | None = None
-    plan = plan_query(query, store.vocabulary if settings.correct_typos and mode != "vector" else None)
+    plan = plan_query(query, store.vocabulary if settings.correct_typos and mode != "vector" else None,
+                      _today(request.now) if settings.date_weight else None)
+    prior = DatePrior(plan.dates, settings.date_weight, settings.date_half_life_days, settings.date_window_days) \
+        if plan.dates else None
+    dated, dated_bound = _dated(store, prior, where, settings.candidate_cap)
     if mode == "hybrid" and settings.early_return_ratio and _keywords_decide(store, plan, where,
                                                                             settings.early_return_ratio):
         mode = "bm25"
@@ -245,14 +261,16 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         text_of=None if keywords is None else keywords.scores_of,
         vector_of=None if vector_blob is None else lambda seqs: store.vector_distances_of(vector_blob, seqs),
         text_ahead=TEXT_AHEAD if vector_blob is not None and store.vectors_in_cells() else 0,
+        dated=dated, closeness=None if prior is None else prior.closeness,
+        date_weight=0.0 if prior is None else prior.weight, dated_bound=dated_bound,
     )
     factor = _decay(store, settings, today)
     want = max(limit, settings.mmr_pool if settings.mmr_lambda else 0)
     if mode == "hybrid" and settings.fusion == "rrf":
         cands = fuse_rrf(read_fixed(sides, settings.candidate_pool), settings.rrf_k)
         for c in cands:
-            c.fused = c.score
-            c.score *= factor(c)
+            c.fused = (1.0 - sides.date_weight) * c.score + sides.date_weight * c.closeness
+            c.score = c.fused * factor(c)
         effective = "hybrid"
     else:
         total = settings.text_weight + settings.vector_weight
@@ -271,7 +289,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
 
     ranked = _passing(cands, min_score)
     if not ranked and settings.prefix_fallback and asked != "vector":  # a vector search asked for meaning alone
-        prefix = build_prefix_match(query)
+        prefix = build_prefix_match(plan.words)
         if prefix is not None:
             pools = gather(Sides(text=_KeywordSide(store, prefix, where, settings.candidate_cap).hits), weights=(1.0, 0.0),
                            want=want, pool=settings.candidate_pool, cap=settings.candidate_cap, factor=factor,
@@ -287,7 +305,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
     results = [
         SearchResult(c.path, c.start_line, c.end_line, c.score, snippet(c.text, settings.snippet_chars), c.source,
                      c.vector_score, c.text_score,
-                     _explain(c, place, how, settings) if request.explain else None, c.workspace)
+                     _explain(c, place, how, settings, prior) if request.explain else None, c.workspace)
         for place, c in enumerate(ranked, start=1)
     ]
     read = plan.as_dict()
@@ -365,6 +383,22 @@ def _keywords_decide(store: Store, plan: QueryPlan, where: ChunkFilter, ratio: f
     if not top:
         return False
     return len(top) == 1 or -top[0].bm25 >= ratio * max(0.0, -top[1].bm25)
+
+
+def _dated(store: Store, prior: DatePrior | None, where: ChunkFilter, cap: int) -> tuple[list[TextHit], float]:
+    """The chunks dated within the prior's windows (nearest first, at most `cap` a window), and the closeness a
+    chunk left off can have at most (0: every window was read whole)."""
+    if prior is None:
+        return [], 0.0
+    hits: dict[int, TextHit] = {}
+    bound = 0.0
+    for window, middle in prior.windows(where):
+        listed = store.dated_chunks(window, middle, cap)
+        for hit in listed:
+            hits.setdefault(hit.seq, hit)
+        if len(listed) >= cap:
+            bound = max(bound, prior.closeness(listed[-1].date))
+    return list(hits.values()), bound
 
 
 def _decay(store: Store, settings: SearchSettings, today: dt.date | None) -> Callable[[Candidate], float]:

@@ -141,7 +141,7 @@ class DaemonClient:
 
     def search(self, request: SearchRequest) -> dict[str, Any]:
         params: dict[str, Any] = {"query": request.query}
-        for name in ("max_results", "min_score", "mode", "path_prefix", "source", "since", "before"):
+        for name in ("max_results", "min_score", "mode", "path_prefix", "source", "since", "before", "now"):
             value = getattr(request, name)
             if value is not None:
                 params[name] = value
@@ -166,7 +166,7 @@ class DaemonClient:
 
     def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"query": request.query}
-        for name in ("max_results", "min_score", "mode", "path_prefix", "source", "since", "before"):
+        for name in ("max_results", "min_score", "mode", "path_prefix", "source", "since", "before", "now"):
             value = getattr(request, name)
             if value is not None:
                 params[name] = value

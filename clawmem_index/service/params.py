@@ -68,13 +68,13 @@ PARAMS: dict[str, dict[str, tuple[str, bool]]] = {
     "search": {"query": ("str", True), "max_results": ("int", False), "min_score": ("number", False),
                "mode": ("str", False), "path_prefix": ("str", False), "source": ("str", False),
                "since": ("str", False), "before": ("str", False), "explain": ("bool", False),
-               "workspaces": ("names", False)},
+               "workspaces": ("names", False), "now": ("str", False)},
     "get": {"path": ("str", True), "from": ("int", False), "lines": ("int", False), "max_bytes": ("int", False)},
     "status": {},
     "context": {"query": ("str", True), "budget": ("int", False), "max_results": ("int", False),
                 "min_score": ("number", False), "mode": ("str", False), "path_prefix": ("str", False),
                 "source": ("str", False), "since": ("str", False), "before": ("str", False),
-                "workspaces": ("names", False)},
+                "workspaces": ("names", False), "now": ("str", False)},
     "sync": {"wait": ("bool", False)},
     "reindex": {"wait": ("bool", False)},
 }
@@ -162,4 +162,4 @@ def search_request(params: dict[str, Any]) -> SearchRequest:
     return SearchRequest(params["query"], params.get("max_results"), params.get("min_score"), params.get("mode"),
                          params.get("path_prefix"), params.get("source"), params.get("since"), params.get("before"),
                          bool(params.get("explain", False)),
-                         tuple(params["workspaces"]) if params.get("workspaces") else None)
+                         tuple(params["workspaces"]) if params.get("workspaces") else None, params.get("now"))

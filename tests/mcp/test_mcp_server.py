@@ -82,7 +82,7 @@ def check(seen: dict[str, Any], served_by: str) -> None:
     tools = {t.name: t for t in seen["tools"]}
     assert list(tools) == ["memory_search", "memory_get", "memory_status", "memory_context"]
     assert set(tools["memory_search"].input_schema["properties"]) == {"query", "maxResults", "minScore", "explain",
-                                                                      "workspaces"}
+                                                                      "workspaces", "now"}
     for name in ("memory_search", "memory_context"):
         assert tools[name].input_schema["properties"]["workspaces"] == {
             "type": "array", "items": {"type": "string"}, "maxItems": 64,

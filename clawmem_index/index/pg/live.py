@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from clawmem_index.index.filters import ChunkFilter
+from clawmem_index.index.keyword_index import TextHit
 from clawmem_index.index.pg.connection import Connection, pg_text
 
 __all__ = ["Live", "filter_sql"]
@@ -37,6 +38,17 @@ class Live:
         return {int(r[0]): tuple(r) for r in self.conn.execute(
             f"SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, c.date, c.workspace FROM cm_chunks AS c"
             f" WHERE c.seq = ANY(%(seqs)s) AND {scope}", {**args, "seqs": seqs})}
+
+    def dated(self, where: ChunkFilter, middle: str, limit: int) -> list[TextHit]:
+        """Up to `limit` dated chunks in scope `where` passes, nearest to the day `middle` first, then by seq."""
+        scope, args = self.sql("c")
+        condition, filter_args = filter_sql(where, "c")
+        rows = self.conn.execute(
+            "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, c.date, c.workspace FROM cm_chunks AS c"
+            f" WHERE {scope} AND {condition} AND c.date IS NOT NULL"
+            " ORDER BY abs(c.date::date - %(middle)s::date), c.seq LIMIT %(limit)s",
+            {**args, **filter_args, "middle": middle, "limit": limit}).fetchall()
+        return [TextHit(*row[:6], 0.0, row[6], row[7]) for row in rows]
 
     def newest_date(self) -> str | None:
         scope, args = self.sql("c")

@@ -356,6 +356,9 @@ class PgStore:
     def vocabulary(self, prefix: str) -> dict[str, int]:
         return self.keywords.vocabulary(prefix)
 
+    def dated_chunks(self, where: ChunkFilter, middle: str, limit: int) -> list[TextHit]:
+        return self._live.dated(where, middle, limit)
+
     def workspaces_of(self, seqs: Sequence[int]) -> dict[int, str]:
         """Which workspace each chunk is from (a search over several names it in each result)."""
         return {seq: str(row[7]) for seq, row in self._live.rows(list(seqs)).items()}
