@@ -31,6 +31,7 @@ prefix fallback (compare `hybrid` with `no-prefix`).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import math
 import re
@@ -86,6 +87,10 @@ CONFIGS = [
     Config("no-prefix", search={"prefix_fallback": False}),
     Config("bm25-no-typos", "bm25", search={"min_score": 0.0, "correct_typos": False}),
     Config("hybrid-no-typos", search={"correct_typos": False}),
+    Config("bm25-no-dates", "bm25", search={"min_score": 0.0, "date_weight": 0.0}),
+    Config("hybrid-no-dates", search={"date_weight": 0.0}),
+    Config("hybrid-dates0.2", search={"date_weight": 0.2}),
+    Config("hybrid-dates0.4", search={"date_weight": 0.4}),
 ]
 BY_NAME = {c.name: c for c in CONFIGS}
 BASELINE = "bm25"
@@ -163,6 +168,9 @@ class Searcher:
         self.vectors = QueryVectors(self.hybrid.provider)
         self.latencies: dict[str, list[float]] = defaultdict(list)
         self.modes: dict[str, Counter[str]] = defaultdict(Counter)  # the answers' modes (bm25: an early return)
+        # Questions are asked the day after the conversation's last session ("yesterday" means its last day).
+        newest = self.keyword.reader().newest_date()
+        self.now = (dt.date.fromisoformat(newest) + dt.timedelta(days=1)).isoformat() if newest else None
 
     def search(self, config: Config, query: str, n: int | None = None) -> list[dict[str, Any]]:
         memory = self.keyword if config.mode == "bm25" else self.hybrid
@@ -170,7 +178,7 @@ class Searcher:
         self.vectors.embed_query(query)  # outside the timing: query embedding is excluded
         started = time.perf_counter()
         outcome = run_search(memory.reader(), None if config.mode == "bm25" else self.vectors,
-                             SearchRequest(query, max_results=n or config.n, mode=config.mode), settings)
+                             SearchRequest(query, max_results=n or config.n, mode=config.mode, now=self.now), settings)
         self.latencies[config.name].append(time.perf_counter() - started)
         self.modes[config.name][outcome.mode] += 1
         return [r.as_dict() for r in outcome.results]
