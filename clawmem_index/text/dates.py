@@ -263,7 +263,7 @@ def _day(y: int, m: int, d: int) -> Days | None:
 
 def _nearest(today: dt.date, month: int, d: int) -> Days | None:
     """A day named without its year: the coming one if at most NEXT_WITHIN_DAYS ahead, else the last one."""
-    options = [day for y in (today.year - 1, today.year, today.year + 1) if (day := _safe(y, month, d))]
+    options = [day for y in range(today.year - 4, today.year + 2) if (day := _safe(y, month, d))]  # Feb 29: 4 back
     if not options:
         return None
     ahead = [o for o in options if today < o <= today + dt.timedelta(days=NEXT_WITHIN_DAYS)]

@@ -137,6 +137,46 @@ def test_every_filter_gives_the_same_answers_on_both_backends(workspace: Path, w
         pg.close()
 
 
+def test_typos_and_dates_are_read_alike_on_both_backends(workspace: Path, write, tmp_path: Path,
+                                                         pg_url: str) -> None:
+    """The vocabulary a typo is corrected against and the dated chunks a date reads come from each store."""
+    for day in range(16, 28):
+        write(f"memory/2026-11-{day}.md", f"# Log\n\nThe harbour pilot rota was reviewed (entry {day}).\n")
+    write("MEMORY.md", "# Memory\n\nThe harbour pilot boards at dawn.\n")
+    sqlite = MemoryIndex(settings_for(workspace, {"index": str(tmp_path / "i.sqlite")}))
+    pg = MemoryIndex(settings_for(workspace, {"index_backend": "postgres", "index_url": pg_url}))
+    daemon = MemoryIndex(settings_for(workspace, {"index_backend": "postgres", "index_url": pg_url}), long_lived=True)
+    queries = ["harbuor pilot", "pilot rota yesterday", "harbour three days ago", "what happened on November 20",
+               "pilto last week", "yesterday"]
+    try:
+        sqlite.sync()
+        pg.sync()
+        for mode in ("bm25", "hybrid"):
+            want = answers(sqlite, queries, mode=mode, now="2026-11-25")
+            assert all(want), want
+            assert answers(pg, queries, mode=mode, now="2026-11-25") == want, mode
+            assert answers(daemon, queries, mode=mode, now="2026-11-25") == want, mode
+        for index in (sqlite, pg):
+            read = index.search(SearchRequest("harbuor pilot yesterday", mode="bm25", now="2026-11-25"))
+            assert read["query"] == {"dates": [{"text": "yesterday", "from": "2026-11-24", "to": "2026-11-24"}],
+                                     "corrected": [{"word": "harbuor", "read_as": ["harbour"]}]}
+            assert read["results"][0]["path"] == "memory/2026-11-24.md"
+        write("memory/2026-11-27.md", "# Log\n\nThe tugboat crew changed.\n")  # a word new to the vocabulary
+        for index in (sqlite, pg, daemon):
+            index.sync()
+            found = index.search(SearchRequest("tugbaot", mode="bm25"))
+            assert [r["path"] for r in found["results"]] == ["memory/2026-11-27.md"]
+        (workspace / "memory" / "2026-11-27.md").unlink()
+        for index in (sqlite, pg, daemon):
+            index.sync()
+            gone = index.search(SearchRequest("tugbaot", mode="bm25"))
+            assert gone["results"] == [] and "query" not in gone, "a word gone from the index corrects nothing"
+    finally:
+        sqlite.close()
+        pg.close()
+        daemon.close()
+
+
 def test_index_search_get_and_status(backend: dict[str, str], workspace: Path, write) -> None:
     write("MEMORY.md", "# Memory\n\nThe user drinks oat milk flat whites.\n")
     write("memory/2026-11-20.md", "# Log\n\nRolled back the invoice service deploy.\n")

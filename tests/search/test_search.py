@@ -434,22 +434,25 @@ def ranking_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[MemoryInde
        fusion=st.sampled_from(["weighted", "rrf"]), pool=st.integers(1, 4), k=st.integers(1, 10),
        extra=st.integers(1, 30), min_score=st.sampled_from([0.0, 0.2, 0.3]),
        mmr_lambda=st.sampled_from([0.0, 0.5, 0.7]), decay=st.sampled_from([0.0, 30.0]),
-       prefix=st.sampled_from([None, "memory/", "memory/team/"]), since=st.sampled_from([None, "2026-04-01"]))
+       prefix=st.sampled_from([None, "memory/", "memory/team/"]), since=st.sampled_from([None, "2026-04-01"]),
+       when=st.sampled_from(["", "yesterday", "on March 4", "last month", "in 2026", "stagng", "budgte"]),
+       cap=st.sampled_from([1024, 8]))
 def test_the_first_k_results_are_the_first_k_of_any_larger_answer(
         ranking_corpus: tuple[MemoryIndex, FakeProvider], words: list[str], mode: str, fusion: str, pool: int,
         k: int, extra: int, min_score: float, mmr_lambda: float, decay: float, prefix: str | None,
-        since: str | None) -> None:
+        since: str | None, when: str, cap: int) -> None:
+    """Days the query names (a third list, read whole or cut at `cap`) and typos read as words keep it so."""
     from clawmem_index.config import with_overrides
     from clawmem_index.search.ranking import run_search
 
     index, provider = ranking_corpus
     tuned = with_overrides(index.settings, search={
         "fusion": fusion, "candidate_pool": pool, "mmr_lambda": mmr_lambda, "mmr_pool": 8,
-        "decay_half_life_days": decay}).search
+        "decay_half_life_days": decay, "candidate_cap": max(cap, pool)}).search
 
     def first(n: int) -> list[tuple[str, int, float]]:
-        request = SearchRequest(" ".join(words), max_results=n, min_score=min_score, mode=mode, path_prefix=prefix,
-                                since=since)
+        request = SearchRequest(" ".join([*words, when]), max_results=n, min_score=min_score, mode=mode,
+                                path_prefix=prefix, since=since, now="2026-03-05")
         return [(r.path, r.start_line, round(r.score, 9))
                 for r in run_search(index.reader(), provider, request, tuned).results]
 

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from clawmem_index.config import Settings, with_overrides
+from clawmem_index.embeddings.fake import FakeProvider
+from clawmem_index.engine.core import MemoryIndex
+from clawmem_index.errors import QueryError
+from clawmem_index.search.dates import DatePrior
+from clawmem_index.search.ranking import SearchRequest
+from clawmem_index.text.dates import find_dates
+
+NOW = "2026-11-25"  # a Wednesday
+
+
+@pytest.fixture
+def daily(settings: Settings, write) -> MemoryIndex:
+    """Two weeks of daily notes that only their dates tell apart, and a MEMORY.md."""
+    for day in range(10, 26):
+        write(f"memory/2026-11-{day}.md", "# Standup\n\nWe talked about the deploy and the budget.\n")
+    write("MEMORY.md", "# Memory\n\nThe budget owner is Dana.\n")
+    index = MemoryIndex(settings, provider=FakeProvider(dims=64))
+    index.sync()
+    return index
+
+
+@pytest.mark.parametrize(("query", "day"), [
+    ("what did we say about the deploy yesterday", "2026-11-24"),
+    ("the deploy three days ago", "2026-11-22"),
+    ("budget last Monday", "2026-11-23"),  # the latest Monday before today
+    ("the deploy on November 12", "2026-11-12"),
+    ("deploy 2026-11-19", "2026-11-19"),
+    ("yesterday", "2026-11-24"),
+])
+@pytest.mark.parametrize("mode", ["hybrid", "bm25", "vector"])
+def test_the_note_of_the_day_a_query_names_comes_first(daily: MemoryIndex, query: str, day: str, mode: str) -> None:
+    answer = daily.search(SearchRequest(query, mode=mode, now=NOW))
+    assert answer["results"][0]["path"] == f"memory/{day}.md"
+    assert [d["from"] for d in answer["query"]["dates"]] == [day]
+
+
+def test_without_the_prior_the_same_notes_tie_and_the_date_is_words(daily: MemoryIndex, settings: Settings) -> None:
+    off = MemoryIndex(with_overrides(settings, search={"date_weight": 0.0}), provider=FakeProvider(dims=64))
+    answer = off.search(SearchRequest("the deploy on November 12", mode="bm25", now=NOW))
+    assert answer["results"][0]["path"] != "memory/2026-11-12.md" and "query" not in answer
+    off.close()
+
+
+def test_a_strong_match_outside_the_days_still_wins(daily: MemoryIndex, write) -> None:
+    answer = daily.search(SearchRequest("Dana the budget owner yesterday", mode="bm25", now=NOW))
+    paths = [r["path"] for r in answer["results"]]
+    assert paths[:2] == ["MEMORY.md", "memory/2026-11-24.md"], "a prior, not a filter"
+
+
+def test_explain_gives_each_results_closeness_and_the_answer_says_what_was_read(daily: MemoryIndex) -> None:
+    answer = daily.search(SearchRequest("deploy yesterday", mode="bm25", now=NOW, explain=True))
+    assert answer["query"]["dates"] == [{"text": "yesterday", "from": "2026-11-24", "to": "2026-11-24"}]
+    closeness = [r["explain"]["date_closeness"] for r in answer["results"]]
+    assert closeness[0] == 1.0 and closeness[1] == pytest.approx(0.5 ** 0.5)
+    assert closeness == sorted(closeness, reverse=True)
+
+
+def test_relative_dates_count_from_today_without_now(daily: MemoryIndex) -> None:
+    today = dt.date.today().isoformat()
+    answer = daily.search(SearchRequest("deploy today", mode="bm25"))
+    assert answer["query"]["dates"][0]["from"] == today
+
+
+def test_a_bad_now_is_a_query_error(daily: MemoryIndex) -> None:
+    with pytest.raises(QueryError, match="'now' must be an ISO date"):
+        daily.search(SearchRequest("deploy yesterday", now="next tuesday"))
+
+
+def test_a_date_filter_and_a_named_day_combine(daily: MemoryIndex) -> None:
+    answer = daily.search(SearchRequest("deploy yesterday", mode="bm25", now=NOW, since="2026-11-20",
+                                        before="2026-11-24"))
+    paths = [r["path"] for r in answer["results"]]
+    assert paths[0] == "memory/2026-11-23.md" and all("2026-11-2" in p for p in paths)
+
+
+def test_closeness_halves_every_half_life_and_stops_at_the_window() -> None:
+    prior = DatePrior(tuple(find_dates("last week", dt.date(2026, 11, 25))), 0.3, 2.0, 7)
+    assert prior.closeness("2026-11-18") == 1.0  # inside last week (the 16th to the 22nd)
+    assert prior.closeness("2026-11-24") == pytest.approx(0.5)  # two days after it
+    assert prior.closeness("2026-11-30") == 0.0 and prior.closeness(None) == 0.0 and prior.closeness("x") == 0.0
+
+
+def test_the_window_of_days_is_read_as_a_list_nearest_first(daily: MemoryIndex) -> None:
+    store = daily.reader()
+    prior = DatePrior(tuple(find_dates("yesterday", dt.date(2026, 11, 25))), 0.3, 2.0, 2)
+    (window, middle), = prior.windows(store_filter())
+    listed = [h.date for h in store.dated_chunks(window, middle, 10)]
+    assert listed[0] == "2026-11-24" and set(listed) == {f"2026-11-{d}" for d in range(22, 26)}
+    assert len(store.dated_chunks(window, middle, 2)) == 2
+
+
+def store_filter():  # type: ignore[no-untyped-def]
+    from clawmem_index.index.filters import ChunkFilter
+
+    return ChunkFilter()

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from clawmem_index.search.query_plan import plan_query
+from clawmem_index.search.spelling import MAX_MEANT, correct
+from clawmem_index.text.stemming import stem
+
+
+class Vocabulary:
+    """An index's stems by prefix, from a word list (the fake of `IndexStore.vocabulary`), counting reads."""
+
+    def __init__(self, held: dict[str, int]) -> None:
+        self.held: dict[str, int] = {}
+        for word, chunks in held.items():
+            key = stem(word)
+            assert key is not None
+            self.held[key] = self.held.get(key, 0) + chunks
+        self.asked: list[str] = []
+
+    def __call__(self, prefix: str) -> Mapping[str, int]:
+        self.asked.append(prefix)
+        return {s: n for s, n in self.held.items() if s.startswith(prefix)}
+
+
+def test_a_word_the_index_lacks_is_read_as_the_words_it_holds_one_typo_away() -> None:
+    vocabulary = Vocabulary({"adoption": 8, "caroline": 69, "pottery": 8, "poetry": 2, "staging": 30})
+    found = correct(["carolne", "adoptiom", "potery", "stagng"], vocabulary)
+    assert [(c.word, c.meant) for c in found] == [("carolne", ("caroline",)), ("adoptiom", ("adoption",)),
+                                                   ("potery", ("pottery", "poetry")), ("stagng", ("staging",))]
+    assert len(set(vocabulary.asked)) == len(vocabulary.asked), "each block of the vocabulary is read once"
+
+
+def test_words_the_index_holds_and_words_not_worth_correcting_are_left_alone() -> None:
+    vocabulary = Vocabulary({"adoption": 8, "kids": 3, "kid": 2})
+    assert correct(["adoption", "adopting", "kid", "a828e60", "2026"], vocabulary) == []  # held, short, ids
+    assert [(c.word, c.meant) for c in correct(["kdis", "adoption"], vocabulary)] == [("kdis", ("kids",))]
+
+
+def test_the_most_common_words_come_first_and_at_most_a_few() -> None:
+    vocabulary = Vocabulary({"canes": 5, "cakes": 9, "cases": 30})
+    meant = correct(["cajes"], vocabulary)  # j is beside k and n, far from s
+    assert meant[0].meant == ("cakes", "canes")
+    many = Vocabulary({"stage": 1, "stale": 2, "stake": 3, "state": 4})
+    assert correct(["stae"], many)[0].meant == ("state", "stake")[:MAX_MEANT]  # a dropped letter: any of four
+
+
+def test_a_typo_in_the_first_letter_is_not_corrected_but_two_swapped_first_letters_are() -> None:
+    vocabulary = Vocabulary({"staging": 3})
+    assert correct(["xtaging"], vocabulary) == []  # reading every block would read the whole vocabulary
+    assert correct(["tsaging"], vocabulary)[0].meant == ("staging",)
+
+
+def test_a_word_already_asked_for_is_not_added_again() -> None:
+    vocabulary = Vocabulary({"staging": 3})
+    assert correct(["staging", "stagng"], vocabulary) == []
+
+
+def test_the_plan_adds_the_words_meant_beside_the_typo_and_says_so() -> None:
+    vocabulary = Vocabulary({"staging": 3, "server": 5})
+    plan = plan_query("stagng server", vocabulary)
+    assert plan.match == '"stagng" OR "staging" OR "server"'
+    assert plan.as_dict() == {"corrected": [{"word": "stagng", "read_as": ["staging"]}]}
+    assert plan_query("stagng server", None).match == '"stagng" OR "server"'  # off
+    assert plan_query("stagng server", None).as_dict() == {}

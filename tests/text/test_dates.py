@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+
+from clawmem_index.text.dates import ENGLISH, Lexicon, find_dates, without_dates
+from tests.hostile import hostile_text
+
+TODAY = dt.date(2026, 11, 28)  # a Saturday
+
+
+def days(query: str, today: dt.date = TODAY) -> list[tuple[str, str, str]]:
+    return [(m.text, m.first.isoformat(), m.last.isoformat()) for m in find_dates(query, today)]
+
+
+@pytest.mark.parametrize(("query", "expected"), [
+    ("what did we decide yesterday", [("yesterday", "2026-11-27", "2026-11-27")]),
+    ("the day before yesterday", [("the day before yesterday", "2026-11-26", "2026-11-26")]),
+    ("notes from today", [("today", "2026-11-28", "2026-11-28")]),
+    ("the standup three days ago", [("three days ago", "2026-11-25", "2026-11-25")]),
+    ("the standup 3 days ago", [("3 days ago", "2026-11-25", "2026-11-25")]),
+    ("two weeks ago", [("two weeks ago", "2026-11-11", "2026-11-17")]),
+    ("a month ago", [("a month ago", "2026-10-01", "2026-10-31")]),
+    ("what did I do last Monday", [("last Monday", "2026-11-23", "2026-11-23")]),
+    ("the call on Friday", [("on Friday", "2026-11-27", "2026-11-27")]),
+    ("what is due next Tuesday", [("next Tuesday", "2026-12-01", "2026-12-01")]),
+    ("last week's deploys", [("last week", "2026-11-16", "2026-11-22")]),
+    ("this month", [("this month", "2026-11-01", "2026-11-30")]),
+    ("last month", [("last month", "2026-10-01", "2026-10-31")]),
+    ("last weekend", [("last weekend", "2026-11-21", "2026-11-22")]),
+    ("the past 3 days", [("the past 3 days", "2026-11-25", "2026-11-28")]),
+    ("what happened on March 3", [("March 3", "2026-03-03", "2026-03-03")]),
+    ("what happened on March 3rd, 2025", [("March 3rd, 2025", "2025-03-03", "2025-03-03")]),
+    ("3 March 2026 meeting", [("3 March 2026", "2026-03-03", "2026-03-03")]),
+    ("the 2nd of January", [("2nd of January", "2026-01-02", "2026-01-02")]),
+    ("Dec 5th", [("Dec 5th", "2026-12-05", "2026-12-05")]),  # the coming one: within a month
+    ("notes from 2026-03-02", [("2026-03-02", "2026-03-02", "2026-03-02")]),
+    ("in March 2023", [("in March 2023", "2023-03-01", "2023-03-31")]),
+    ("camping in June", [("in June", "2026-06-01", "2026-06-30")]),
+    ("travel in 2010", [("in 2010", "2010-01-01", "2010-12-31")]),
+])
+def test_dates_people_type_are_read_as_days(query: str, expected: list[tuple[str, str, str]]) -> None:
+    assert days(query) == expected
+
+
+@pytest.mark.parametrize("query", ["What may happen next", "March on", "try Cyberpunk 2077 game", "5K charity run",
+                                   "a828e60 fixed it", "2026-13-45 is no day",
+                                   "deploy 12 servers"])
+def test_words_that_are_not_dates_stay_words(query: str) -> None:
+    assert days(query) == []
+
+
+def test_a_day_that_does_not_exist_is_read_as_its_month() -> None:
+    assert days("the 31st of February") == [("of February", "2026-02-01", "2026-02-28")]
+
+
+def test_a_day_without_its_year_is_the_last_one_unless_it_comes_within_a_month() -> None:
+    assert days("March 3", dt.date(2026, 3, 2)) == [("March 3", "2026-03-03", "2026-03-03")]
+    assert days("December 20", dt.date(2026, 1, 5)) == [("December 20", "2025-12-20", "2025-12-20")]
+    assert days("February 29", dt.date(2026, 3, 1)) == [("February 29", "2024-02-29", "2024-02-29")]
+
+
+def test_the_date_words_are_taken_out_of_the_keywords() -> None:
+    query = "what did Dana decide about staging yesterday"
+    assert without_dates(query, find_dates(query, TODAY)) == "what did Dana decide about staging"
+    assert without_dates("yesterday", find_dates("yesterday", TODAY)) == ""
+
+
+def test_another_language_is_a_table_of_its_words() -> None:
+    german = Lexicon(
+        months={"märz": 3, "mai": 5}, weekdays={"montag": 0}, numbers={"drei": 3, "einem": 1},
+        units={"tagen": "day", "tag": "day", "wochen": "week"}, days={"gestern": -1, "heute": 0},
+        day_before_yesterday="vorgestern", ago="her", last=("letzten",), this=("diesen",), next=("nächsten",),
+        past=("vergangenen",), weekend="wochenende", month_words=("im",), of="im", ordinal=r"\.",
+    )
+    assert [(m.text, m.first.isoformat()) for m in find_dates("was war gestern", TODAY, german)] == \
+        [("gestern", "2026-11-27")]
+    assert [(m.text, m.first.isoformat()) for m in find_dates("am 3. März", TODAY, german)] == \
+        [("3. März", "2026-03-03")]
+    assert find_dates("what happened yesterday", TODAY, german) == []  # its own words only
+    assert find_dates("was war gestern", TODAY, ENGLISH) == []
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(text=hostile_text())
+def test_any_text_is_read_without_error_and_its_dates_lie_in_it(text: str) -> None:
+    for mention in find_dates(text, TODAY):
+        assert text[mention.span[0]:mention.span[1]].strip() == mention.text
+        assert mention.first <= mention.last
