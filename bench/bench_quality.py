@@ -94,6 +94,7 @@ CONFIGS = [
 ]
 BY_NAME = {c.name: c for c in CONFIGS}
 BASELINE = "bm25"
+PAIRED_WITH: list[str] = []  # --pair: configurations every other one is compared with too, question by question
 
 
 class QueryVectors:
@@ -411,10 +412,11 @@ def run_locomo(work: Path, configs: list[Config], model: str | None, log: Callab
             cell: dict[str, Any] = {m: round(statistics.mean(v[i] for i in picked), 4)
                                     for m, v in values[config.name].items()}
             cell["questions"] = len(picked)
-            if BASELINE in values and config.name != BASELINE:
-                base = values[BASELINE]["recall@6"]
-                cell["recall@6_vs_bm25"] = paired_bootstrap([values[config.name]["recall@6"][i] for i in picked],
-                                                            [base[i] for i in picked])
+            for against in (BASELINE, *PAIRED_WITH):
+                if against in values and config.name != against:
+                    base = values[against]["recall@6"]
+                    cell[f"recall@6_vs_{against}"] = paired_bootstrap(
+                        [values[config.name]["recall@6"][i] for i in picked], [base[i] for i in picked])
             row[cat] = cell
         row["_recall"] = values[config.name]["recall@6"]  # per question, for pairing with another set
         results[config.name] = row
@@ -431,6 +433,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/clawmem-quality"))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "quality.json")
     parser.add_argument("--list", action="store_true", help="print the configurations and exit")
+    parser.add_argument("--pair", default="", help="compare every configuration with these too (comma-separated)")
     parser.add_argument("--postgres", action="store_true",
                         help="index into a local PostgreSQL (the shared index backend) instead of SQLite files")
     args = parser.parse_args()
@@ -439,6 +442,7 @@ def main() -> None:
             print(f"{c.name}: mode {c.mode}, n {c.n}, {c.search or 'defaults'}")
         return
     configs = [BY_NAME[name] for name in args.configs.split(",")]
+    PAIRED_WITH.extend(name for name in args.pair.split(",") if name)
     if BASELINE not in {c.name for c in configs}:
         configs.insert(0, BY_NAME[BASELINE])
     if not (SHARED / "bench").is_dir():

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from clawmem_index.search.spelling import Correction, correct
 from clawmem_index.text.dates import DateMention, find_dates, without_dates
-from clawmem_index.text.keywords import match_of, query_terms
+from clawmem_index.text.keywords import match_of, query_terms, quoted_spans
 
 __all__ = ["QueryPlan", "plan_query"]
 
@@ -38,7 +38,9 @@ def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int]] | None
                today: dt.date | None = None) -> QueryPlan:
     """`vocabulary`: the index's stems by prefix (`IndexStore.vocabulary`), None to read no typo; `today`: the
     day relative dates count from, None to read no date (its words are then keywords)."""
-    dates = tuple(find_dates(query, today)) if today is not None else ()
+    quoted = quoted_spans(query)
+    dates = tuple(m for m in find_dates(query, today) if not any(a <= m.span[0] < b for a, b in quoted)) \
+        if today is not None else ()
     words = without_dates(query, list(dates)) if dates else query
     terms = query_terms(words)
     corrections = tuple(correct(terms, vocabulary)) if vocabulary is not None else ()

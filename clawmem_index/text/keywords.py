@@ -7,13 +7,15 @@ pairs in the text. English keeps the `porter` word tokenizer (better BM25 than t
 
 The query builder only ever emits double-quoted terms joined by OR, so no input can raise an FTS5
 syntax error, and a question matching only some of its words still finds (and ranks) documents.
+Words the user put in quotes ("staging server", “like this”) are one term, a phrase: FTS5 matches
+them only next to each other, in that order.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["build_match", "build_prefix_match", "index_text", "match_of", "query_terms"]
+__all__ = ["build_match", "build_prefix_match", "index_text", "match_of", "quoted_spans", "query_terms"]
 
 _CJK = (
     "\u3040-\u30ff"  # hiragana, katakana
@@ -43,8 +45,30 @@ def index_text(text: str) -> str:
     return _CJK_RUN.sub(lambda m: " " + " ".join(m.group()) + " ", text)
 
 
+_QUOTED = re.compile(r'"([^"]*)"|\u201c([^\u201c\u201d]*)\u201d')  # "straight" or “curly” quotes
+
+
 def query_terms(query: str) -> list[str]:
-    """The FTS5 terms for a user query: quoted words (stop-words dropped when others remain) and CJK pairs."""
+    """The FTS5 terms for a user query: its quoted phrases, its words (stop-words dropped when others remain)
+    and CJK pairs."""
+    phrases: list[str] = []
+    for quoted in _QUOTED.finditer(query):
+        words = [w.lower() for w in _WORD.findall(quoted.group(1) or quoted.group(2) or "")]
+        if len(words) > 1 and not _CJK_RUN.search(quoted.group()):
+            phrases.append(" ".join(words))
+            query = query[:quoted.start()] + " " * (quoted.end() - quoted.start()) + query[quoted.end():]
+    terms = _word_terms(query, keep_stopwords=not phrases)
+    seen = dict.fromkeys(phrases + terms)
+    return list(seen)[:MAX_TERMS]
+
+
+def quoted_spans(query: str) -> list[tuple[int, int]]:
+    """Where the query has words in quotes (taken as typed: no date or typo is read inside them)."""
+    return [m.span() for m in _QUOTED.finditer(query)]
+
+
+def _word_terms(query: str, *, keep_stopwords: bool = True) -> list[str]:
+    """The words and CJK pairs; stop-words only when nothing else is left (and `keep_stopwords`)."""
     words: list[str] = []
     cjk: list[str] = []
     for match in re.finditer(f"{_CJK_RUN.pattern}|{_WORD.pattern}", query):
@@ -57,7 +81,7 @@ def query_terms(query: str) -> list[str]:
         else:
             words.append(piece.lower())
     content = [w for w in words if w not in STOPWORDS]
-    chosen = (content or words) + cjk
+    chosen = (content or (words if keep_stopwords else [])) + cjk
     seen: dict[str, None] = {}
     for term in chosen:
         seen.setdefault(term, None)

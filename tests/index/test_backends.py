@@ -61,7 +61,9 @@ def test_keyword_answers_are_the_same_on_both_backends(workspace: Path, write, t
     pg = MemoryIndex(settings_for(workspace, {"index_backend": "postgres", "index_url": pg_url}))
     daemon = MemoryIndex(settings_for(workspace, {"index_backend": "postgres", "index_url": pg_url}), long_lived=True)
     queries = ["coffee", "staging server", "running", "runs", "東京", "会議 東京", "kubernetes rollback budget",
-               "tuesday alice", "nothingmatches", "stagng", "kuber", "the", "flight to berlin"]
+               "tuesday alice", "nothingmatches", "stagng", "kuber", "the", "flight to berlin",
+               '"staging server"', 'the "weekly review" budget', '"running runner" notes', '"東京 会議"',
+               '"server staging"', '“coffee deploy”']
     try:
         for round_ in range(3):
             for i in range(12):
@@ -161,6 +163,11 @@ def test_typos_and_dates_are_read_alike_on_both_backends(workspace: Path, write,
             assert read["query"] == {"dates": [{"text": "yesterday", "from": "2026-11-24", "to": "2026-11-24"}],
                                      "corrected": [{"word": "harbuor", "read_as": ["harbour"]}]}
             assert read["results"][0]["path"] == "memory/2026-11-24.md"
+        for index in (sqlite, pg, daemon):  # a quoted phrase matches its words next to each other, in order
+            phrase = index.search(SearchRequest('"pilot rota" 2026-11-20', mode="bm25", now="2026-11-25"))
+            assert phrase["results"][0]["path"] == "memory/2026-11-20.md" and len(phrase["results"]) == 6
+            assert index.search(SearchRequest('"rota pilot"', mode="bm25"))["results"] == []
+            assert index.search(SearchRequest('"pilot boards"', mode="bm25", path_prefix="memory/"))["results"] == []
         write("memory/2026-11-27.md", "# Log\n\nThe tugboat crew changed.\n")  # a word new to the vocabulary
         for index in (sqlite, pg, daemon):
             index.sync()

@@ -87,3 +87,18 @@ def test_a_prefix_finds_the_word_a_typo_or_a_partial_id_begins(fts: apsw.Connect
     assert found("deplyo") == [1]
     assert found("a828e") == [4]
     assert search(fts, "deplyo") == [] and search(fts, "a828e") == []
+
+
+def test_quoted_words_are_one_phrase_matched_in_order(fts: apsw.Connection) -> None:
+    assert query_terms('the "staging server" crashed') == ["staging server", "crashed"]
+    assert query_terms("“blue whale” sightings") == ["blue whale", "sightings"]
+    assert query_terms('what is "the one"') == ["the one"], "stop-words outside a phrase are dropped, inside kept"
+    assert query_terms('"deploy" went') == ["deploy", "went"], "one quoted word is a word"
+    assert query_terms('"unterminated phrase') == ["unterminated", "phrase"]
+    assert search(fts, '"deploy went"') == [1]
+    assert build_match('"went deploy"') is not None and search_or_none(fts, '"went deploy"') == []
+
+
+def search_or_none(fts: apsw.Connection, query: str) -> list[int]:
+    match = build_match(query)
+    return [] if match is None else [r[0] for r in fts.execute("SELECT rowid FROM t WHERE t MATCH ?", (match,))]

@@ -17,7 +17,9 @@ from clawmem_index.index.filters import ChunkFilter
 from clawmem_index.index.keyword_index import TextHit
 from clawmem_index.index.pg.connection import Connection
 from clawmem_index.index.pg.live import Live, filter_sql
-from clawmem_index.index.pg.terms import Phrase, phrases_of
+from clawmem_index.index.pg.terms import Phrase, phrase_count, phrases_of
+from clawmem_index.text.keywords import index_text
+from clawmem_index.text.stemming import tokens as fts5_tokens
 
 __all__ = ["KeywordSearch"]
 
@@ -114,7 +116,9 @@ class _PostingsCache:
             self._entries.move_to_end((*key, phrase))
             return entry
         workspace, gen, _ = key
-        if phrase.prefix:
+        if phrase.words:
+            row = self._phrase_row(workspace, gen, phrase)
+        elif phrase.prefix:
             pattern = phrase.term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
             row = self._conn.execute(
                 "WITH t AS (SELECT coalesce(array_agg(term), '{}') AS terms FROM (SELECT term FROM cm_terms"
@@ -129,7 +133,7 @@ class _PostingsCache:
                 " ORDER BY c.seq), array_agg(c.length ORDER BY c.seq) FROM cm_chunks AS c"
                 " WHERE c.workspace = %(w)s AND c.gen = %(g)s AND c.terms @> ARRAY[%(t)s]::text[]",
                 {"w": workspace, "g": gen, "t": phrase.term}, binary=True).fetchone()
-        seqs, tfs, lengths = row if row and row[0] is not None else ([], [], [])
+        seqs, tfs, lengths = row if row and row[0] is not None and len(row[0]) else ([], [], [])
         entry = (np.asarray(seqs, dtype=np.int64), np.asarray(tfs, dtype=np.float64),
                  np.asarray(lengths, dtype=np.float64))
         self._entries[(*key, phrase)] = entry
@@ -138,6 +142,21 @@ class _PostingsCache:
             _, dropped = self._entries.popitem(last=False)
             self._held -= len(dropped[0])
         return entry
+
+
+    def _phrase_row(self, workspace: str, gen: int, phrase: Phrase) -> tuple[list[int], list[int], list[int]]:
+        """A quoted phrase's chunks (those holding all its words, then read for them next to each other)."""
+        seqs, tfs, lengths = [], [], []
+        for seq, text, length in self._conn.execute(
+                "SELECT c.seq, c.text, c.length FROM cm_chunks AS c WHERE c.workspace = %(w)s AND c.gen = %(g)s"
+                " AND c.terms @> %(t)s::text[] ORDER BY c.seq",
+                {"w": workspace, "g": gen, "t": list(dict.fromkeys(phrase.words))}):
+            found = phrase_count(fts5_tokens(index_text(text)), phrase.words)
+            if found:
+                seqs.append(int(seq))
+                tfs.append(found)
+                lengths.append(int(length))
+        return seqs, tfs, lengths
 
 
 class KeywordSearch:
@@ -192,6 +211,8 @@ class KeywordSearch:
             return []
         if self._postings is not None and not where and not self.conn.in_transaction and self._live.read:
             return self._postings.bm25(phrases, self._live.generations, self._live.versions, limit=limit, seqs=seqs)
+        if any(p.words for p in phrases):  # a quoted phrase is read from the chunks' text: summed in numpy
+            return self._phrase_bm25(phrases, limit=limit, where=where, seqs=seqs)
         scope, args = self._live.sql("c")
         n, avgdl = self._collection_stats()
         terms: list[str] = []
@@ -222,6 +243,21 @@ class KeywordSearch:
             {**args, **filter_args, "terms": terms, "phrases": phrase_of, "idfs": idfs, "k1": K1, "k1p": K1 + 1,
              "b": B, "avgdl": avgdl, "seqs": seqs, "limit": limit}).fetchall()
         return [(int(seq), float(score)) for seq, score in rows]
+
+    def _phrase_bm25(self, phrases: list[Phrase], *, limit: int | None, where: ChunkFilter | None,
+                     seqs: list[int] | None) -> list[tuple[int, float]]:
+        """BM25 of an expression with a quoted phrase, from each phrase's matches (read for this ranking only)."""
+        summed = _PostingsCache(self.conn).bm25(phrases, self._live.generations, {}, limit=None if where else limit,
+                                                seqs=seqs)
+        if not where or not summed:
+            return summed
+        scope, args = self._live.sql("c")
+        condition, filter_args = filter_sql(where, "c")
+        passing = {int(r[0]) for r in self.conn.execute(
+            f"SELECT c.seq FROM cm_chunks AS c WHERE c.seq = ANY(%(seqs)s) AND {scope} AND {condition}",
+            {**args, **filter_args, "seqs": [seq for seq, _ in summed]})}
+        kept = [hit for hit in summed if hit[0] in passing]
+        return kept if limit is None else kept[:limit]
 
     def _collection_stats(self) -> tuple[int, float]:
         row = self.conn.execute(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from clawmem_index.text.keywords import index_text
 from clawmem_index.text.stemming import tokens as fts5_tokens
 
-__all__ = ["ChunkTerms", "Phrase", "chunk_terms", "phrases_of"]
+__all__ = ["ChunkTerms", "Phrase", "chunk_terms", "phrase_count", "phrases_of"]
 
 _PHRASE = re.compile(r'"((?:[^"]|"")+)"(\*?)')
 _CJK_CHAR = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af\U00020000-\U0002ebef]")
@@ -31,8 +31,16 @@ class ChunkTerms:
 
 @dataclass(frozen=True, slots=True)
 class Phrase:
-    term: str  # a stemmed word, a CJK bigram ("東 京"), or a prefix
+    term: str  # a stemmed word, a CJK bigram ("東 京"), a prefix, or the words of a quoted phrase joined
     prefix: bool = False
+    words: tuple[str, ...] = ()  # a quoted phrase's tokens, matched only next to each other, in order
+
+
+def phrase_count(tokens: list[str], words: tuple[str, ...]) -> int:
+    """How often `words` occur in `tokens` next to each other, in order (FTS5's hits of a phrase)."""
+    n = len(words)
+    first = words[0]
+    return sum(1 for i, token in enumerate(tokens) if token == first and tuple(tokens[i:i + n]) == words)
 
 
 def _bigrams(tokens: list[str]) -> list[str]:
@@ -51,16 +59,18 @@ def chunk_terms(text: str) -> ChunkTerms:
 
 
 def phrases_of(match: str) -> list[Phrase]:
-    """The phrases of an OR of quoted phrases (what `keywords.build_match` makes), each as one term.
+    """The phrases of an OR of quoted phrases (what `keywords.build_match` makes).
 
-    A phrase the tokenizer splits into more than one token is matched as its first pair's bigram
-    (CJK pairs) or, for anything else, by its tokens joined with a space, which matches nothing:
-    `keywords` never builds such a phrase from a user's words.
+    A phrase the tokenizer splits into more than one token is a pair of CJK characters (matched as
+    the bigram the index keeps), or words the user quoted (`words`: matched next to each other).
     """
     phrases: list[Phrase] = []
     for body, star in _PHRASE.findall(match):
         found = fts5_tokens(body.replace('""', '"'), query=True)
         if not found:
+            continue
+        if len(found) > 1 and not all(len(t) == 1 and _CJK_CHAR.match(t) for t in found):
+            phrases.append(Phrase(" ".join(found), prefix=bool(star), words=tuple(found)))
             continue
         term = found[0] if len(found) == 1 else " ".join(found[:2])
         phrases.append(Phrase(term, prefix=bool(star)))

@@ -63,3 +63,12 @@ def test_the_plan_adds_the_words_meant_beside_the_typo_and_says_so() -> None:
     assert plan.as_dict() == {"corrected": [{"word": "stagng", "read_as": ["staging"]}]}
     assert plan_query("stagng server", None).match == '"stagng" OR "server"'  # off
     assert plan_query("stagng server", None).as_dict() == {}
+
+
+def test_words_in_quotes_are_taken_as_typed() -> None:
+    import datetime as dt
+
+    vocabulary = Vocabulary({"staging": 3, "march": 2})
+    plan = plan_query('"stagng march 3" notes', vocabulary, dt.date(2026, 11, 28))
+    assert plan.dates == () and plan.corrections == ()
+    assert plan.match == '"stagng march 3" OR "notes"'
