@@ -35,12 +35,13 @@ class QueryPlan:
 
 
 def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int]] | None,
-               today: dt.date | None = None) -> QueryPlan:
+               today: dt.date | None = None, dated: Callable[[DateMention], bool] | None = None) -> QueryPlan:
     """`vocabulary`: the index's stems by prefix (`IndexStore.vocabulary`), None to read no typo; `today`: the
-    day relative dates count from, None to read no date (its words are then keywords)."""
+    day relative dates count from, None to read no date (its words are then keywords); `dated`: whether the
+    index has a note near a date (one it has nothing near is left as words: "moved here 4 years ago")."""
     quoted = quoted_spans(query)
-    dates = tuple(m for m in find_dates(query, today) if not any(a <= m.span[0] < b for a, b in quoted)) \
-        if today is not None else ()
+    dates = tuple(m for m in find_dates(query, today) if not any(a <= m.span[0] < b for a, b in quoted)
+                  and (dated is None or dated(m))) if today is not None else ()
     words = without_dates(query, list(dates)) if dates else query
     terms = query_terms(words)
     corrections = tuple(correct(terms, vocabulary)) if vocabulary is not None else ()

@@ -19,6 +19,7 @@ from clawmem_index.index.store import ChunkFilter, Store, TextHit, VectorHit
 from clawmem_index.search.candidates import Candidate, Sides, gather, read_fixed
 from clawmem_index.search.dates import DatePrior
 from clawmem_index.search.query_plan import QueryPlan, plan_query
+from clawmem_index.text.dates import DateMention
 from clawmem_index.text.keywords import build_prefix_match
 
 __all__ = ["Candidate", "SearchOutcome", "SearchRequest", "SearchResult", "decay_factor", "fuse_rrf", "iso_date",
@@ -229,10 +230,14 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
 
     degraded: str | None = None
     blob: bytes | None = None
+    def prior_of(dates: tuple[DateMention, ...]) -> DatePrior:
+        return DatePrior(dates, settings.date_weight, settings.date_half_life_days, settings.date_window_days)
+
     plan = plan_query(query, store.vocabulary if settings.correct_typos and mode != "vector" else None,
-                      _today(request.now) if settings.date_weight else None)
-    prior = DatePrior(plan.dates, settings.date_weight, settings.date_half_life_days, settings.date_window_days) \
-        if plan.dates else None
+                      _today(request.now) if settings.date_weight else None,
+                      lambda mention: any(store.dated_chunks(window, middle, 1)
+                                          for window, middle in prior_of((mention,)).windows(where)))
+    prior = prior_of(plan.dates) if plan.dates else None
     dated, dated_bound = _dated(store, prior, where, settings.candidate_cap)
     if mode == "hybrid" and settings.early_return_ratio and _keywords_decide(store, plan, where,
                                                                             settings.early_return_ratio):

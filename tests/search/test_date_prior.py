@@ -101,3 +101,13 @@ def store_filter():  # type: ignore[no-untyped-def]
     from clawmem_index.index.filters import ChunkFilter
 
     return ChunkFilter()
+
+
+def test_a_date_the_notes_have_nothing_near_stays_words(daily: MemoryIndex, write) -> None:
+    write("memory/notes.md", "# Notes\n\nWe moved the office 4 years ago.\n")
+    daily.sync()
+    answer = daily.search(SearchRequest("moved 4 years ago", mode="bm25", now=NOW))
+    assert "query" not in answer, "no note is dated near 2022: the words are matched as words"
+    assert answer["results"][0]["path"] == "memory/notes.md"
+    near = daily.search(SearchRequest("deploy 4 days ago", mode="bm25", now=NOW))
+    assert near["query"]["dates"][0]["from"] == "2026-11-21"

@@ -435,6 +435,11 @@ MIGRATIONS.append(("0013_graph_ddl_gives_up", """
 # behind it: while a reader of that workspace sits in an open transaction, the DDL gives up after 5 s (the graph is
 # built, or a stale one dropped, at a later pass) instead of holding every search of the workspace up
 
+MIGRATIONS.append(("0014_chunk_dates", """
+    CREATE INDEX IF NOT EXISTS cm_chunks_date ON cm_chunks(workspace, gen, date) WHERE date IS NOT NULL;
+"""))  # the days a query names are read as a window of dated chunks (search.dates): a range of this index, not a
+# scan of the workspace's partition
+
 
 def migrate(conn: psycopg.Connection) -> None:
     """Apply what this database has not had, under an advisory lock (daemons may start together).
