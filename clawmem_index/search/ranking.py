@@ -191,7 +191,8 @@ def iso_date(value: str | None, name: str) -> str | None:
     try:
         return dt.date.fromisoformat(value[:10]).isoformat()
     except ValueError:
-        raise QueryError(f"{name!r} must be an ISO date like 2026-11-22, not {value!r}") from None
+        shown = repr(value[:40]) + ("..." if len(value) > 40 else "")
+        raise QueryError(f"{name!r} must be an ISO date like 2026-11-22, not {shown}") from None
 
 
 def _today(now: str | None) -> dt.date:

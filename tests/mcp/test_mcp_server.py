@@ -419,7 +419,8 @@ def test_stdio_answers_the_hostile_corpus_and_keeps_serving(indexed: Settings, s
         rid, outcomes = 0, []
         for text in FIXED_TEXTS.values():
             for name, arguments in (("memory_search", {"query": text}), ("memory_get", {"path": text}),
-                                    ("memory_context", {"query": text, "budget": 50})):
+                                    ("memory_context", {"query": text, "budget": 50}),
+                                    ("memory_search", {"query": "sqlite yesterday", "now": text})):
                 rid += 1
                 send({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
                       "params": {"name": name, "arguments": arguments}})

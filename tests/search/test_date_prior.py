@@ -111,3 +111,22 @@ def test_a_date_the_notes_have_nothing_near_stays_words(daily: MemoryIndex, writ
     assert answer["results"][0]["path"] == "memory/notes.md"
     near = daily.search(SearchRequest("deploy 4 days ago", mode="bm25", now=NOW))
     assert near["query"]["dates"][0]["from"] == "2026-11-21"
+
+
+def test_any_text_as_now_is_an_answer_or_a_query_error(daily: MemoryIndex) -> None:
+    from tests.hostile import FIXED_TEXTS
+
+    for text in FIXED_TEXTS.values():
+        try:
+            answer = daily.search(SearchRequest("deploy yesterday", mode="bm25", now=text))
+        except QueryError as exc:
+            assert "'now' must be an ISO date" in str(exc) and "\n" not in str(exc).strip()
+        else:
+            assert answer["results"]
+
+
+def test_a_long_bad_date_is_named_in_a_short_line(daily: MemoryIndex) -> None:
+    for name in ("now", "since", "before"):
+        with pytest.raises(QueryError) as caught:
+            daily.search(SearchRequest("deploy", **{name: "x" * 100_000}))
+        assert len(str(caught.value)) < 120 and str(caught.value).startswith(f"'{name}' must be an ISO date")
