@@ -91,6 +91,9 @@ CONFIGS = [
     Config("hybrid-no-dates", search={"date_weight": 0.0}),
     Config("hybrid-dates0.2", search={"date_weight": 0.2}),
     Config("hybrid-dates0.4", search={"date_weight": 0.4}),
+    Config("hybrid-dates-hl4", search={"date_half_life_days": 4.0}),
+    Config("hybrid-dates-hl4-w14", search={"date_half_life_days": 4.0, "date_window_days": 14}),
+    Config("hybrid-dates-hl1", search={"date_half_life_days": 1.0}),
 ]
 BY_NAME = {c.name: c for c in CONFIGS}
 BASELINE = "bm25"

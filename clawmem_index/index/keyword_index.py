@@ -42,9 +42,6 @@ SHARED_POSTINGS = 1 << 22  # those the connections of a long-lived process keep 
 ASKED_WINDOW = 1 << 12  # look-ups after which the counts of how often each list was asked for are halved
 FILTER_DEPTH = 1 << 16  # how deep the best matches are walked for a filter before FTS5 ranks the query instead
 COUNTS_KEPT = 1 << 16  # phrases whose match counts are kept per connection until the index changes
-VOCABULARY = "temp.clawmem_fts_terms"  # FTS5's vocabulary: each stem and how many rows hold it
-VOCABULARY_BLOCKS = 256  # prefixes whose stems are kept per state of the index
-VOCABULARY_ROWS = 20_000  # stems read for one prefix at most
 CHECKED = 3  # hits FTS5 scores after each change of its records to confirm the sums (each rescans the phrases)
 
 if TYPE_CHECKING:  # numpy is imported where the sums are made: a command that never sums does not load it
@@ -180,8 +177,6 @@ class KeywordIndex:
         self._scorer: TermScorer | None = None  # made at the first list read; None after, if it cannot be
         self._scorer_tried = False
         self._scorer_fresh: bool | None = None  # whether it could read this version's counts (None: not yet)
-        self._vocabulary: tuple[Hashable, dict[str, dict[str, int]]] = (None, {})  # prefix -> its stems
-        self._vocabulary_table = False
 
     def add(self, seq: int, text: str, *, id: str, path: str, source: str, model: str, start_line: int,
             end_line: int) -> None:
@@ -197,33 +192,6 @@ class KeywordIndex:
 
     def remove(self, seq: int) -> None:
         self._conn.execute("DELETE FROM chunks_fts WHERE rowid = ?", (seq,))
-
-    def vocabulary(self, prefix: str) -> dict[str, int]:
-        """The stems the index holds that begin with `prefix`, each with how many chunks hold it.
-
-        Read from FTS5's own vocabulary (an `fts5vocab` row table: one range scan) and kept for the
-        state of the index it was read in (a spelling correction asks for the same few prefixes)."""
-        if not prefix:
-            return {}
-        if not self._conn.get_autocommit():  # inside a transaction: its changes may yet be rolled back
-            return self._read_vocabulary(prefix)
-        with self._snapshot():
-            if self._vocabulary[0] != self._state:
-                self._vocabulary = (self._state, {})
-            held = self._vocabulary[1]
-            if prefix not in held:
-                if len(held) >= VOCABULARY_BLOCKS:
-                    held.clear()
-                held[prefix] = self._read_vocabulary(prefix)
-            return held[prefix]
-
-    def _read_vocabulary(self, prefix: str) -> dict[str, int]:
-        if not self._vocabulary_table:
-            self._conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {VOCABULARY} USING fts5vocab(main, chunks_fts, row)")
-            self._vocabulary_table = True
-        after = prefix[:-1] + chr(min(ord(prefix[-1]) + 1, 0x10FFFF))
-        return {str(term): int(doc) for term, doc in self._conn.execute(
-            f"SELECT term, doc FROM {VOCABULARY} WHERE term >= ? AND term < ? LIMIT ?", (prefix, after, VOCABULARY_ROWS))}
 
     def search(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[TextHit]:
         """The best `limit` chunks for an FTS5 MATCH expression, best first (bm25 ascending: FTS5 ranks

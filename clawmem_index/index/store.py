@@ -30,6 +30,7 @@ from clawmem_index.index.rows import ChunkRow, FileRow, JobRow
 from clawmem_index.index.schema import MIGRATIONS, SCHEMA_VERSION, Meta
 from clawmem_index.index.vector_cells import SharedCells
 from clawmem_index.index.vector_index import FLOATS, HALVES, VectorHit, VectorIndex
+from clawmem_index.index.vocabulary import FtsVocabulary
 from clawmem_index.text.storable import storable
 
 # The rows, schema version and hits are the store's interface: importable from here as they always were.
@@ -67,6 +68,7 @@ class Store:
         self._depth = 0
         self.meta = Meta(self.conn)
         self.keywords = KeywordIndex(self.conn, keep_scores=keep_keyword_scores, postings=keyword_postings)
+        self.stems = FtsVocabulary(self.conn)
         self.vectors = VectorIndex(self.conn, self.meta, loaded=self.vec_loaded, shared_cells=shared_cells)
         self.parked = ParkedVectors(self.conn, self.meta, self.vectors)
         self.cache = EmbeddingCache(self.conn, self.meta, self.vectors, self.parked)
@@ -240,7 +242,7 @@ class Store:
 
     def vocabulary(self, prefix: str) -> dict[str, int]:
         """The stems the keyword index holds that begin with `prefix`, each with how many chunks hold it."""
-        return self.keywords.vocabulary(prefix)
+        return self.stems.stems(prefix)
 
     def text_scores_of(self, match: str, seqs: Iterable[int]) -> dict[int, float]:
         """The BM25 score each of `seqs` gets for `match` in any search (absent: it does not match)."""

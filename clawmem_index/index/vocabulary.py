@@ -1,0 +1,49 @@
+"""The keyword index's vocabulary: the stems FTS5 holds, read a prefix at a time.
+
+A misspelled query word is corrected against the words the index holds (clawmem_index.search.spelling),
+a two-letter block of stems at a time: one range scan of an `fts5vocab` row table (FTS5's own
+vocabulary, so always the index's current one; ~0.3-2 ms a block at 112k stems). Blocks are kept
+until the index changes (another connection's commit or this one's: SQLite's `data_version` and the
+connection's change count), so a daemon's repeated queries read each block once.
+"""
+
+from __future__ import annotations
+
+import apsw
+
+__all__ = ["FtsVocabulary"]
+
+TABLE = "temp.clawmem_fts_terms"
+BLOCKS = 256  # prefixes whose stems are kept per version of the index
+ROWS = 20_000  # stems read for one prefix at most
+
+
+class FtsVocabulary:
+    """`chunks_fts`'s stems by prefix, on one connection."""
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self._conn = conn
+        self._made = False
+        self._version: tuple[int, int] | None = None
+        self._held: dict[str, dict[str, int]] = {}
+
+    def stems(self, prefix: str) -> dict[str, int]:
+        """The stems that begin with `prefix`, each with how many chunks hold it."""
+        if not prefix:
+            return {}
+        if not self._conn.get_autocommit():  # inside a transaction: its changes may yet be rolled back
+            return self._read(prefix)
+        version = (int(self._conn.execute("PRAGMA data_version").fetchone()[0]), self._conn.total_changes())
+        if version != self._version or len(self._held) >= BLOCKS:
+            self._version, self._held = version, {}
+        if prefix not in self._held:
+            self._held[prefix] = self._read(prefix)
+        return self._held[prefix]
+
+    def _read(self, prefix: str) -> dict[str, int]:
+        if not self._made:
+            self._conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {TABLE} USING fts5vocab(main, chunks_fts, row)")
+            self._made = True
+        after = prefix[:-1] + chr(min(ord(prefix[-1]) + 1, 0x10FFFF))
+        return {str(term): int(doc) for term, doc in self._conn.execute(
+            f"SELECT term, doc FROM {TABLE} WHERE term >= ? AND term < ? LIMIT ?", (prefix, after, ROWS))}
