@@ -251,7 +251,10 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         else:
             try:
                 import os
-                vec = unit(provider.embed_query(plan.meant(query) if os.environ.get("CLAWMEM_EXP_MEANT") else query))
+                exp = os.environ.get("CLAWMEM_EXP_MEANT")
+                text = query if not exp else (plan.meant(query) if exp == "1" else
+                                              " ".join([query, *(c.meant[0] for c in plan.corrections)]))
+                vec = unit(provider.embed_query(text))
             except ClawmemError as exc:
                 vec, degraded = None, f"embedding the query failed ({exc}): keyword results only"
             blob = None if vec is None else pack(vec)

@@ -202,6 +202,20 @@ def test_search_explain_on_the_command_line(ws: Path) -> None:
     assert data["results"][0]["explain"]["keyword_rank"] == 1
 
 
+def test_search_says_how_it_read_the_query(ws: Path) -> None:
+    (ws / "memory" / "2026-11-24.md").write_text("# Log\n- moved the staging server to zephyr\n")
+    assert clawmem("index", cwd=ws).returncode == 0
+    for command in ("search", "context"):
+        out = clawmem(command, "--now", "2026-11-25", "stagng", "yesterday", cwd=ws)
+        assert out.returncode == 0, out.stderr
+        assert "clawmem: note: read 'yesterday' as 2026-11-24 (notes dated near it first)" in out.stderr
+        assert "clawmem: note: read 'stagng' as 'staging'" in out.stderr
+    out = clawmem("search", "--explain", "--now", "2026-11-25", "staging", "yesterday", cwd=ws)
+    assert "memory/2026-11-24.md" in out.stdout.splitlines()[0] and ", date 1.00," in out.stdout
+    bad = clawmem("search", "--now", "tomorrow-ish", "staging", cwd=ws)
+    assert bad.returncode != 0 and "'now' must be an ISO date" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_a_search_says_what_its_answer_does_not_cover_yet(ws: Path) -> None:
     assert clawmem("index", cwd=ws).returncode == 0
     out = clawmem("search", "staging", "server", cwd=ws)
