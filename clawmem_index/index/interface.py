@@ -125,7 +125,8 @@ class IndexStore(Protocol):
 
     def dated_chunks(self, where: ChunkFilter, middle: str, limit: int) -> list[TextHit]:
         """Up to `limit` dated chunks `where` passes (a window of days), nearest to the day `middle` first, then by
-        seq; their bm25 is 0 (they are listed for their date, not for a keyword)."""
+        seq; their text is left out ("": a busy window holds many) and their bm25 is 0 (listed for their date, not for
+        a keyword)."""
         ...
 
     def vocabulary(self, prefix: str) -> dict[str, int]:

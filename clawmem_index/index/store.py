@@ -231,10 +231,11 @@ class Store:
 
     def dated_chunks(self, where: ChunkFilter, middle: str, limit: int) -> list[TextHit]:
         """Up to `limit` dated chunks `where` passes (a window of days), nearest to the day `middle` first, then by
-        seq; their bm25 is 0 (they are listed for their date, not for a keyword)."""
+        seq; their text is left out ("": a busy window holds many) and their bm25 is 0 (listed for their date, not for
+        a keyword)."""
         condition, args = where.sql("w")
         rows = self.conn.execute(
-            "SELECT w.seq, w.path, w.source, w.start_line, w.end_line, w.text, w.date FROM chunks AS w"
+            "SELECT w.seq, w.path, w.source, w.start_line, w.end_line, '', w.date FROM chunks AS w"
             f" WHERE {condition} AND w.date IS NOT NULL"
             " ORDER BY abs(julianday(w.date) - julianday(:middle)), w.seq LIMIT :limit",
             {**args, "middle": middle, "limit": limit})

@@ -234,12 +234,19 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
     def prior_of(dates: tuple[DateMention, ...]) -> DatePrior:
         return DatePrior(dates, settings.date_weight, settings.date_half_life_days, settings.date_window_days)
 
+    windows: dict[DateMention, list[tuple[list[TextHit], float]]] = {}  # each date's dated chunks, as read
+
+    def has_notes(mention: DateMention) -> bool:
+        """Whether the index has a note dated near `mention` (a date with none stays words)."""
+        one = prior_of((mention,))
+        windows[mention] = [_window(store, one, window, middle, settings.candidate_cap)
+                            for window, middle in one.windows(where)]
+        return any(listed for listed, _ in windows[mention])
+
     plan = plan_query(query, store.vocabulary if settings.correct_typos and mode != "vector" else None,
-                      _today(request.now) if settings.date_weight else None,
-                      lambda mention: any(store.dated_chunks(window, middle, 1)
-                                          for window, middle in prior_of((mention,)).windows(where)))
+                      _today(request.now) if settings.date_weight else None, has_notes)
     prior = prior_of(plan.dates) if plan.dates else None
-    dated, dated_bound = _dated(store, prior, where, settings.candidate_cap)
+    dated, dated_bound = _dated(prior, [read for m in plan.dates for read in windows[m]])
     if mode == "hybrid" and settings.early_return_ratio and _keywords_decide(store, plan, where,
                                                                             settings.early_return_ratio):
         mode = "bm25"
@@ -309,6 +316,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
                            min_score=min_score)
             ranked = _passing(pools.candidates, min_score)
             effective = "prefix" if ranked else effective
+    _with_text(store, ranked, want)
     for place, c in enumerate(ranked, start=1):
         c.before_mmr = place
     if settings.mmr_lambda:
@@ -428,20 +436,32 @@ def _exp_overlap(store: Store, plan: QueryPlan, b: float, inner: Callable[[Candi
     return factor
 
 
-def _dated(store: Store, prior: DatePrior | None, where: ChunkFilter, cap: int) -> tuple[list[TextHit], float]:
-    """The chunks dated within the prior's windows (nearest first, at most `cap` a window), and the closeness a
-    chunk left off can have at most (0: every window was read whole)."""
+def _window(store: Store, prior: DatePrior, window: ChunkFilter, middle: str, cap: int) -> tuple[list[TextHit], float]:
+    """One window's dated chunks (nearest `middle` first, at most `cap`, their text not read) and the closeness a
+    chunk of the window left off can have at most (0: it was read whole)."""
+    listed = store.dated_chunks(window, middle, cap)
+    return listed, prior.closeness(listed[-1].date) if len(listed) >= cap else 0.0
+
+
+def _dated(prior: DatePrior | None, windows: list[tuple[list[TextHit], float]]) -> tuple[list[TextHit], float]:
+    """The chunks dated within the prior's windows, once each, and the closeness a chunk left off can have at most."""
     if prior is None:
         return [], 0.0
     hits: dict[int, TextHit] = {}
-    bound = 0.0
-    for window, middle in prior.windows(where):
-        listed = store.dated_chunks(window, middle, cap)
+    for listed, _ in windows:
         for hit in listed:
             hits.setdefault(hit.seq, hit)
-        if len(listed) >= cap:
-            bound = max(bound, prior.closeness(listed[-1].date))
-    return list(hits.values()), bound
+    return list(hits.values()), max((bound for _, bound in windows), default=0.0)
+
+
+def _with_text(store: Store, ranked: list[Candidate], upto: int) -> None:
+    """Read the text of the first `upto` candidates listed only for their date (`dated_chunks` leaves it out:
+    a window of busy days holds many chunks, and only an answer's few are shown)."""
+    missing = [c for c in ranked[:upto] if not c.text]
+    if missing:
+        texts = {hit.seq: hit.text for hit in store.text_hits([(c.seq, 0.0) for c in missing])}
+        for c in missing:
+            c.text = texts.get(c.seq, "")
 
 
 def _decay(store: Store, settings: SearchSettings, today: dt.date | None) -> Callable[[Candidate], float]:

@@ -40,11 +40,12 @@ class Live:
             f" WHERE c.seq = ANY(%(seqs)s) AND {scope}", {**args, "seqs": seqs})}
 
     def dated(self, where: ChunkFilter, middle: str, limit: int) -> list[TextHit]:
-        """Up to `limit` dated chunks in scope `where` passes, nearest to the day `middle` first, then by seq."""
+        """Up to `limit` dated chunks in scope `where` passes, nearest to the day `middle` first, then by seq (their
+        text left out)."""
         scope, args = self.sql("c")
         condition, filter_args = filter_sql(where, "c")
         rows = self.conn.execute(
-            "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, c.date, c.workspace FROM cm_chunks AS c"
+            "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, '', c.date, c.workspace FROM cm_chunks AS c"
             f" WHERE {scope} AND {condition} AND c.date IS NOT NULL"
             " ORDER BY abs(c.date::date - %(middle)s::date), c.seq LIMIT %(limit)s",
             {**args, **filter_args, "middle": middle, "limit": limit}).fetchall()
