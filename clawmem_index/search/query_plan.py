@@ -7,7 +7,6 @@ a person sees that "adoptiom" was also read as "adoption", and `--explain` print
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -24,13 +23,6 @@ class QueryPlan:
     words: str  # the query without the words of its dates (what the keyword side and its fallback read)
     corrections: tuple[Correction, ...] = ()
     dates: tuple[DateMention, ...] = ()
-
-    def meant(self, query: str) -> str:
-        """The query with each typo replaced by the word it is first read as (what the vector side embeds)."""
-        if not self.corrections:
-            return query
-        first = {c.word: c.meant[0] for c in self.corrections}
-        return re.sub(r"\w+", lambda m: first.get(m.group().lower(), m.group()), query)
 
     def as_dict(self) -> dict[str, object]:
         """What the answer says of how the query was read (empty: as typed)."""

@@ -257,11 +257,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
             degraded = "no vectors stored yet (still being made, or none made so far): keyword results only"
         else:
             try:
-                import os
-                exp = os.environ.get("CLAWMEM_EXP_MEANT")
-                text = query if not exp else (plan.meant(query) if exp == "1" else
-                                              " ".join([query, *(c.meant[0] for c in plan.corrections)]))
-                vec = unit(provider.embed_query(text))
+                vec = unit(provider.embed_query(query))  # as typed: embedding the typos' readings gained nothing
             except ClawmemError as exc:
                 vec, degraded = None, f"embedding the query failed ({exc}): keyword results only"
             blob = None if vec is None else pack(vec)
@@ -282,9 +278,6 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         date_weight=0.0 if prior is None else prior.weight, dated_bound=dated_bound,
     )
     factor = _decay(store, settings, today)
-    import os
-    if os.environ.get("CLAWMEM_EXP_OVERLAP") and plan.match:
-        factor = _exp_overlap(store, plan, float(os.environ["CLAWMEM_EXP_OVERLAP"]), factor)
     want = max(limit, settings.mmr_pool if settings.mmr_lambda else 0)
     if mode == "hybrid" and settings.fusion == "rrf":
         cands = fuse_rrf(read_fixed(sides, settings.candidate_pool), settings.rrf_k)
@@ -404,36 +397,6 @@ def _keywords_decide(store: Store, plan: QueryPlan, where: ChunkFilter, ratio: f
     if not top:
         return False
     return len(top) == 1 or -top[0].bm25 >= ratio * max(0.0, -top[1].bm25)
-
-
-def _exp_overlap(store: Store, plan: QueryPlan, b: float, inner: Callable[[Candidate], float]) -> Callable[[Candidate], float]:
-    """Experiment: a rarity-weighted overlap factor, 1 - b x (1 - the share of the query's IDF the chunk holds)."""
-    import math
-
-    from clawmem_index.text.keywords import query_terms
-    from clawmem_index.text.stemming import stem, tokens
-
-    n = max(1, store.counts()[1])
-    weights: dict[str, float] = {}
-    for term in query_terms(plan.words):
-        s = stem(term)
-        if s is None or len(s) < 2:
-            continue
-        df = store.vocabulary(s[:2]).get(s, 0)
-        if df:
-            weights[s] = max(0.01, math.log((n - df + 0.5) / (df + 0.5)))
-    total = sum(weights.values())
-    if not total:
-        return inner
-    seen: dict[int, float] = {}
-
-    def factor(c: Candidate) -> float:
-        if c.seq not in seen:
-            held = set(tokens(c.text))
-            seen[c.seq] = 1.0 - b * (1.0 - sum(w for s, w in weights.items() if s in held) / total)
-        return seen[c.seq] * inner(c)
-
-    return factor
 
 
 def _window(store: Store, prior: DatePrior, window: ChunkFilter, middle: str, cap: int) -> tuple[list[TextHit], float]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["build_match", "build_prefix_match", "index_text", "match_of", "quoted_spans", "query_terms"]
+__all__ = ["build_match", "build_prefix_match", "index_text", "match_of", "query_terms", "quoted_spans"]
 
 _CJK = (
     "\u3040-\u30ff"  # hiragana, katakana
