@@ -87,13 +87,15 @@ def vector_similarity(distance: float) -> float:
 
 def gather(sides: Sides, *, weights: tuple[float, float], want: int, pool: int, cap: int,
            factor: Callable[[Candidate], float], min_score: float, text_exponent: float = 1.0) -> Pools:
-    """Candidates with both sides' scores and `score = (wt*text**text_exponent + wv*vector) * factor`,
-    deep enough for `want` (`text`: BM25 relative to the best hit's, 0..1).
+    """Candidates with both sides' scores and `score = ((1-wd)*(wt*text**text_exponent + wv*vector) + wd*closeness)
+    * factor`, deep enough for `want` (`text`: BM25 relative to the best hit's, 0..1; `wd`, `closeness`: the
+    days the query names, `sides.date_weight`, 0 when it names none; the dated chunks are candidates too).
 
     `weights` = (text, vector), summing to 1; `factor` (decay) is at most 1. An exponent below 1 lifts
     the keyword side's middling matches (any power keeps its order, so the bounds below hold). The
     text side is read at least `sides.text_ahead` deep: its lower bound then lets the vector side stop
-    sooner. Stops once `want` distinct citations score above what an unseen chunk could (or
+    sooner. An unseen chunk's closeness is at most `sides.dated_bound` (0 when the dated list is whole).
+    Stops once `want` distinct citations score above what an unseen chunk could (or
     `min_score` bars every unseen chunk, or both lists are exhausted), or at depth `cap` (then
     `proven` is False).
     """
