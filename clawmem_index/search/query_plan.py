@@ -44,7 +44,9 @@ def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int]] | None
                   and (dated is None or dated(m))) if today is not None else ()
     words = without_dates(query, list(dates)) if dates else query
     terms = query_terms(words)
-    corrections = tuple(correct(terms, vocabulary)) if vocabulary is not None else ()
+    as_typed = {t for a, b in quoted for t in query_terms(query[a:b].strip("\"\u201c\u201d"))}  # words in quotes
+    corrections = tuple(correct([t for t in terms if t not in as_typed], vocabulary)) \
+        if vocabulary is not None else ()
     if corrections:
         meant = {c.word: c.meant for c in corrections}
         terms = [t for term in terms for t in (term, *meant.get(term, ()))]

@@ -198,7 +198,11 @@ def iso_date(value: str | None, name: str) -> str | None:
 def _today(now: str | None) -> dt.date:
     """The day a query's relative dates count from: the request's `now`, else this machine's today."""
     day = iso_date(now, "now")
-    return dt.date.fromisoformat(day) if day else dt.date.today()
+    if day is None:
+        return dt.date.today()
+    if not "1900" <= day < "2101":
+        raise QueryError(f"'now' must be a date between 1900 and 2100, not {day}")
+    return dt.date.fromisoformat(day)
 
 
 def snippet(text: str, limit: int) -> str:

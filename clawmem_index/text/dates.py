@@ -95,7 +95,12 @@ def find_dates(query: str, today: dt.date, lexicon: Lexicon = ENGLISH) -> list[D
             span = match.span()
             if any(span[0] < end and start < span[1] for start, end in taken):
                 continue
-            days = reader.read(match, today)
+            try:
+                days = reader.read(match, today)
+            except (KeyError, OverflowError, ValueError):
+                # KeyError: a letter the pattern matched without case that lower() does not map to the
+                # lexicon's ("Frıday", "ſunday"); the others: a day out of the calendar's range
+                continue
             if days is None:
                 continue
             taken.append(span)

@@ -39,5 +39,16 @@ def stems(words: list[str]) -> list[str | None]:
     tokenizer: one call a word costs ~10 µs in calls alone, and a typo has ~450 candidates."""
     if not words or any(not word.isalpha() for word in words):
         return [stem(word) for word in words]
-    found = tokens(" ".join(words), query=True)
-    return found if len(found) == len(words) else [stem(word) for word in words]
+    if getattr(_local, "tokenizer", None) is None:
+        tokens("")
+    joined = " ".join(words)
+    starts, at = [], 0
+    for word in words:
+        starts.append(at)
+        at += len(word.encode()) + 1
+    found = _local.tokenizer(joined.encode(), apsw.FTS5_TOKENIZE_QUERY, None, include_offsets=True,
+                             include_colocated=False)
+    if len(found) == len(words) and all(token[0] == start for token, start in zip(found, starts, strict=True)):
+        return [token[2] for token in found]  # one token a word, each where its word begins
+    # a word FTS5 splits or drops (a letter Python counts as one and FTS5 as a separator) has no one stem
+    return [stem(word) for word in words]

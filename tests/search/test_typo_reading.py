@@ -72,3 +72,10 @@ def test_words_in_quotes_are_taken_as_typed() -> None:
     plan = plan_query('"stagng march 3" notes', vocabulary, dt.date(2026, 11, 28))
     assert plan.dates == () and plan.corrections == ()
     assert plan.match == '"stagng march 3" OR "notes"'
+
+
+def test_a_quoted_word_is_taken_as_typed() -> None:
+    vocabulary = Vocabulary({"adoption": 3})
+    assert plan_query('"adoptiom"', vocabulary).corrections == ()
+    assert plan_query("“adoptiom” plans", vocabulary).corrections == ()
+    assert plan_query("adoptiom plans", vocabulary).corrections[0].meant == ("adoption",)

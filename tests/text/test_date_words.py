@@ -90,3 +90,9 @@ def test_any_text_is_read_without_error_and_its_dates_lie_in_it(text: str) -> No
     for mention in find_dates(text, TODAY):
         assert text[mention.span[0]:mention.span[1]].strip() == mention.text
         assert mention.first <= mention.last
+
+
+def test_letters_that_only_match_without_case_and_days_out_of_range_are_no_dates() -> None:
+    assert find_dates("notes from Frıday, ſunday, FRİDAY, tonıght", TODAY) == []
+    assert [m.text for m in find_dates("yesterday and next week", dt.date(1, 1, 1))] == ["next week"]
+    assert find_dates("tomorrow", dt.date(9999, 12, 31)) == []

@@ -38,3 +38,7 @@ def test_words_are_stemmed_as_the_keyword_index_keeps_them() -> None:
     words = edits("memroy")
     assert stems(words) == [stem(w) for w in words]
     assert stems(["a-b", "staging"]) == [None, "stage"]  # not one word each: one at a time
+
+
+def test_a_word_fts5_splits_has_no_stem_among_others() -> None:
+    assert stems(["ab\u19b0cd", "\u19b0" * 4, "tests"]) == [None, None, "test"]  # U+19B0: a letter, an FTS5 separator
