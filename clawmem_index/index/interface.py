@@ -123,15 +123,16 @@ class IndexStore(Protocol):
         """The BM25 score each of `seqs` gets for `match` in any search (absent: it does not match)."""
         ...
 
-    def dated_chunks(self, where: ChunkFilter, middle: str, limit: int) -> list[TextHit]:
-        """Up to `limit` dated chunks `where` passes (a window of days), nearest to the day `middle` first, then by
+    def dated_chunks(self, where: ChunkFilter, first: str, last: str, limit: int) -> list[TextHit]:
+        """Up to `limit` dated chunks `where` passes (a window of days), nearest to the days `first` to `last` first (0 days within them), then by
         seq; their text is left out ("": a busy window holds many) and their bm25 is 0 (listed for their date, not for
         a keyword)."""
         ...
 
-    def vocabulary(self, prefix: str) -> dict[str, int]:
+    def vocabulary(self, prefix: str) -> dict[str, int] | None:
         """The stems (clawmem_index.text.stemming) the keyword index holds that begin with `prefix`, each
-        with how many chunks hold it: what a misspelled query word is corrected against."""
+        with how many chunks hold it: what a misspelled query word is corrected against (None: too many do to read
+        at once; ask a longer prefix)."""
         ...
 
     def vector_distances_of(self, query_blob: bytes, seqs: Sequence[int]) -> dict[int, float]:

@@ -229,20 +229,21 @@ class Store:
         """The `TextHit`s of (seq, bm25) pairs, in their order (a chunk deleted meanwhile is left out)."""
         return self.keywords.hits(ranked)
 
-    def dated_chunks(self, where: ChunkFilter, middle: str, limit: int) -> list[TextHit]:
-        """Up to `limit` dated chunks `where` passes (a window of days), nearest to the day `middle` first, then by
+    def dated_chunks(self, where: ChunkFilter, first: str, last: str, limit: int) -> list[TextHit]:
+        """Up to `limit` dated chunks `where` passes (a window of days), nearest to the days `first` to `last` first (0 days within them), then by
         seq; their text is left out ("": a busy window holds many) and their bm25 is 0 (listed for their date, not for
         a keyword)."""
         condition, args = where.sql("w")
         rows = self.conn.execute(
             "SELECT w.seq, w.path, w.source, w.start_line, w.end_line, '', w.date FROM chunks AS w"
             f" WHERE {condition} AND w.date IS NOT NULL"
-            " ORDER BY abs(julianday(w.date) - julianday(:middle)), w.seq LIMIT :limit",
-            {**args, "middle": middle, "limit": limit})
+            " ORDER BY max(julianday(:first) - julianday(w.date), julianday(w.date) - julianday(:last), 0), w.seq"
+            " LIMIT :limit", {**args, "first": first, "last": last, "limit": limit})
         return [TextHit(*row[:6], 0.0, row[6]) for row in rows]
 
-    def vocabulary(self, prefix: str) -> dict[str, int]:
-        """The stems the keyword index holds that begin with `prefix`, each with how many chunks hold it."""
+    def vocabulary(self, prefix: str) -> dict[str, int] | None:
+        """The stems the keyword index holds that begin with `prefix`, each with how many chunks hold it (None:
+        too many do to read at once; ask a longer prefix)."""
         return self.stems.stems(prefix)
 
     def text_scores_of(self, match: str, seqs: Iterable[int]) -> dict[int, float]:

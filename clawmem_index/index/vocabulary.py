@@ -15,7 +15,7 @@ __all__ = ["FtsVocabulary"]
 
 TABLE = "temp.clawmem_fts_terms"
 BLOCKS = 256  # prefixes whose stems are kept per version of the index
-ROWS = 20_000  # stems read for one prefix at most
+ROWS = 5_000  # stems read for one prefix at most (more: None, and the caller asks a longer prefix)
 
 
 class FtsVocabulary:
@@ -25,10 +25,10 @@ class FtsVocabulary:
         self._conn = conn
         self._made = False
         self._version: tuple[int, int] | None = None
-        self._held: dict[str, dict[str, int]] = {}
+        self._held: dict[str, dict[str, int] | None] = {}
 
-    def stems(self, prefix: str) -> dict[str, int]:
-        """The stems that begin with `prefix`, each with how many chunks hold it."""
+    def stems(self, prefix: str) -> dict[str, int] | None:
+        """The stems that begin with `prefix`, each with how many chunks hold it (None: more than ROWS do)."""
         if not prefix:
             return {}
         if not self._conn.get_autocommit():  # inside a transaction: its changes may yet be rolled back
@@ -40,10 +40,11 @@ class FtsVocabulary:
             self._held[prefix] = self._read(prefix)
         return self._held[prefix]
 
-    def _read(self, prefix: str) -> dict[str, int]:
+    def _read(self, prefix: str) -> dict[str, int] | None:
         if not self._made:
             self._conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {TABLE} USING fts5vocab(main, chunks_fts, row)")
             self._made = True
         after = prefix[:-1] + chr(min(ord(prefix[-1]) + 1, 0x10FFFF))
-        return {str(term): int(doc) for term, doc in self._conn.execute(
-            f"SELECT term, doc FROM {TABLE} WHERE term >= ? AND term < ? LIMIT ?", (prefix, after, ROWS))}
+        found = {str(term): int(doc) for term, doc in self._conn.execute(
+            f"SELECT term, doc FROM {TABLE} WHERE term >= ? AND term < ? LIMIT ?", (prefix, after, ROWS + 1))}
+        return None if len(found) > ROWS else found

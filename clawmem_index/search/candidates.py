@@ -61,10 +61,11 @@ class Sides:
     text_of: Callable[[list[int]], dict[int, float]] | None = None  # seq -> bm25 (negative: better is lower)
     vector_of: Callable[[list[int]], dict[int, float]] | None = None  # seq -> cosine distance
     text_ahead: int = 0  # the text side's least read depth (reading it deeper costs less than the vector side)
-    dated: Sequence[TextHit] = ()  # the chunks dated near the days the query names (search.dates), read once
+    # The chunks dated near the days the query names (search.dates), nearest first, and the closeness one not
+    # among them can have at most (0: none is left).
+    dated: Callable[[int], tuple[Sequence[TextHit], float]] | None = None
     closeness: Callable[[str | None], float] | None = None  # a chunk's closeness to those days, by its date
     date_weight: float = 0.0  # the share of the fused score closeness takes
-    dated_bound: float = 0.0  # the closeness a chunk not in `dated` can have at most
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def gather(sides: Sides, *, weights: tuple[float, float], want: int, pool: int, 
     `weights` = (text, vector), summing to 1; `factor` (decay) is at most 1. An exponent below 1 lifts
     the keyword side's middling matches (any power keeps its order, so the bounds below hold). The
     text side is read at least `sides.text_ahead` deep: its lower bound then lets the vector side stop
-    sooner. An unseen chunk's closeness is at most `sides.dated_bound` (0 when the dated list is whole).
+    sooner. An unseen chunk's closeness is at most the dated list's bound (0 when it was read whole).
     Stops once `want` distinct citations score above what an unseen chunk could (or
     `min_score` bars every unseen chunk, or both lists are exhausted), or at depth `cap` (then
     `proven` is False).
@@ -106,7 +107,8 @@ def gather(sides: Sides, *, weights: tuple[float, float], want: int, pool: int, 
         text_depth = min(cap, max(depth, sides.text_ahead))
         text_hits = list(sides.text(text_depth)) if sides.text is not None and wt > 0 else []
         vector_hits = list(sides.vector(depth)) if sides.vector is not None and wv > 0 else []
-        cands = _merge(text_hits, vector_hits, sides)
+        dated_hits, dated_bound = sides.dated(depth) if sides.dated is not None else ((), 0.0)
+        cands = _merge(text_hits, vector_hits, dated_hits, sides.closeness)
         best = text_relevance(text_hits[0].bm25) if text_hits else 0.0
         text_done = sides.text is None or wt == 0 or len(text_hits) < text_depth
         vector_done = sides.vector is None or wv == 0 or len(vector_hits) < depth
@@ -117,8 +119,8 @@ def gather(sides: Sides, *, weights: tuple[float, float], want: int, pool: int, 
             c.score = c.fused * factor(c)
         bound = (1.0 - wd) * (
             (0.0 if text_done else wt * _norm(text_relevance(text_hits[-1].bm25), best) ** text_exponent)
-            + (0.0 if vector_done else wv * vector_similarity(vector_hits[-1].distance))) + wd * sides.dated_bound
-        proven = (text_done and vector_done) or bound < min_score or \
+            + (0.0 if vector_done else wv * vector_similarity(vector_hits[-1].distance))) + wd * dated_bound
+        proven = (text_done and vector_done and not dated_bound) or bound < min_score or \
             len({c.citation for c in cands if c.fused >= min_score and c.score > bound}) >= want
         if proven or depth >= cap:
             for c in cands:
@@ -131,7 +133,8 @@ def read_fixed(sides: Sides, depth: int) -> list[Candidate]:
     """Both lists read to `depth` with each side's rank (for RRF), text scores relative to the best."""
     text_hits = list(sides.text(depth)) if sides.text is not None else []
     vector_hits = list(sides.vector(depth)) if sides.vector is not None else []
-    cands = _merge(text_hits, vector_hits, sides)
+    dated_hits = sides.dated(depth)[0] if sides.dated is not None else ()
+    cands = _merge(text_hits, vector_hits, dated_hits, sides.closeness)
     best = text_relevance(text_hits[0].bm25) if text_hits else 0.0
     for c in cands:
         if c.text_score is not None:
@@ -148,7 +151,8 @@ def _norm(relevance: float | None, best: float) -> float:
     return relevance / best
 
 
-def _merge(text_hits: Sequence[TextHit], vector_hits: Sequence[VectorHit], sides: Sides) -> list[Candidate]:
+def _merge(text_hits: Sequence[TextHit], vector_hits: Sequence[VectorHit], dated_hits: Sequence[TextHit],
+           closeness: Callable[[str | None], float] | None) -> list[Candidate]:
     """One candidate per chunk (the dated list's too); `text_score` holds the raw relevance (-bm25) until
     normalised; each has its closeness to the days the query names."""
     by_seq: dict[int, Candidate] = {}
@@ -163,13 +167,13 @@ def _merge(text_hits: Sequence[TextHit], vector_hits: Sequence[VectorHit], sides
                                                 vhit.text, date=vhit.date, workspace=vhit.workspace)
         cand.vector_score = vector_similarity(vhit.distance)
         cand.vector_rank = rank
-    for dhit in sides.dated:  # not keyword hits: their keyword score is filled in like a vector candidate's
+    for dhit in dated_hits:  # not keyword hits: their keyword score is filled in like a vector candidate's
         if dhit.seq not in by_seq:
             by_seq[dhit.seq] = Candidate(dhit.seq, dhit.path, dhit.source, dhit.start_line, dhit.end_line, dhit.text,
                                          date=dhit.date, workspace=dhit.workspace)
-    if sides.closeness is not None:
+    if closeness is not None:
         for cand in by_seq.values():
-            cand.closeness = sides.closeness(cand.date)
+            cand.closeness = closeness(cand.date)
     return list(by_seq.values())
 
 

@@ -47,18 +47,18 @@ class DatePrior:
                 best = max(best, 0.5 ** (off / self.half_life))
         return best
 
-    def windows(self, where: ChunkFilter) -> list[tuple[ChunkFilter, str]]:
-        """Per mention: the filter of its window within `where`, and the day its chunks are read nearest to
-        (none when `where` leaves nothing of the window)."""
-        out: list[tuple[ChunkFilter, str]] = []
+    def windows(self, where: ChunkFilter) -> list[tuple[ChunkFilter, str, str]]:
+        """Per mention: the filter of its window within `where`, and the days it names (first, last), which the
+        window's chunks are read nearest to (none when `where` leaves nothing of the window)."""
+        out: list[tuple[ChunkFilter, str, str]] = []
         for mention in self.mentions:
             since = (mention.first - dt.timedelta(days=self.window)).isoformat()
             before = (mention.last + dt.timedelta(days=self.window + 1)).isoformat()
             since = max(since, where.since) if where.since else since
             before = min(before, where.before) if where.before else before
             if since < before:
-                middle = mention.first + (mention.last - mention.first) / 2
-                out.append((ChunkFilter(where.path_prefix, where.source, since, before), middle.isoformat()))
+                out.append((ChunkFilter(where.path_prefix, where.source, since, before), mention.first.isoformat(),
+                            mention.last.isoformat()))
         return out
 
     def as_dicts(self) -> list[dict[str, str]]:

@@ -14,7 +14,9 @@ from clawmem_index.search.spelling import Correction, correct
 from clawmem_index.text.dates import DateMention, find_dates, without_dates
 from clawmem_index.text.keywords import match_of, query_terms, quoted_spans
 
-__all__ = ["QueryPlan", "plan_query"]
+__all__ = ["MAX_DATES", "QueryPlan", "plan_query"]
+
+MAX_DATES = 4  # ranges of days a query's prior pulls toward (a query of 500 "yesterday"s reads one window)
 
 
 @dataclass(frozen=True)
@@ -34,15 +36,21 @@ class QueryPlan:
         return data
 
 
-def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int]] | None,
+def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int] | None] | None,
                today: dt.date | None = None, dated: Callable[[DateMention], bool] | None = None) -> QueryPlan:
     """`vocabulary`: the index's stems by prefix (`IndexStore.vocabulary`), None to read no typo; `today`: the
     day relative dates count from, None to read no date (its words are then keywords); `dated`: whether the
     index has a note near a date (one it has nothing near is left as words: "moved here 4 years ago")."""
     quoted = quoted_spans(query)
-    dates = tuple(m for m in find_dates(query, today) if not any(a <= m.span[0] < b for a, b in quoted)
-                  and (dated is None or dated(m))) if today is not None else ()
-    words = without_dates(query, list(dates)) if dates else query
+    found = [m for m in find_dates(query, today) if not any(a <= m.span[0] < b for a, b in quoted)] \
+        if today is not None else []
+    days: dict[tuple[dt.date, dt.date], DateMention] = {}  # each range of days once, at most MAX_DATES
+    for mention in found:
+        key = (mention.first, mention.last)
+        if key not in days and len(days) < MAX_DATES and (dated is None or dated(mention)):
+            days[key] = mention
+    dates = tuple(days.values())
+    words = without_dates(query, [m for m in found if (m.first, m.last) in days]) if dates else query
     terms = query_terms(words)
     as_typed = {t for a, b in quoted for t in query_terms(query[a:b].strip("\"\u201c\u201d"))}  # words in quotes
     corrections = tuple(correct([t for t in terms if t not in as_typed], vocabulary)) \

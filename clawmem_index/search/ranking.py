@@ -238,19 +238,14 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
     def prior_of(dates: tuple[DateMention, ...]) -> DatePrior:
         return DatePrior(dates, settings.date_weight, settings.date_half_life_days, settings.date_window_days)
 
-    windows: dict[DateMention, list[tuple[list[TextHit], float]]] = {}  # each date's dated chunks, as read
-
     def has_notes(mention: DateMention) -> bool:
         """Whether the index has a note dated near `mention` (a date with none stays words)."""
-        one = prior_of((mention,))
-        windows[mention] = [_window(store, one, window, middle, settings.candidate_cap)
-                            for window, middle in one.windows(where)]
-        return any(listed for listed, _ in windows[mention])
+        return any(store.dated_chunks(window, first, last, 1) for window, first, last in
+                   prior_of((mention,)).windows(where))
 
     plan = plan_query(query, store.vocabulary if settings.correct_typos and mode != "vector" else None,
                       _today(request.now) if settings.date_weight else None, has_notes)
     prior = prior_of(plan.dates) if plan.dates else None
-    dated, dated_bound = _dated(prior, [read for m in plan.dates for read in windows[m]])
     if mode == "hybrid" and settings.early_return_ratio and _keywords_decide(store, plan, where,
                                                                             settings.early_return_ratio):
         mode = "bm25"
@@ -278,8 +273,8 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         text_of=None if keywords is None else keywords.scores_of,
         vector_of=None if vector_blob is None else lambda seqs: store.vector_distances_of(vector_blob, seqs),
         text_ahead=TEXT_AHEAD if vector_blob is not None and store.vectors_in_cells() else 0,
-        dated=dated, closeness=None if prior is None else prior.closeness,
-        date_weight=0.0 if prior is None else prior.weight, dated_bound=dated_bound,
+        dated=None if prior is None else _DatedSide(store, prior, where).hits,
+        closeness=None if prior is None else prior.closeness, date_weight=0.0 if prior is None else prior.weight,
     )
     factor = _decay(store, settings, today)
     want = max(limit, settings.mmr_pool if settings.mmr_lambda else 0)
@@ -403,22 +398,33 @@ def _keywords_decide(store: Store, plan: QueryPlan, where: ChunkFilter, ratio: f
     return len(top) == 1 or -top[0].bm25 >= ratio * max(0.0, -top[1].bm25)
 
 
-def _window(store: Store, prior: DatePrior, window: ChunkFilter, middle: str, cap: int) -> tuple[list[TextHit], float]:
-    """One window's dated chunks (nearest `middle` first, at most `cap`, their text not read) and the closeness a
-    chunk of the window left off can have at most (0: it was read whole)."""
-    listed = store.dated_chunks(window, middle, cap)
-    return listed, prior.closeness(listed[-1].date) if len(listed) >= cap else 0.0
+class _DatedSide:
+    """The chunks dated within the days a query names (their windows), nearest first, read ahead as the vector
+    side is; with the closeness a chunk not yet read can have at most (0: every window was read whole)."""
 
+    def __init__(self, store: Store, prior: DatePrior, where: ChunkFilter) -> None:
+        self._store, self._prior = store, prior
+        self._windows = prior.windows(where)
+        self._read = 0
+        self._hits: list[TextHit] = []
+        self._bound = 0.0
 
-def _dated(prior: DatePrior | None, windows: list[tuple[list[TextHit], float]]) -> tuple[list[TextHit], float]:
-    """The chunks dated within the prior's windows, once each, and the closeness a chunk left off can have at most."""
-    if prior is None:
-        return [], 0.0
-    hits: dict[int, TextHit] = {}
-    for listed, _ in windows:
-        for hit in listed:
-            hits.setdefault(hit.seq, hit)
-    return list(hits.values()), max((bound for _, bound in windows), default=0.0)
+    def hits(self, depth: int) -> tuple[list[TextHit], float]:
+        if depth > self._read:
+            self._read = depth * READ_AHEAD
+            found: dict[int, TextHit] = {}
+            self._bound = 0.0
+            for window, first, last in self._windows:
+                listed = self._store.dated_chunks(window, first, last, self._read)
+                for hit in listed:
+                    found.setdefault(hit.seq, hit)
+                if len(listed) >= self._read:
+                    self._bound = max(self._bound, self._prior.closeness(listed[-1].date))
+            self._hits = sorted(found.values(), key=lambda h: (-self._prior.closeness(h.date), h.seq))
+        cut = self._hits[:depth]
+        if len(self._hits) > depth:  # read ahead: the next one's closeness bounds the rest read
+            return cut, max(self._bound, self._prior.closeness(self._hits[depth].date))
+        return cut, self._bound
 
 
 def _with_text(store: Store, ranked: list[Candidate], upto: int) -> None:

@@ -8,7 +8,8 @@ matches nothing, so exact words keep every point they had).
 
 The index is asked for its stems a two-letter block at a time (one range scan of its vocabulary,
 kept until the index changes): the block the word begins with, and the few a typo in its second
-letter leads to (a swap with the third, a dropped second letter, a neighbouring key). A typo in a
+letter leads to (a swap with the third, a dropped second letter, a neighbouring key). A block too
+big to read whole (thousands of ids beginning "de") is read three letters at a time, and so on. A typo in a
 word's first letter is not corrected: reading every block would cost a scan of the whole vocabulary.
 """
 
@@ -35,21 +36,28 @@ class Correction:
         return {"word": self.word, "read_as": list(self.meant)}
 
 
-def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int]]) -> list[Correction]:
+def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int] | None]) -> list[Correction]:
     """The corrections of `words` (lower-case query words) against an index whose stems beginning with a
-    prefix `vocabulary(prefix)` gives (stem -> chunks holding it). Words the index holds are left alone."""
+    prefix `vocabulary(prefix)` gives (stem -> chunks holding it; None when too many begin with it: a longer
+    prefix is asked for then). Words the index holds are left alone."""
     asked = {s for s in map(stem, words) if s}
-    read: dict[str, Mapping[str, int]] = {}
+    read: dict[str, Mapping[str, int] | None] = {}
 
-    def block(prefix: str) -> Mapping[str, int]:
-        if prefix not in read:
-            read[prefix] = vocabulary(prefix)
-        return read[prefix]
+    def held(term: str) -> int:
+        """How many chunks hold `term`, from the shortest block of the vocabulary small enough to read."""
+        for length in range(2, len(term) + 1):
+            prefix = term[:length]
+            if prefix not in read:
+                read[prefix] = vocabulary(prefix)
+            block = read[prefix]
+            if block is not None:
+                return block.get(term, 0)
+        return 0
 
     found: list[Correction] = []
     for word in words:
         own = stem(word) if correctable(word) else None
-        if own is None or len(own) < 2 or block(own[:2]).get(own, 0) > 0:
+        if own is None or len(own) < 2 or held(own) > 0:
             continue
         blocks = _blocks(own)
         best: dict[str, tuple[int, int, str]] = {}  # stem -> (chunks holding it, letters shared in front, word)
@@ -57,10 +65,10 @@ def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int]]
         for candidate, meant in zip(candidates, stems(candidates), strict=True):
             if meant is None or meant in asked or meant[:2] not in blocks:
                 continue
-            held = block(meant[:2]).get(meant, 0)
+            chunks = held(meant)
             shared = _shared_start(word, candidate)
-            if held > 0 and (meant not in best or shared > best[meant][1]):
-                best[meant] = (held, shared, candidate)  # shown as the word nearest the typed one's start
+            if chunks > 0 and (meant not in best or shared > best[meant][1]):
+                best[meant] = (chunks, shared, candidate)  # shown as the word nearest the typed one's start
         if best:
             ranked = sorted(best.values(), key=lambda b: (-b[0], b[2]))[:MAX_MEANT]
             found.append(Correction(word, tuple(candidate for _, _, candidate in ranked)))

@@ -184,6 +184,27 @@ def test_typos_and_dates_are_read_alike_on_both_backends(workspace: Path, write,
         daemon.close()
 
 
+def test_a_vocabulary_block_too_big_to_read_is_read_by_longer_prefixes(backend: dict[str, str], workspace: Path,
+                                                                      write, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commit ids fill the block of stems beginning "de": a typo of "deploy" is still read as it."""
+    from clawmem_index.index import vocabulary
+    from clawmem_index.index.pg import keyword_search
+
+    monkeypatch.setattr(vocabulary, "ROWS", 20)
+    monkeypatch.setattr(keyword_search, "VOCABULARY_ROWS", 20)
+    write("memory/ids.md", "# Commits\n\n" + " ".join(f"de{i:04x}" for i in range(60)) + "\n")
+    write("memory/ops.md", "# Ops\n\nThe deploy went out.\n")
+    index = MemoryIndex(settings_for(workspace, backend))
+    try:
+        index.sync()
+        assert index.reader().vocabulary("de") is None, "more than the rows a block may have"
+        found = index.search(SearchRequest("deplyo", mode="bm25"))
+        assert found["query"]["corrected"] == [{"word": "deplyo", "read_as": ["deploy"]}]
+        assert [r["path"] for r in found["results"]] == ["memory/ops.md"]
+    finally:
+        index.close()
+
+
 def test_index_search_get_and_status(backend: dict[str, str], workspace: Path, write) -> None:
     write("MEMORY.md", "# Memory\n\nThe user drinks oat milk flat whites.\n")
     write("memory/2026-11-20.md", "# Log\n\nRolled back the invoice service deploy.\n")

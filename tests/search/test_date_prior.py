@@ -94,10 +94,11 @@ def test_closeness_halves_every_half_life_and_stops_at_the_window() -> None:
 def test_the_window_of_days_is_read_as_a_list_nearest_first(daily: MemoryIndex) -> None:
     store = daily.reader()
     prior = DatePrior(tuple(find_dates("yesterday", dt.date(2026, 11, 25))), 0.3, 2.0, 2)
-    (window, middle), = prior.windows(store_filter())
-    listed = [h.date for h in store.dated_chunks(window, middle, 10)]
+    (window, first, last), = prior.windows(store_filter())
+    listed = [h.date for h in store.dated_chunks(window, first, last, 10)]
     assert listed[0] == "2026-11-24" and set(listed) == {f"2026-11-{d}" for d in range(22, 26)}
-    assert len(store.dated_chunks(window, middle, 2)) == 2
+    assert len(store.dated_chunks(window, first, last, 2)) == 2
+    assert all(h.text == "" for h in store.dated_chunks(window, first, last, 10)), "their text is read for answers"
 
 
 def store_filter():  # type: ignore[no-untyped-def]
@@ -133,3 +134,28 @@ def test_a_long_bad_date_is_named_in_a_short_line(daily: MemoryIndex) -> None:
         with pytest.raises(QueryError) as caught:
             daily.search(SearchRequest("deploy", **{name: "x" * 100_000}))
         assert len(str(caught.value)) < 120 and str(caught.value).startswith(f"'{name}' must be an ISO date")
+
+
+@pytest.mark.parametrize("cap", [4, 1024])
+def test_the_first_k_do_not_depend_on_n_when_the_days_named_hold_more_than_a_read(settings: Settings, write,
+                                                                                    cap: int) -> None:
+    """A weekend (an even number of days) read nearest first: Sunday's note, written last, is inside the range and
+    must come before Friday's, however few are read at once (a review found the middle day's distance ranking
+    Friday's notes first, and the first result changed with max_results)."""
+    for c in "abc":
+        write(f"memory/2026-03-13-{c}.md", f"# fri {c}\nwork\n")
+    write("memory/2026-03-14.md", "# sat\nhiking\n")
+    write("memory/topics/t1.md", "deploy deploy\n")
+    write("memory/topics/t2.md", "deploy w0 w1\n")
+    index = MemoryIndex(with_overrides(settings, search={"candidate_cap": cap, "candidate_pool": 1}))
+    index.sync()
+    write("memory/2026-03-15.md", "deploy x0 x1\n")  # Sunday's note, written last
+    index.sync()
+
+    def first(n: int) -> list[tuple[str, float]]:
+        found = index.search(SearchRequest("deploy this weekend", now="2026-03-15", max_results=n, mode="bm25"))
+        return [(r["path"], r["score"]) for r in found["results"]]
+
+    assert first(1) == first(3)[:1] == first(6)[:1]
+    assert first(1)[0][0] == "memory/2026-03-15.md"
+    index.close()

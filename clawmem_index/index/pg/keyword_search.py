@@ -25,7 +25,7 @@ __all__ = ["KeywordSearch"]
 
 K1, B = 1.2, 0.75  # FTS5's bm25() defaults
 VOCABULARY_BLOCKS = 256  # prefixes whose stems are kept per version of the workspaces in scope
-VOCABULARY_ROWS = 20_000  # stems read for one prefix at most
+VOCABULARY_ROWS = 5_000  # stems read for one prefix at most (more: None, and the caller asks a longer prefix)
 
 
 class _PostingsCache:
@@ -168,7 +168,7 @@ class KeywordSearch:
         self.conn = live.conn
         self._live = live
         self._postings = _PostingsCache(live.conn) if keep_postings else None
-        self._vocabulary: tuple[object, dict[str, dict[str, int]]] = (None, {})
+        self._vocabulary: tuple[object, dict[str, dict[str, int] | None]] = (None, {})
 
     def search(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[TextHit]:
         return self.hits(self.ranking(match, limit, where))
@@ -183,9 +183,10 @@ class KeywordSearch:
             return {}
         return dict(self._bm25(match, seqs=wanted))
 
-    def vocabulary(self, prefix: str) -> dict[str, int]:
-        """The stems the chunks in scope hold that begin with `prefix`, each with how many chunks hold it
-        (the primary key of `cm_terms`, in byte order, serves the range); kept while the versions stand."""
+    def vocabulary(self, prefix: str) -> dict[str, int] | None:
+        """The stems the chunks in scope hold that begin with `prefix`, each with how many chunks hold it (None:
+        more than VOCABULARY_ROWS do); the primary key of `cm_terms`, in byte order, serves the range; kept while
+        the versions stand."""
         if not prefix:
             return {}
         state = (tuple(self._live.generations), tuple(sorted(self._live.versions.items()))) \
@@ -198,10 +199,11 @@ class KeywordSearch:
                 held.clear()
             scope, args = self._live.sql("t")
             after = prefix[:-1] + chr(min(ord(prefix[-1]) + 1, 0x10FFFF))
-            held[prefix] = {str(term): int(df) for term, df in self.conn.execute(
+            found = {str(term): int(df) for term, df in self.conn.execute(
                 f"SELECT t.term, sum(t.df) FROM cm_terms AS t WHERE {scope} AND t.term >= %(lo)s AND t.term < %(hi)s"
                 " GROUP BY t.term ORDER BY t.term LIMIT %(rows)s",
-                {**args, "lo": prefix, "hi": after, "rows": VOCABULARY_ROWS})}
+                {**args, "lo": prefix, "hi": after, "rows": VOCABULARY_ROWS + 1})}
+            held[prefix] = None if len(found) > VOCABULARY_ROWS else found
         return held[prefix]
 
     def _bm25(self, match: str, *, limit: int | None = None, where: ChunkFilter | None = None,
@@ -246,9 +248,12 @@ class KeywordSearch:
 
     def _phrase_bm25(self, phrases: list[Phrase], *, limit: int | None, where: ChunkFilter | None,
                      seqs: list[int] | None) -> list[tuple[int, float]]:
-        """BM25 of an expression with a quoted phrase, from each phrase's matches (read for this ranking only)."""
-        summed = _PostingsCache(self.conn).bm25(phrases, self._live.generations, {}, limit=None if where else limit,
-                                                seqs=seqs)
+        """BM25 of an expression with a quoted phrase, from each phrase's matches: a long-lived reader's kept ones
+        (filtered after), else read for this ranking."""
+        kept = self._postings is not None and not self.conn.in_transaction and self._live.read
+        cache = self._postings if kept and self._postings is not None else _PostingsCache(self.conn)
+        summed = cache.bm25(phrases, self._live.generations, self._live.versions if kept else {},
+                            limit=None if where else limit, seqs=seqs)
         if not where or not summed:
             return summed
         scope, args = self._live.sql("c")

@@ -39,16 +39,16 @@ class Live:
             f"SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, c.date, c.workspace FROM cm_chunks AS c"
             f" WHERE c.seq = ANY(%(seqs)s) AND {scope}", {**args, "seqs": seqs})}
 
-    def dated(self, where: ChunkFilter, middle: str, limit: int) -> list[TextHit]:
-        """Up to `limit` dated chunks in scope `where` passes, nearest to the day `middle` first, then by seq (their
+    def dated(self, where: ChunkFilter, first: str, last: str, limit: int) -> list[TextHit]:
+        """Up to `limit` dated chunks in scope `where` passes, nearest to the days `first` to `last` first (0 days within them), then by seq (their
         text left out)."""
         scope, args = self.sql("c")
         condition, filter_args = filter_sql(where, "c")
         rows = self.conn.execute(
             "SELECT c.seq, c.path, c.source, c.start_line, c.end_line, '', c.date, c.workspace FROM cm_chunks AS c"
             f" WHERE {scope} AND {condition} AND c.date IS NOT NULL"
-            " ORDER BY abs(c.date::date - %(middle)s::date), c.seq LIMIT %(limit)s",
-            {**args, **filter_args, "middle": middle, "limit": limit}).fetchall()
+            " ORDER BY GREATEST(%(first)s::date - c.date::date, c.date::date - %(last)s::date, 0), c.seq"
+            " LIMIT %(limit)s", {**args, **filter_args, "first": first, "last": last, "limit": limit}).fetchall()
         return [TextHit(*row[:6], 0.0, row[6], row[7]) for row in rows]
 
     def newest_date(self) -> str | None:

@@ -353,11 +353,11 @@ class PgStore:
     def text_hits(self, ranked: Sequence[tuple[int, float]]) -> list[TextHit]:
         return self.keywords.hits(ranked)
 
-    def vocabulary(self, prefix: str) -> dict[str, int]:
+    def vocabulary(self, prefix: str) -> dict[str, int] | None:
         return self.keywords.vocabulary(prefix)
 
-    def dated_chunks(self, where: ChunkFilter, middle: str, limit: int) -> list[TextHit]:
-        return self._live.dated(where, middle, limit)
+    def dated_chunks(self, where: ChunkFilter, first: str, last: str, limit: int) -> list[TextHit]:
+        return self._live.dated(where, first, last, limit)
 
     def workspaces_of(self, seqs: Sequence[int]) -> dict[int, str]:
         """Which workspace each chunk is from (a search over several names it in each result)."""
