@@ -7,6 +7,7 @@ a person sees that "adoptiom" was also read as "adoption", and `--explain` print
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -52,7 +53,10 @@ def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int] | None]
     dates = tuple(days.values())
     words = without_dates(query, [m for m in found if (m.first, m.last) in days]) if dates else query
     terms = query_terms(words)
-    as_typed = {t for a, b in quoted for t in query_terms(query[a:b].strip("\"\u201c\u201d"))}  # words in quotes
+    # Taken as typed: words in quotes, and words with a capital past their first letter (ids, acronyms, gene
+    # names: "DLNs", "PPARy", "RUNX" are not typos of "dls", "ppar", "run"; "Carolne" may be one)
+    as_typed = {t for a, b in quoted for t in query_terms(query[a:b].strip("\"\u201c\u201d"))} | \
+        {w.lower() for w in re.findall(r"\w+", query) if any(c.isupper() for c in w[1:])}
     corrections = tuple(correct([t for t in terms if t not in as_typed], vocabulary)) \
         if vocabulary is not None else ()
     if corrections:

@@ -79,3 +79,10 @@ def test_a_quoted_word_is_taken_as_typed() -> None:
     assert plan_query('"adoptiom"', vocabulary).corrections == ()
     assert plan_query("“adoptiom” plans", vocabulary).corrections == ()
     assert plan_query("adoptiom plans", vocabulary).corrections[0].meant == ("adoption",)
+
+
+def test_acronyms_and_ids_typed_with_capitals_inside_are_taken_as_typed() -> None:
+    vocabulary = Vocabulary({"dls": 3, "run": 9, "caroline": 5})
+    assert plan_query("DLNs and RUNX", vocabulary).corrections == ()
+    assert plan_query("dlns and runx", vocabulary).corrections != ()
+    assert plan_query("Carolne", vocabulary).corrections[0].meant == ("caroline",)  # a name's capital is its first
