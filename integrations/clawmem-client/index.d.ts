@@ -30,6 +30,8 @@ export interface SearchOptions {
   before?: string;
   explain?: boolean;
   workspaces?: string[];
+  /** The day relative dates in the query ("yesterday") count from, YYYY-MM-DD (default: the daemon's today). */
+  now?: string;
 }
 
 export interface ContextOptions extends Omit<SearchOptions, "explain"> {
@@ -53,6 +55,8 @@ export interface SearchAnswer {
   model: string;
   mode: string;
   index: { pending_files: number; pending_embeddings: number; [field: string]: unknown };
+  /** How the query was read, when not as typed: the days it names, the words its typos were read as. */
+  query?: { dates?: { text: string; from: string; to: string }[]; corrected?: { word: string; read_as: string[] }[] };
   [field: string]: unknown;
 }
 
