@@ -76,6 +76,9 @@ class ToolAnswer:
     error: bool = False
 
 
+NOW = {"type": "string", "maxLength": 40,
+       "description": "Today's date (YYYY-MM-DD) for relative dates in the query such as 'yesterday'"
+                      " (default: the server's today)."}
 WORKSPACES = {"type": "array", "items": {"type": "string"}, "maxItems": MAX_WORKSPACES,
               "description": "Shared index only: the workspaces to search (names); each result then names its"
                              " workspace."}
@@ -102,9 +105,7 @@ TOOLS: tuple[ToolSpec, ...] = (
             "explain": {"type": "boolean",
                         "description": "Also say how each snippet got its place (keyword/vector rank and score)."},
             "workspaces": WORKSPACES,
-            "now": {"type": "string", "maxLength": 40,
-                    "description": "Today's date (YYYY-MM-DD) for relative dates in the query such as 'yesterday'"
-                                   " (default: the server's today)."},
+            "now": NOW,
         }, ("query",)),
     ),
     ToolSpec(
@@ -134,6 +135,7 @@ TOOLS: tuple[ToolSpec, ...] = (
             "budget": {"type": "integer", "minimum": 0, "maximum": MAX_CONTEXT_BUDGET,
                        "description": "Most tokens the block may take (default 1500)."},
             "workspaces": WORKSPACES,
+            "now": NOW,
         }, ("query",)),
     ),
 )
@@ -206,7 +208,8 @@ def _status(client: Client, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 
 def _context(client: Client, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    answer = client.context(args["query"], budget=args.get("budget"), workspaces=args.get("workspaces"))
+    answer = client.context(args["query"], budget=args.get("budget"), workspaces=args.get("workspaces"),
+                            now=args.get("now"))
     sections = [{"path": s["path"], "startLine": s["start_line"], "endLine": s["end_line"], "score": s["score"],
                  "citation": s["citation"], **({"workspace": s["workspace"]} if "workspace" in s else {})}
                 for s in answer["sections"]]

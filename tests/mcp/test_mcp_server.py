@@ -67,6 +67,8 @@ async def exercise(read: Any, write: Any) -> dict[str, Any]:
             "get": ("memory_get", {"path": "memory/2026-11-22.md", "from": 3, "lines": 2}),
             "status": ("memory_status", {}),
             "context": ("memory_context", {"query": "why sqlite", "budget": 60}),
+            "dated": ("memory_search", {"query": "sqlite yesterday", "now": "2026-11-23"}),
+            "dated_context": ("memory_context", {"query": "sqlite yesterday", "now": "2026-11-23", "budget": 60}),
             "refused": ("memory_get", {"path": "../etc/passwd"}),
             "empty": ("memory_search", {"query": ""}),
             "bad_number": ("memory_search", {"query": "sqlite", "maxResults": "many"}),
@@ -116,6 +118,11 @@ def check(seen: dict[str, Any], served_by: str) -> None:
     assert not context.is_error and context.structured_content["tokens"] <= 60
     assert context.content[0].text == context.structured_content["text"]
     assert context.content[0].text.startswith("### memory/2026-11-22.md#L1")
+
+    for key in ("dated", "dated_context"):  # `now` reaches the search, which says how it read the query
+        read = seen[key].structured_content["query"]
+        assert read == {"dates": [{"text": "yesterday", "from": "2026-11-22", "to": "2026-11-22"}]}, key
+    assert seen["dated"].structured_content["results"][0]["path"] == "memory/2026-11-22.md"
 
     assert seen["refused"].is_error and "'..' is refused" in seen["refused"].content[0].text
     assert seen["empty"].is_error and "the query is empty" in seen["empty"].content[0].text
