@@ -57,6 +57,10 @@ class Lexicon:
     of: str  # "3rd of March"
     ordinal: str  # the suffixes of a day number ("3rd"): a regex
     ambiguous_months: frozenset[str] = field(default_factory=frozenset)  # month names that are also words
+    parts: dict[str, tuple[int, int]] = field(default_factory=dict)  # "early" May: days 1 to 10 of it
+    ordinals: dict[str, int] = field(default_factory=dict)  # "the second week of May": 2 ("last": -1)
+    week: str = ""  # the word for a week, in "the first week of May", "the week before May 3"
+    before: str = ""  # "the week before May 3"
 
 
 _MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
@@ -82,6 +86,12 @@ ENGLISH = Lexicon(
     of="of",
     ordinal=r"(?:st|nd|rd|th)",
     ambiguous_months=frozenset({"may", "march", "august", "jan", "mar", "sat", "sun", "dec"}),
+    parts={"early": (1, 10), "the beginning of": (1, 10), "the start of": (1, 10), "beginning of": (1, 10),
+           "mid": (11, 20), "the middle of": (11, 20), "middle of": (11, 20), "late": (21, 31), "the end of": (21, 31),
+           "end of": (21, 31)},
+    ordinals={"first": 1, "second": 2, "third": 3, "fourth": 4, "last": -1},
+    week="week",
+    before="before",
 )
 LEXICONS = {"en": ENGLISH}
 
@@ -172,6 +182,44 @@ def _readers(lx: Lexicon) -> list[_Reader]:
             y = today.year - 1 if month >= today.month else today.year
         return dt.date(y, month, 1), dt.date(y, month, calendar.monthrange(y, month)[1])
 
+    def month_part(m: re.Match[str], today: dt.date) -> Days | None:
+        """"early May", "mid-August 2023", "the end of October": a third of the month."""
+        y, month = _month_year(lx.months[m.group("month").lower()], m.group("year"), today)
+        low, high = lx.parts[" ".join(m.group("part").lower().split())]
+        end = calendar.monthrange(y, month)[1]
+        return dt.date(y, month, low), dt.date(y, month, min(high, end))
+
+    def week_of(m: re.Match[str], today: dt.date) -> Days | None:
+        """"the second week of May", "the last weekend of August 2023"."""
+        y, month = _month_year(lx.months[m.group("month").lower()], m.group("year"), today)
+        nth, end = lx.ordinals[m.group("nth").lower()], calendar.monthrange(y, month)[1]
+        if m.group("unit").lower() == lx.weekend:
+            saturdays = [d for d in range(1, end + 1) if dt.date(y, month, d).weekday() == 5]
+            if nth > len(saturdays):
+                return None
+            saturday = dt.date(y, month, saturdays[nth - 1 if nth > 0 else -1])
+            return saturday, saturday + dt.timedelta(days=1)
+        if nth > 4:
+            return None
+        first = 1 + 7 * (nth - 1) if nth > 0 else end - 6
+        return dt.date(y, month, first), dt.date(y, month, min(first + 6, end))
+
+    def last_of(m: re.Match[str], today: dt.date) -> Days | None:
+        """"the last two weeks of August 2023", "the last 3 days of May"."""
+        y, month = _month_year(lx.months[m.group("month").lower()], m.group("year"), today)
+        n, end = _count(m.group("n"), lx), calendar.monthrange(y, month)[1]
+        if n is None:
+            return None
+        span = n * (7 if lx.units[m.group("unit").lower()] == "week" else 1)
+        if lx.units[m.group("unit").lower()] not in ("week", "day") or span > end:
+            return None
+        return dt.date(y, month, end - span + 1), dt.date(y, month, end)
+
+    def week_before(m: re.Match[str], today: dt.date) -> Days | None:
+        """"the week before August 3, 2023": the seven days before that day."""
+        days = month_day(m, today)
+        return None if days is None else (days[0] - dt.timedelta(days=7), days[0] - dt.timedelta(days=1))
+
     def in_year(m: re.Match[str], today: dt.date) -> Days:
         y = int(m.group("year"))
         return dt.date(y, 1, 1), dt.date(y, 12, 31)
@@ -239,7 +287,23 @@ def _readers(lx: Lexicon) -> list[_Reader]:
 
     numbers_or_digits = rf"(?P<n>\d{{1,3}}|{numbers})"
     lead = rf"(?:(?P<lead>{_alternatives(lx.month_words)})\s+)?"
-    readers = [
+    readers = []
+    if lx.week and lx.before:  # longest forms first: they hold a date the readers below would take alone
+        readers.append(_Reader(re.compile(rf"\b(?:the\s+)?{lx.week}\s+{lx.before}\s+(?P<month>{months})\.?\s+{day}\b"
+                                          rf"(?:,?\s+{year}\b)?", flags), week_before))
+        readers.append(_Reader(re.compile(rf"\b(?:the\s+)?{lx.week}\s+{lx.before}\s+{day}\s+(?:{lx.of}\s+)?"
+                                          rf"(?P<month>{months})\b\.?(?:,?\s+{year}\b)?", flags), week_before))
+    if lx.ordinals and lx.week:
+        readers.append(_Reader(re.compile(rf"\b(?:the\s+)?(?:{_alternatives(lx.last)})\s+(?P<n>\d{{1,2}}|{numbers})\s+"
+                                          rf"(?P<unit>{units})\s+{lx.of}\s+(?P<month>{months})\b(?:,?\s+{year}\b)?",
+                                          flags), last_of))
+        readers.append(_Reader(re.compile(rf"\b(?:the\s+)?(?P<nth>{_alternatives(lx.ordinals)})\s+"
+                                          rf"(?P<unit>{lx.week}|{lx.weekend})\s+{lx.of}\s+(?P<month>{months})\b"
+                                          rf"(?:,?\s+{year}\b)?", flags), week_of))
+    if lx.parts:
+        readers.append(_Reader(re.compile(rf"\b(?P<part>{_alternatives(lx.parts)})[\s-]+(?P<month>{months})\b"
+                                          rf"(?:,?\s+{year}\b)?", flags), month_part))
+    readers += [
         _Reader(re.compile(r"\b(?P<y>(?:19|20)\d\d)[-/.](?P<m>[01]?\d)[-/.](?P<d>[0-3]?\d)\b"), iso),
         _Reader(re.compile(rf"\b(?P<month>{months})\.?\s+{day}\b(?:,?\s+{year}\b)?", flags), month_day),
         _Reader(re.compile(rf"\b{day}\s+(?:{lx.of}\s+)?(?P<month>{months})\b\.?(?:,?\s+{year}\b)?", flags), month_day),
@@ -282,6 +346,13 @@ def _safe(y: int, m: int, d: int) -> dt.date | None:
         return dt.date(y, m, d)
     except ValueError:
         return None
+
+
+def _month_year(month: int, year: str | None, today: dt.date) -> tuple[int, int]:
+    """A month named with its year, or without: the last one (this year's when it has begun)."""
+    if year:
+        return int(year), month
+    return (today.year if month <= today.month else today.year - 1), month
 
 
 def _shift_month(y: int, m: int, step: int) -> tuple[int, int]:

@@ -41,6 +41,17 @@ def days(query: str, today: dt.date = TODAY) -> list[tuple[str, str, str]]:
     ("in March 2023", [("in March 2023", "2023-03-01", "2023-03-31")]),
     ("camping in June", [("in June", "2026-06-01", "2026-06-30")]),
     ("travel in 2010", [("in 2010", "2010-01-01", "2010-12-31")]),
+    ("classes in mid-August 2023", [("mid-August 2023", "2023-08-11", "2023-08-20")]),
+    ("at the beginning of November", [("the beginning of November", "2026-11-01", "2026-11-10")]),
+    ("the end of February 2024", [("the end of February 2024", "2024-02-21", "2024-02-29")]),
+    ("early May", [("early May", "2026-05-01", "2026-05-10")]),
+    ("the second week of November", [("the second week of November", "2026-11-08", "2026-11-14")]),
+    ("the last week of August 2023", [("the last week of August 2023", "2023-08-25", "2023-08-31")]),
+    ("the first weekend of August 2023", [("the first weekend of August 2023", "2023-08-05", "2023-08-06")]),
+    ("the last weekend of October 2026", [("the last weekend of October 2026", "2026-10-31", "2026-11-01")]),
+    ("the last two weeks of August 2023", [("the last two weeks of August 2023", "2023-08-18", "2023-08-31")]),
+    ("the week before August 3, 2023", [("the week before August 3, 2023", "2023-07-27", "2023-08-02")]),
+    ("the week before 16 November 2023", [("the week before 16 November 2023", "2023-11-09", "2023-11-15")]),
 ])
 def test_dates_people_type_are_read_as_days(query: str, expected: list[tuple[str, str, str]]) -> None:
     assert days(query) == expected
