@@ -17,7 +17,7 @@ proof that the first k never depend on n (`candidates.gather`) adds to its bound
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from clawmem_index.index.filters import ChunkFilter
 from clawmem_index.text.dates import DateMention
@@ -32,10 +32,18 @@ class DatePrior:
     half_life: float  # days
     window: int  # days beyond the named ones past which closeness is 0
 
+    _seen: dict[str, float] = field(default_factory=dict, compare=False, repr=False)  # by date: chunks share days
+
     def closeness(self, date: str | None) -> float:
         """1 within a named day or range, halving every `half_life` days outside, 0 past `window` (or undated)."""
         if date is None:
             return 0.0
+        known = self._seen.get(date)
+        if known is None:
+            known = self._seen[date] = self._closeness(date)
+        return known
+
+    def _closeness(self, date: str) -> float:
         try:
             day = dt.date.fromisoformat(date[:10])
         except ValueError:

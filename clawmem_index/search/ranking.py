@@ -421,10 +421,7 @@ class _DatedSide:
                 if len(listed) >= self._read:
                     self._bound = max(self._bound, self._prior.closeness(listed[-1].date))
             self._hits = sorted(found.values(), key=lambda h: (-self._prior.closeness(h.date), h.seq))
-        cut = self._hits[:depth]
-        if len(self._hits) > depth:  # read ahead: the next one's closeness bounds the rest read
-            return cut, max(self._bound, self._prior.closeness(self._hits[depth].date))
-        return cut, self._bound
+        return self._hits, self._bound  # all read: they carry no text, and the proof then needs no deeper read
 
 
 def _with_text(store: Store, ranked: list[Candidate], upto: int) -> None:
