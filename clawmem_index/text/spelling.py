@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import string
 
-__all__ = ["MIN_LETTERS", "NEIGHBOURS", "correctable", "edits"]
+__all__ = ["MIN_LETTERS", "NEIGHBOURS", "correctable", "edits", "letters_for"]
 
 MIN_LETTERS = 4  # shorter words have too many real words one edit away ("cat": bat, cut, car, cart...)
 MAX_LETTERS = 32  # longer "words" are ids or pasted runs, not typed words
@@ -48,7 +48,7 @@ def edits(word: str) -> list[str]:
     """Every distinct word `word` (lower case) may have been meant as, one typo away, itself left out, in a fixed
     order."""
     word = word.lower()
-    letters = sorted(_LETTERS | set(word))
+    letters = letters_for(word)
     own = "".join(sorted(set(word)))
     found: dict[str, None] = {}
     for i in range(len(word) + 1):
@@ -63,3 +63,8 @@ def edits(word: str) -> list[str]:
             found[left + c + right] = None  # a letter dropped
     found.pop(word, None)
     return list(found)
+
+
+def letters_for(word: str) -> list[str]:
+    """The letters a dropped one may have been: English's 26 and the word's own."""
+    return sorted(_LETTERS | set(word.lower()))

@@ -86,3 +86,11 @@ def test_acronyms_and_ids_typed_with_capitals_inside_are_taken_as_typed() -> Non
     assert plan_query("DLNs and RUNX", vocabulary).corrections == ()
     assert plan_query("dlns and runx", vocabulary).corrections != ()
     assert plan_query("Carolne", vocabulary).corrections[0].meant == ("caroline",)  # a name's capital is its first
+
+
+def test_a_dropped_second_letter_is_put_back_when_nothing_else_is_near() -> None:
+    vocabulary = Vocabulary({"mentors": 3, "children": 5})
+    assert [(c.word, c.meant) for c in correct(["mntors", "cildren"], vocabulary)] == \
+        [("mntors", ("mentors",)), ("cildren", ("children",))]
+    near = Vocabulary({"finds": 4, "friends": 9})
+    assert correct(["fiends"], near)[0].meant == ("finds",), "a word one ordinary typo away comes first"
