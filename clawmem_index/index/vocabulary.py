@@ -14,7 +14,7 @@ import apsw
 __all__ = ["FtsVocabulary"]
 
 TABLE = "temp.clawmem_fts_terms"
-BLOCKS = 256  # prefixes whose stems are kept per version of the index
+HELD = 200_000  # stems kept per version of the index, in all blocks (~20 MB); past it they are read again
 ROWS = 5_000  # stems read for one prefix at most (more: None, and the caller asks a longer prefix)
 
 
@@ -26,6 +26,7 @@ class FtsVocabulary:
         self._made = False
         self._version: tuple[int, int] | None = None
         self._held: dict[str, dict[str, int] | None] = {}
+        self._count = 0
 
     def stems(self, prefix: str) -> dict[str, int] | None:
         """The stems that begin with `prefix`, each with how many chunks hold it (None: more than ROWS do)."""
@@ -34,10 +35,11 @@ class FtsVocabulary:
         if not self._conn.get_autocommit():  # inside a transaction: its changes may yet be rolled back
             return self._read(prefix)
         version = (int(self._conn.execute("PRAGMA data_version").fetchone()[0]), self._conn.total_changes())
-        if version != self._version or len(self._held) >= BLOCKS:
-            self._version, self._held = version, {}
+        if version != self._version or self._count > HELD:
+            self._version, self._held, self._count = version, {}, 0
         if prefix not in self._held:
-            self._held[prefix] = self._read(prefix)
+            block = self._held[prefix] = self._read(prefix)
+            self._count += 1 + (len(block) if block else 0)
         return self._held[prefix]
 
     def _read(self, prefix: str) -> dict[str, int] | None:

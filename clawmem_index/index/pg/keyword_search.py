@@ -24,7 +24,7 @@ from clawmem_index.text.stemming import tokens as fts5_tokens
 __all__ = ["KeywordSearch"]
 
 K1, B = 1.2, 0.75  # FTS5's bm25() defaults
-VOCABULARY_BLOCKS = 256  # prefixes whose stems are kept per version of the workspaces in scope
+VOCABULARY_HELD = 200_000  # stems kept per version of the workspaces in scope, in all blocks (~20 MB)
 VOCABULARY_ROWS = 5_000  # stems read for one prefix at most (more: None, and the caller asks a longer prefix)
 
 
@@ -169,6 +169,7 @@ class KeywordSearch:
         self._live = live
         self._postings = _PostingsCache(live.conn) if keep_postings else None
         self._vocabulary: tuple[object, dict[str, dict[str, int] | None]] = (None, {})
+        self._vocabulary_count = 0  # stems held in all blocks
 
     def search(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[TextHit]:
         return self.hits(self.ranking(match, limit, where))
@@ -191,12 +192,10 @@ class KeywordSearch:
             return {}
         state = (tuple(self._live.generations), tuple(sorted(self._live.versions.items()))) \
             if self._live.read and not self.conn.in_transaction else None
-        if state is None or self._vocabulary[0] != state:
-            self._vocabulary = (state, {})
+        if state is None or self._vocabulary[0] != state or self._vocabulary_count > VOCABULARY_HELD:
+            self._vocabulary, self._vocabulary_count = (state, {}), 0
         held = self._vocabulary[1]
         if prefix not in held:
-            if len(held) >= VOCABULARY_BLOCKS:
-                held.clear()
             scope, args = self._live.sql("t")
             after = prefix[:-1] + chr(min(ord(prefix[-1]) + 1, 0x10FFFF))
             found = {str(term): int(df) for term, df in self.conn.execute(
@@ -204,6 +203,7 @@ class KeywordSearch:
                 " GROUP BY t.term ORDER BY t.term LIMIT %(rows)s",
                 {**args, "lo": prefix, "hi": after, "rows": VOCABULARY_ROWS + 1})}
             held[prefix] = None if len(found) > VOCABULARY_ROWS else found
+            self._vocabulary_count += 1 + len(found)
         return held[prefix]
 
     def _bm25(self, match: str, *, limit: int | None = None, where: ChunkFilter | None = None,
