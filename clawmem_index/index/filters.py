@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ChunkFilter"]
+__all__ = ["ChunkFilter", "prefix_range", "prefix_upper"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +57,17 @@ def prefix_range(column: str, prefix: str) -> tuple[str, dict[str, Any]]:
     """
     args: dict[str, Any] = {"prefix": prefix, "n": len(prefix)}
     clause = f"{column} >= :prefix AND substr({column}, 1, :n) = :prefix"
+    upper = prefix_upper(prefix)
+    if upper is not None:
+        clause += f" AND {column} < :upper"
+        args["upper"] = upper
+    return clause, args
+
+
+def prefix_upper(prefix: str) -> str | None:
+    """The least string past every string starting with `prefix` (its last character incremented), in code point
+    (UTF-8 byte) order; None when there is none (it ends in U+10FFFF)."""
     following = ord(prefix[-1]) + 1
     if 0xD800 <= following < 0xE000:
         following = 0xE000  # surrogates are not characters
-    if following <= 0x10FFFF:
-        clause += f" AND {column} < :upper"
-        args["upper"] = prefix[:-1] + chr(following)
-    return clause, args
+    return prefix[:-1] + chr(following) if following <= 0x10FFFF else None

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import apsw
 
+from clawmem_index.index.filters import prefix_upper
+
 __all__ = ["FtsVocabulary"]
 
 TABLE = "temp.clawmem_fts_terms"
@@ -46,7 +48,8 @@ class FtsVocabulary:
         if not self._made:
             self._conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {TABLE} USING fts5vocab(main, chunks_fts, row)")
             self._made = True
-        after = prefix[:-1] + chr(min(ord(prefix[-1]) + 1, 0x10FFFF))
+        upper = prefix_upper(prefix)
         found = {str(term): int(doc) for term, doc in self._conn.execute(
-            f"SELECT term, doc FROM {TABLE} WHERE term >= ? AND term < ? LIMIT ?", (prefix, after, ROWS + 1))}
+            f"SELECT term, doc FROM {TABLE} WHERE term >= ?" + (" AND term < ?" if upper else "") + " LIMIT ?",
+            (prefix, *([upper] if upper else []), ROWS + 1)) if str(term).startswith(prefix)}
         return None if len(found) > ROWS else found

@@ -7,11 +7,12 @@ closeness to the days named: 1 inside them, halving every `half_life` days outsi
 vector sides give) + w x closeness`, so a note of that day comes first unless another matches the
 words far better, and a query that is only a date ("yesterday") lists that day's notes.
 
-The chunks within the window are read as a list of their own (nearest first, at most `cap`), so a
-note of that day is a candidate even when no word of the query is in it. Closeness needs no read
-of the index, so a candidate from another list is scored on it at once; a chunk on no list has a
-closeness of at most the last listed one's (0 when the window was read whole), which is what the
-proof that the first k never depend on n (`candidates.gather`) adds to its bound.
+The chunks within the window are read as a list of their own (nearest the named days first, deeper
+as the other lists are read deeper), so a note of that day is a candidate even when no word of the
+query is in it. Closeness needs no read of the index, so a candidate from another list is scored on
+it at once; a chunk on no list has a closeness of at most the last listed one's (0 when the window
+was read whole), which is what the proof that the first k never depend on n (`candidates.gather`)
+adds to its bound.
 """
 
 from __future__ import annotations
@@ -68,6 +69,3 @@ class DatePrior:
                 out.append((ChunkFilter(where.path_prefix, where.source, since, before), mention.first.isoformat(),
                             mention.last.isoformat()))
         return out
-
-    def as_dicts(self) -> list[dict[str, str]]:
-        return [m.as_dict() for m in self.mentions]

@@ -740,3 +740,9 @@ def test_daemon_readers_of_one_sqlite_index_share_its_caches(tmp_path: Path) -> 
     assert one_shot.vectors._cells._shared is None  # a one-shot search reads its few cells itself
     for store in (first, second, one_shot):
         store.close()
+
+
+def test_the_last_character_of_a_prefix_bounds_its_range() -> None:
+    from clawmem_index.index.filters import prefix_upper
+
+    assert prefix_upper("de") == "df" and prefix_upper("a\ud7ff") == "a\ue000" and prefix_upper("x\U0010ffff") is None

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from clawmem_index.index.filters import ChunkFilter
+from clawmem_index.index.filters import ChunkFilter, prefix_upper
 from clawmem_index.index.keyword_index import TextHit
 from clawmem_index.index.pg.connection import Connection
 from clawmem_index.index.pg.live import Live, filter_sql
@@ -197,11 +197,11 @@ class KeywordSearch:
         held = self._vocabulary[1]
         if prefix not in held:
             scope, args = self._live.sql("t")
-            after = prefix[:-1] + chr(min(ord(prefix[-1]) + 1, 0x10FFFF))
+            upper = prefix_upper(prefix)
             found = {str(term): int(df) for term, df in self.conn.execute(
-                f"SELECT t.term, sum(t.df) FROM cm_terms AS t WHERE {scope} AND t.term >= %(lo)s AND t.term < %(hi)s"
-                " GROUP BY t.term ORDER BY t.term LIMIT %(rows)s",
-                {**args, "lo": prefix, "hi": after, "rows": VOCABULARY_ROWS + 1})}
+                f"SELECT t.term, sum(t.df) FROM cm_terms AS t WHERE {scope} AND t.term >= %(lo)s"
+                + (" AND t.term < %(hi)s" if upper else "") + " GROUP BY t.term ORDER BY t.term LIMIT %(rows)s",
+                {**args, "lo": prefix, "hi": upper, "rows": VOCABULARY_ROWS + 1}) if str(term).startswith(prefix)}
             held[prefix] = None if len(found) > VOCABULARY_ROWS else found
             self._vocabulary_count += 1 + len(found)
         return held[prefix]
