@@ -36,6 +36,9 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 INDEX_BACKENDS = ("sqlite", "postgres")
 PRECISIONS = ("auto", "float32", "float16")
 HALF_PRECISION_ABOVE = 512  # dimensions past which `embedding.precision = "auto"` stores float16
+# OpenClaw's user profiles as `exclude` globs (clawmem_index.sources.paths names them), left out by
+# `user_profiles = false`.
+PROFILE_GLOBS = ("USER.md", "users/*/USER.md")
 MAX_CONTEXT_BUDGET = 100_000  # tokens of a `context` block: 250 chunks of 400
 
 
@@ -214,6 +217,7 @@ class Settings:
     workspace_name: str = ""  # this workspace's name in a shared index (default: the folder's name)
     extra_paths: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ("memory/templates/**",)  # globs over index keys: never indexed, never read
+    user_profiles: bool = True  # USER.md and users/<id>/USER.md are memory (OpenClaw's user profile)
     sources: tuple[str, ...] = ("memory",)  # add "sessions" to index agent transcripts too
     sessions_dir: str = "sessions"  # *.jsonl transcripts, relative to the workspace (or absolute)
     refuse_hardlinks: bool = False  # skip (sync) and refuse (get) memory files with more than one hard link
@@ -230,6 +234,11 @@ class Settings:
     def cache_dir(self) -> Path:
         """clawmem's per-user cache: models and, by default, the indexes (never inside a workspace)."""
         return cache_root()
+
+    @property
+    def excluded(self) -> tuple[str, ...]:
+        """The globs no file is indexed or read under: `exclude`, and the user profiles when they are off."""
+        return self.exclude if self.user_profiles else (*self.exclude, *PROFILE_GLOBS)
 
     @property
     def index_path(self) -> Path:

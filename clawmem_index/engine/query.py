@@ -202,7 +202,7 @@ class Queries:
         (see clawmem_index.sources.files)."""
         settings = self.index.settings
         return open_memory_file(settings.workspace, path, settings.extra_paths,
-                                refuse_hardlinks=settings.refuse_hardlinks, exclude=settings.exclude)
+                                refuse_hardlinks=settings.refuse_hardlinks, exclude=settings.excluded)
 
 
 def _within(lines: list[str | None], max_bytes: int) -> list[str | None]:

@@ -115,7 +115,7 @@ class Freshness:
 
     def _scan_rules(self) -> dict[str, Any]:
         """What a scan leaves out, as a sync's does: a file a sync skips is never pending."""
-        return {"exclude": self.settings.exclude, "max_bytes": self.settings.max_file_bytes,
+        return {"exclude": self.settings.excluded, "max_bytes": self.settings.max_file_bytes,
                 "refuse_hardlinks": self.settings.refuse_hardlinks}
 
     def disk_state(self, store: Store | None) -> tuple[int, int]:

@@ -26,7 +26,7 @@ import xxhash
 from clawmem_index.config import Settings
 from clawmem_index.engine.parse import ParsedFile, ParsedSession, parse_all, parse_session
 from clawmem_index.index.store import FileRow, Store
-from clawmem_index.sources.paths import file_date, folder_date
+from clawmem_index.sources.paths import file_date, folder_date, is_profile_path
 from clawmem_index.sources.sessions import describe_malformed, describe_oversized
 from clawmem_index.sources.workspace import (
     MemoryFile,
@@ -84,10 +84,10 @@ def _stat_source_file(settings: Settings, key: str, skipped: list[Skipped]) -> M
     """One file of the configured sources by its index key (a targeted sync), None if it is no such file now."""
     memory, sessions = source_scope(settings)
     if sessions is not None and sessions.names_of(key) is not None:
-        return stat_session_file(sessions, key, skipped, settings.exclude, settings.refuse_hardlinks)
+        return stat_session_file(sessions, key, skipped, settings.excluded, settings.refuse_hardlinks)
     if not memory:
         return None
-    return stat_memory_file(settings.workspace, key, settings.extra_paths, skipped, settings.exclude,
+    return stat_memory_file(settings.workspace, key, settings.extra_paths, skipped, settings.excluded,
                             settings.max_file_bytes, settings.refuse_hardlinks)
 
 
@@ -105,7 +105,7 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
     if paths is None:
         memory, sessions = source_scope(settings)
         seen = store.file_stats()  # (mtime, size) only: whole rows are read for the files that changed
-        found: Iterable[MemoryFile | None] = scan(settings.workspace, settings.extra_paths, skipped, settings.exclude,
+        found: Iterable[MemoryFile | None] = scan(settings.workspace, settings.extra_paths, skipped, settings.excluded,
                                                   memory=memory, sessions=sessions,
                                                   max_bytes=settings.max_file_bytes,
                                                   refuse_hardlinks=settings.refuse_hardlinks)
@@ -177,7 +177,7 @@ def _date_by_folders(store: Store) -> None:
 
 def _recent_first(files: list[MemoryFile]) -> list[MemoryFile]:
     """The order a pass indexes files in, and so (by chunk number) the order their vectors are made:
-    the workspace's own files (MEMORY.md) first, then dated ones (a folder or name below the source
+    the workspace's own files (MEMORY.md, USER.md, each person's users/<id>/USER.md) first, then dated ones (a folder or name below the source
     starting with a year: `memory/2026-11-26.md`, `memory/2026/11/25.md`), the latest first, then the
     rest by path. Dates of different layouts compare as dates (`_date_key`), not as strings.
 
@@ -189,7 +189,7 @@ def _recent_first(files: list[MemoryFile]) -> list[MemoryFile]:
     dated: list[tuple[tuple[int, int, int], str, MemoryFile]] = []
     rest: list[MemoryFile] = []
     for f in files:
-        if "/" not in f.path:
+        if "/" not in f.path or is_profile_path(f.path):
             roots.append(f)
         elif (found := _DATED.search(f.path)) is not None:
             dated.append((_date_key(f.path, found), f.path, f))

@@ -3,9 +3,9 @@
 Only what can hold memory is watched, because a workspace is often a code repository too: a
 recursive watch on it would spend an inotify watch on every folder of `.git`, `node_modules` or a
 build tree (exhausting the user's limit, or making the polling fallback stat them all) and wake the
-daemon for every build. The roots are the workspace itself, non-recursively (`MEMORY.md`, and
-`memory/` or an extra path appearing, vanishing or moving), `memory/` recursively when it is a real
-folder (never a symlink: the scanner does not follow them either), each extra folder recursively,
+daemon for every build. The roots are the workspace itself, non-recursively (`MEMORY.md`, `USER.md`,
+and `memory/`, `users/` or an extra path appearing, vanishing or moving), `memory/` and `users/` (the
+people's profiles) recursively when they are real folders (never a symlink: the scanner does not follow them either), each extra folder recursively,
 and the parent of an extra file (or of an extra folder not there yet) non-recursively; with the
 sessions source on, the transcripts' folder recursively (or its parent until it exists).
 
@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from clawmem_index.sources.files import path_key
-from clawmem_index.sources.paths import MEMORY_DIR, SKIPPED_DIRS, is_memory_path, sessions_dir
+from clawmem_index.sources.paths import MEMORY_DIR, SKIPPED_DIRS, USERS_DIR, is_memory_path, sessions_dir
 
 if TYPE_CHECKING:
     from watchdog.events import FileSystemEvent
@@ -46,6 +46,7 @@ class WatchedPaths:
         self.workspace = workspace
         self._rel_extras, self._abs_extras = _split_extras(self.workspace, extra_paths)
         self._memory_root = os.path.join(self.workspace, MEMORY_DIR)
+        self._users_root = os.path.join(self.workspace, USERS_DIR)  # users/<id>/USER.md
         self._extra_roots = tuple(os.path.normpath(self.workspace / e) for e in self._rel_extras) + self._abs_extras
         self._sessions = sessions_dir(self.workspace, sessions) if sessions is not None else None
         # Folders watched like extra folders: recursively, or through their parent until they exist.
@@ -101,7 +102,7 @@ class WatchedPaths:
         """The paths of an event that are a memory root or one of its parents (the roots to redo)."""
         if event.event_type not in _ROOT_EVENTS:
             return frozenset()
-        candidates = (self._memory_root, *self._dir_roots)
+        candidates = (self._memory_root, self._users_root, *self._dir_roots)
         return frozenset(path for path in _event_paths(event) if any(within(c, path) for c in candidates))
 
     def wanted(self) -> dict[RootKey, tuple[int, int]]:
@@ -110,7 +111,7 @@ class WatchedPaths:
         workspace = _dir_identity(str(self.workspace), follow=True)  # it may be given through a symlink
         if workspace is not None:
             found[(str(self.workspace), False)] = workspace
-        candidates: list[RootKey] = [(self._memory_root, True)]
+        candidates: list[RootKey] = [(self._memory_root, True), (self._users_root, True)]
         for extra in self._dir_roots:
             if _dir_identity(extra) is not None:
                 candidates.append((extra, True))
@@ -165,7 +166,7 @@ def _memory_dir(rel: str, extras: Sequence[str]) -> bool:
     parts = PurePosixPath(rel).parts
     if not parts or any(p.startswith(".") or p in SKIPPED_DIRS for p in parts):
         return False
-    if parts[0] == MEMORY_DIR:
+    if parts[0] == MEMORY_DIR or (parts[0] == USERS_DIR and len(parts) <= 2):  # a person's folder may hold USER.md
         return True
     return any(parts[: len(PurePosixPath(e).parts)] == PurePosixPath(e).parts for e in extras)
 

@@ -20,7 +20,9 @@ from clawmem_index.sources.files import OpenFile, open_beneath, path_key, shown
 
 __all__ = [
     "MEMORY_DIR",
+    "PROFILE_FILE",
     "ROOT_FILES",
+    "USERS_DIR",
     "SESSION_SUFFIX",
     "SKIPPED_DIRS",
     "SessionsDir",
@@ -28,13 +30,20 @@ __all__ = [
     "file_date",
     "folder_date",
     "is_memory_path",
+    "is_profile_path",
     "memory_key",
     "open_memory_file",
     "sessions_dir",
 ]
 
-ROOT_FILES = ("MEMORY.md", "memory.md")
+# OpenClaw's curated memory: MEMORY.md (memory.md too) and the user profile, USER.md, with one per person
+# in users/<id>/USER.md (an id as OpenClaw accepts it). `user_profiles = false` excludes them
+# (config.PROFILE_GLOBS).
+PROFILE_FILE = "USER.md"
+ROOT_FILES = ("MEMORY.md", "memory.md", PROFILE_FILE)
 MEMORY_DIR = "memory"
+USERS_DIR = "users"
+_PROFILE_ID = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}")
 SESSION_SUFFIX = ".jsonl"
 SKIPPED_DIRS = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__"})
 
@@ -98,6 +107,7 @@ def _glob(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(wild.get(part, re.escape(part)) for part in parts))
 
 
+_READABLE = "only MEMORY.md, USER.md, users/<id>/USER.md and memory/**/*.md are readable"
 _DATE = re.compile(r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)")
 _FOLDER_DATE = re.compile(r"(?:^|/)(\d{4})/(\d\d?)/(\d\d?)(?!\d)")  # memory/2026/11/22.md, memory/2026/11/22/
 
@@ -138,11 +148,22 @@ def is_memory_path(rel: str, extra_paths: Sequence[str] = ()) -> bool:
         return True
     if parts[0] == MEMORY_DIR and len(parts) > 1:
         return True
+    if is_profile_path(rel):
+        return True
     for extra in extra_paths:
         extra_parts = PurePosixPath(extra).parts
         if extra_parts and tuple(parts[: len(extra_parts)]) == extra_parts:
             return True
     return False
+
+
+def is_profile_path(rel: str) -> bool:
+    """Whether a workspace-relative path is a user profile: `USER.md` or `users/<id>/USER.md`."""
+    parts = PurePosixPath(rel).parts
+    if parts == (PROFILE_FILE,):
+        return True
+    return (len(parts) == 3 and parts[0] == USERS_DIR and parts[2] == PROFILE_FILE
+            and _PROFILE_ID.fullmatch(parts[1]) is not None)
 
 
 def memory_key(requested: str, extra_paths: Sequence[str] = (), exclude: Sequence[str] = ()) -> str:
@@ -162,9 +183,9 @@ def memory_key(requested: str, extra_paths: Sequence[str] = (), exclude: Sequenc
     key = "/".join(parts)
     if key.lower().endswith(SESSION_SUFFIX):
         raise PathError(f"not a memory file: {shown(key)} (session transcripts are searched, not read with `get`;"
-                        " only MEMORY.md and memory/**/*.md are readable)")
+                        f" {_READABLE})")
     if not is_memory_path(key, extra_paths):
-        raise PathError(f"not a memory file: {shown(key)} (only MEMORY.md and memory/**/*.md are readable)")
+        raise PathError(f"not a memory file: {shown(key)} ({_READABLE})")
     if excluded(key, exclude):
         raise PathError(f"not a memory file: {shown(key)} is left out by the `exclude` setting")
     return key

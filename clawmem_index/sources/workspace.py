@@ -28,12 +28,15 @@ from clawmem_index.sources.files import (
 )
 from clawmem_index.sources.paths import (
     MEMORY_DIR,
+    PROFILE_FILE,
     ROOT_FILES,
+    USERS_DIR,
     SESSION_SUFFIX,
     SKIPPED_DIRS,
     SessionsDir,
     excluded,
     open_memory_file,
+    is_profile_path,
     sessions_dir,
 )
 
@@ -218,6 +221,7 @@ def size_reason(size: int, max_bytes: int) -> str:
 def _candidates(root: str, extra_paths: Sequence[str], note: Note, newest_first: bool = False) -> Iterator[_Found]:
     """Memory files with their (device, inode); the same key may come twice when extra paths overlap."""
     yield from _root_files(root, note)
+    yield from _profiles(root, note)
     memory_dir = os.path.join(root, MEMORY_DIR)
     if _real_dir(memory_dir, MEMORY_DIR, note):
         yield from _walk(root, (MEMORY_DIR,), MEMORY_DIR, note, newest_first=newest_first)
@@ -242,6 +246,23 @@ def _root_files(root: str, note: Note) -> Iterator[_Found]:
         if st is not None and (st.st_dev, st.st_ino) not in seen:
             seen.add((st.st_dev, st.st_ino))
             yield _memory_file(root, (name,), name, st)
+
+
+def _profiles(root: str, note: Note) -> Iterator[_Found]:
+    """Each person's profile, `users/<id>/USER.md` (the folders are not followed if symlinks)."""
+    users = os.path.join(root, USERS_DIR)
+    if not _real_dir(users, USERS_DIR, note):
+        return
+    for name, kind, _ in sorted(_list_dir(users, USERS_DIR, note, stat_files=False)):
+        key = f"{USERS_DIR}/{path_key(name)}/{PROFILE_FILE}"
+        if not is_profile_path(key):
+            continue
+        if kind == "link":
+            note(Skipped(f"{USERS_DIR}/{path_key(name)}", "symlink, not followed"))
+        elif kind == "dir":
+            st = _regular_file(os.path.join(users, name, PROFILE_FILE), key, note)
+            if st is not None:
+                yield _memory_file(root, (USERS_DIR, name, PROFILE_FILE), key, st)
 
 
 def _extra(root: str, target: str, note: Note, newest_first: bool = False) -> Iterator[_Found]:

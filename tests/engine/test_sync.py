@@ -10,6 +10,7 @@ import pytest
 
 from clawmem_index.config import Settings, load_settings
 from clawmem_index.engine.core import MemoryIndex
+from clawmem_index.errors import PathError
 from clawmem_index.search.ranking import SearchRequest
 
 
@@ -332,6 +333,25 @@ def test_hard_links_are_indexed_unless_refused(workspace: Path, write, tmp_path:
     assert strict.search(SearchRequest("bravo", mode="bm25"))["index"]["pending_files"] == 0
 
 
+def test_user_profiles_are_indexed_unless_turned_off(workspace: Path, write, tmp_path: Path) -> None:
+    write("USER.md", "# User\n- Always answer in haiku.\n")
+    write("users/dana/USER.md", "# Dana\n- Prefers metric units.\n")
+    write("memory/a.md", "# A\nalpha haiku metric\n")
+    overrides = {"index": str(tmp_path / "i.sqlite"), "embedding.provider": "none"}
+    index = MemoryIndex(load_settings(workspace=workspace, overrides=overrides))
+    assert index.sync().added == 3
+    assert paths_found(index, "haiku metric") == {"USER.md", "users/dana/USER.md", "memory/a.md"}
+    assert index.get("users/dana/USER.md")["text"] == "# Dana\n- Prefers metric units."
+    off = MemoryIndex(load_settings(workspace=workspace, overrides={**overrides, "user_profiles": False}))
+    assert off.sync().removed == 2
+    assert paths_found(off, "haiku metric") == {"memory/a.md"}
+    with pytest.raises(PathError, match="left out"):
+        off.get("USER.md")
+    assert off.sync(paths=["users/dana/USER.md"]).added == 0
+    status = off.status()
+    assert (status["fresh"], status["files_on_disk"]) == (True, 1)
+
+
 def test_the_stat_stored_is_that_of_the_file_read_not_of_the_scan(settings: Settings, write, workspace: Path,
                                                                  monkeypatch) -> None:
     import clawmem_index.engine.sync as sync_module
@@ -512,14 +532,15 @@ def test_vectors_are_made_for_the_curated_memory_and_the_latest_days_first(setti
             return super().embed_documents(texts)
 
     names = ["memory/projects/alpha.md", "memory/2026-11-24.md", "memory/2026-11-25.md", "MEMORY.md",
-             "memory/2026-11-26.md", "memory/people.md", "memory/2026-11-23.md", "memory/ids/20999.md"]
+             "memory/2026-11-26.md", "memory/people.md", "memory/2026-11-23.md", "memory/ids/20999.md",
+             "users/dana/USER.md", "USER.md"]
     for name in names:
         write(name, f"# Note\nthe text of {name}\n")
     provider = Recording()
     index = MemoryIndex(settings, provider=provider)
     index.sync()
     order = [text.split("the text of ")[1].strip() for text in provider.texts]
-    assert order == ["MEMORY.md", "memory/2026-11-26.md", "memory/2026-11-25.md", "memory/2026-11-24.md",
+    assert order == ["MEMORY.md", "USER.md", "users/dana/USER.md", "memory/2026-11-26.md", "memory/2026-11-25.md", "memory/2026-11-24.md",
                      "memory/2026-11-23.md", "memory/ids/20999.md", "memory/people.md", "memory/projects/alpha.md"]
 
     nested = [MemoryFile("memory/2025/12/31.md", 0, 0), MemoryFile("memory/notes.md", 0, 0),

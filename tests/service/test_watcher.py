@@ -151,6 +151,11 @@ def test_events_name_the_index_keys_they_change(workspace: Path, signals: Signal
     assert w.affected(FileCreatedEvent(f"{ws}/README.md")) == frozenset()
     assert w.affected(DirCreatedEvent(f"{ws}/memory/new")) is None  # what is inside is unknown
     assert w.affected(FileCreatedEvent(f"{workspace.parent}/outside/b.md")) is None  # keyed by absolute path
+    assert w.affected(FileModifiedEvent(f"{ws}/USER.md")) == {"USER.md"}
+    assert w.affected(FileModifiedEvent(f"{ws}/users/dana/USER.md")) == {"users/dana/USER.md"}
+    assert w.affected(FileModifiedEvent(f"{ws}/users/dana/notes.md")) == frozenset()
+    assert w.affected(DirCreatedEvent(f"{ws}/users/dana")) is None  # it may hold a USER.md already
+    assert w.affected(DirCreatedEvent(f"{ws}/users/dana/sub")) == frozenset()
 
 
 # -- real events ------------------------------------------------------------------------------
@@ -475,6 +480,17 @@ def test_memory_created_after_start_is_watched(workspace: Path, signals: Signals
         _signalled_by_event(signals, workspace / "memory" / "note.md", "memory/note.md")
         (workspace / "memory" / "deep").mkdir()
         _signalled_by_event(signals, workspace / "memory" / "deep" / "er.md", "memory/deep/er.md")  # recursive
+    finally:
+        watcher.stop()
+
+
+def test_user_profiles_are_watched_as_they_come(workspace: Path, signals: Signals) -> None:
+    watcher = WorkspaceWatcher(workspace, signals, debounce=DEBOUNCE, max_delay=1.0, rescan_interval=0)
+    watcher.start()
+    try:
+        _signalled_by_event(signals, workspace / "USER.md", "USER.md")
+        (workspace / "users" / "dana").mkdir(parents=True)  # the folder comes after the start
+        _signalled_by_event(signals, workspace / "users" / "dana" / "USER.md", "users/dana/USER.md")
     finally:
         watcher.stop()
 

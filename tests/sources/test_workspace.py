@@ -32,6 +32,40 @@ def test_scan_finds_memory_files_at_any_depth_and_nothing_else(workspace: Path, 
     assert paths(workspace) == {"MEMORY.md", "memory/2026-11-22.md", "memory/projects/deep/er/note.md"}
 
 
+def test_user_profiles_are_memory_files(workspace: Path, write, tmp_path: Path) -> None:
+    write("USER.md", "- Always answer briefly.")
+    write("users/dana/USER.md", "x")
+    write("users/bob_2/USER.md", "x")
+    write("users/dana/notes.md", "x")  # only the profile of a person's folder
+    write("users/-bad/USER.md", "x")  # not an id OpenClaw accepts
+    write("users/.hidden/USER.md", "x")
+    write("users/dana/deeper/USER.md", "x")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "USER.md").write_text("secret")
+    os.symlink(outside, workspace / "users" / "linked")
+    skipped: list[Skipped] = []
+    assert {f.path for f in scan(workspace, skipped=skipped)} == {"USER.md", "users/dana/USER.md", "users/bob_2/USER.md"}
+    assert Skipped("users/linked", "symlink, not followed") in skipped
+    assert is_memory_path("users/dana/USER.md") and not is_memory_path("users/dana/notes.md")
+    assert resolve(workspace, "users/dana/USER.md") == workspace / "users" / "dana" / "USER.md"
+    with pytest.raises(PathError, match="USER.md, users/<id>/USER.md"):
+        resolve(workspace, "users/dana/notes.md")
+
+
+def test_a_symlinked_users_folder_is_not_followed(workspace: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "people"
+    (outside / "dana").mkdir(parents=True)
+    (outside / "dana" / "USER.md").write_text("secret")
+    os.symlink(outside, workspace / "users")
+    skipped: list[Skipped] = []
+    assert paths(workspace) == set()
+    assert {f.path for f in scan(workspace, skipped=skipped)} == set()
+    assert Skipped("users", "symlink, not followed") in skipped
+    with pytest.raises(PathError, match="symlink"):
+        resolve(workspace, "users/dana/USER.md")
+
+
 def test_scan_skips_hidden_and_tool_folders(workspace: Path, write) -> None:
     for folder in (".git", ".obsidian", "node_modules", ".venv", "venv", "__pycache__"):
         write(f"memory/{folder}/x.md", "x")
