@@ -102,7 +102,8 @@ class Client:
     def search(self, query: str, *, max_results: int | None = None, min_score: float | None = None,
                mode: str | None = None, path_prefix: str | None = None, source: str | None = None,
                since: str | None = None, before: str | None = None, explain: bool = False,
-               workspaces: Sequence[str] | None = None, now: str | None = None) -> dict[str, Any]:
+               workspaces: Sequence[str] | None = None, now: str | None = None,
+               projects: Sequence[str] | None = None) -> dict[str, Any]:
         """The best chunks for `query`, as the socket's `search` answers them (`explain`: how each got its place).
 
         `workspaces`: in a shared index (index_backend postgres), search these workspaces (each result
@@ -113,12 +114,16 @@ class Client:
         vector; `source` memory or sessions; `since`/`before` ISO dates (inclusive/exclusive) on dated
         chunks (daily files, transcripts). Days the query names ("yesterday", "March 3") pull notes dated
         near them up; relative ones count from `now` (an ISO date or time; default today), and the answer's
-        `query` says how the query was read (`dates`, `corrected` typos) when not as typed.
+        `query` says how the query was read (`dates`, `corrected` typos) when not as typed. `projects`: the
+        repositories being worked in (OpenClaw's project keys): entries annotated `<!-- project: KEY -->` for
+        them rank higher, those for others lower. A result from annotated entries carries their `importance`,
+        `triggers` and `projects`.
         """
         return self._ask("search", {"query": query, "max_results": max_results, "min_score": min_score,
                                     "mode": mode, "path_prefix": path_prefix, "source": source, "since": since,
                                     "before": before, "explain": explain or None,
-                                    "workspaces": list(workspaces) if workspaces else None, "now": now})
+                                    "workspaces": list(workspaces) if workspaces else None, "now": now,
+                                    "projects": list(projects) if projects else None})
 
     def get(self, path: StrPath, *, start: int | None = None, lines: int | None = None,
             max_bytes: int | None = None) -> dict[str, Any]:
@@ -155,6 +160,15 @@ class Client:
                                      "min_score": min_score, "mode": mode, "path_prefix": path_prefix,
                                      "since": since, "before": before,
                                      "workspaces": list(workspaces) if workspaces else None, "now": now})
+
+    def curated(self, kind: str | None = None, *, limit: int | None = None) -> dict[str, Any]:
+        """The annotated entries of MEMORY.md and USER.md, read from the files as they are now, most important
+        first: `{entries: [{path, start_line, end_line, text, importance?, triggers?, projects?}], truncated?}`.
+
+        `kind` "triggers" keeps the entries with trigger phrases (what a host matches against each message),
+        "projects" those scoped to repositories. `text` is the entry without its annotations.
+        """
+        return self._ask("curated", {"kind": kind, "limit": limit})
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -237,6 +251,8 @@ class Client:
             return index.context(search_request(p), p.get("budget"))
         if method == "get":
             return index.get(p["path"], p.get("from"), p.get("lines"), p.get("max_bytes"))
+        if method == "curated":
+            return index.curated(p.get("kind"), p.get("limit", 512))
         return index.status()
 
 

@@ -23,6 +23,7 @@ from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.embeddings.jobs import BatchEmbedder
 from clawmem_index.errors import ProviderError
 from clawmem_index.index.store import JobRow, Store
+from clawmem_index.text.annotations import embedding_text
 
 __all__ = ["JobsReport", "advance", "batch_capable", "batch_enabled", "covered"]
 
@@ -144,7 +145,7 @@ def _submit(store: Store, provider: BatchEmbedder, settings: BatchSettings, cloc
                                      exclude=covered(store, provider))  # type: ignore[arg-type]
     if len(waiting) < settings.threshold:
         return
-    items = sorted(waiting.items())
+    items = sorted((h, embedding_text(text)) for h, text in waiting.items())  # as embed_pending sends them
     size = max(1, provider.max_batch_items)
     for start in range(0, len(items), size):
         if report.running >= settings.concurrency:

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MemoryIndex"]
 
-KEYWORD_FORMAT = "porter-unicode61+cjk-1+dates"  # chunks carry their daily file's date
+# chunks carry their daily file's date; OpenClaw's annotations are their metadata, not words
+KEYWORD_FORMAT = "porter-unicode61+cjk-1+dates+annotations"
 _UNRESOLVED: Any = object()
 
 
@@ -220,6 +221,10 @@ class MemoryIndex:
     def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, object]:
         """The search's best lines as one prompt block of at most `budget` tokens (see `Queries.context`)."""
         return self._queries.context(request, budget)
+
+    def curated(self, kind: str | None = None, limit: int = 512) -> dict[str, object]:
+        """The annotated entries of MEMORY.md and USER.md, as the files are now (see `Queries.curated`)."""
+        return self._queries.curated(kind, limit)
 
     # -- freshness (clawmem_index.engine.status) --------------------------------------------
 

@@ -15,6 +15,7 @@ from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.embeddings.batching import in_flight
 from clawmem_index.errors import ProviderError
 from clawmem_index.index.store import Store
+from clawmem_index.text.annotations import embedding_text
 
 if TYPE_CHECKING:
     from clawmem_index.engine.sync import Progress
@@ -92,7 +93,8 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
             yield _Batch(pending, cached, missing, frozenset(borrowed))
 
     def fetch(item: _Batch) -> tuple[_Batch, dict[str, bytes | None]]:
-        vectors = provider.embed_documents(list(item.missing.values())) if item.missing else []
+        texts = [embedding_text(text) for text in item.missing.values()]  # an annotation is no part of the meaning
+        vectors = provider.embed_documents(texts) if texts else []
         directions = (unit(vec) for vec in vectors)
         return item, {h: pack(d) if d is not None else None for h, d in zip(item.missing, directions, strict=True)}
 

@@ -18,6 +18,7 @@ from clawmem_index.config import Settings
 from clawmem_index.errors import PathError
 from clawmem_index.index.store import FileRow
 from clawmem_index.sources.files import open_beneath, read_all, refusal_of
+from clawmem_index.sources.paths import reads_annotations
 from clawmem_index.sources.sessions import (
     SessionChunk,
     TailState,
@@ -27,6 +28,7 @@ from clawmem_index.sources.sessions import (
     read_transcript,
 )
 from clawmem_index.sources.workspace import MemoryFile, size_reason
+from clawmem_index.text.annotations import Annotations, read_annotations, strip_annotations
 from clawmem_index.text.chunking import Chunk, chunk_markdown
 from clawmem_index.text.keywords import index_text
 
@@ -48,6 +50,7 @@ class ParsedFile:
     refused: bool = False  # may not be read (now a symlink, FIFO...): `error` says why, None if it is just gone
     fts_texts: list[str] = field(default_factory=list)  # each chunk's text as the keyword index takes it
     terms: list[Any] | None = None  # the store's `terms_of` each of those (None: the store has none)
+    annotations: list[Annotations] = field(default_factory=list)  # each chunk's (OpenClaw's entry metadata)
 
 
 @dataclass(frozen=True)
@@ -134,9 +137,18 @@ def _parse_one(f: MemoryFile, args: _ParseArgs, previous: FileRow | None) -> Par
         return ParsedFile(f, digest, [], len(data))
     text = data.decode("utf-8", errors="replace")
     chunks = chunk_markdown(text, max_tokens=args.max_tokens, overlap=args.overlap, tokenizer=args.tokenizer)
-    fts_texts = [index_text(chunk.text) for chunk in chunks]
+    # An annotation is the entry's metadata, not its words: the keyword index never sees it.
+    fts_texts = [index_text(strip_annotations(chunk.text)) for chunk in chunks]
     terms = None if args.terms_of is None else [args.terms_of(t) for t in fts_texts]
-    return ParsedFile(f, digest, chunks, len(data), fts_texts=fts_texts, terms=terms)
+    return ParsedFile(f, digest, chunks, len(data), fts_texts=fts_texts, terms=terms,
+                      annotations=_annotations(f.path, chunks) if "<!--" in text else [])
+
+
+def _annotations(key: str, chunks: Sequence[Chunk]) -> list[Annotations]:
+    """Each chunk's annotations, as its file may carry them (empty: none carries any)."""
+    curated, project_scoped = reads_annotations(key)
+    found = [read_annotations(c.text.split("\n"), curated=curated, project_scoped=project_scoped) for c in chunks]
+    return found if any(found) else []
 
 
 def parse_session(f: MemoryFile, settings: Settings, previous: FileRow | None) -> ParsedSession:

@@ -19,7 +19,8 @@ from clawmem_index.index.store import Store
 from clawmem_index.search.query_cache import QueryCache
 from clawmem_index.search.ranking import SearchOutcome, SearchRequest, run_search
 from clawmem_index.sources.files import GET_MAX_BYTES, Window, count_lines, read_window
-from clawmem_index.sources.paths import open_memory_file
+from clawmem_index.sources.paths import PROFILE_FILE, open_memory_file, reads_annotations
+from clawmem_index.text.annotations import Entry, curated_entries
 
 if TYPE_CHECKING:
     from clawmem_index.engine.core import MemoryIndex
@@ -28,6 +29,11 @@ __all__ = ["CACHED_RESULTS", "Queries"]
 
 CONTEXT_READ_BYTES = 1 << 20  # at least this much of each range of hit lines is read for `context`
 CACHED_RESULTS = 50  # answers with more results are not kept by the query cache
+# The curated memory whose annotated entries a host may put in front of its model unasked (OpenClaw's lane 1
+# and project block read these two alone); each is read up to this much, as it is now.
+CURATED_PATHS = ("MEMORY.md", PROFILE_FILE)
+CURATED_READ_BYTES = 4 << 20
+CURATED_KINDS = ("triggers", "projects")
 
 
 class Queries:
@@ -38,6 +44,7 @@ class Queries:
         search = index.settings.search
         self.answers: QueryCache[SearchOutcome] = QueryCache(search.cache_entries, search.cache_seconds)
         self.deadline: Any = None  # the provider behind a deadline (QueryDeadline), made at the first vector query
+        self._entries: dict[str, tuple[tuple[int, ...], list[Entry], bool]] = {}  # path -> (stat, entries, cut)
 
     def search(self, request: SearchRequest) -> dict[str, object]:
         index = self.index
@@ -117,6 +124,46 @@ class Queries:
             search = self.index.settings.search
             self.deadline = QueryDeadline(provider, search.query_timeout, first_use=search.first_query_timeout)
         return self.deadline, None
+
+    def curated(self, kind: str | None = None, limit: int = 512) -> dict[str, object]:
+        """The annotated entries of MEMORY.md and USER.md as the files are now, the most important first.
+
+        `kind` "triggers" or "projects" keeps those with trigger phrases or repository keys. Each file is
+        read (at most CURATED_READ_BYTES) only when its stat changed since the last call.
+        """
+        if kind is not None and kind not in CURATED_KINDS:
+            raise QueryError(f"'kind' must be one of {', '.join(CURATED_KINDS)}")
+        if not 1 <= limit <= 512:
+            raise QueryError("'limit' must be between 1 and 512")
+        found: list[tuple[str, Entry]] = []
+        cut: list[str] = []
+        for path in CURATED_PATHS:
+            entries, truncated = self._curated_file(path)
+            found.extend((path, e) for e in entries if e.annotations and (
+                kind is None or getattr(e.annotations, kind) is not None))
+            if truncated:
+                cut.append(path)
+        found.sort(key=lambda pe: (-(pe[1].annotations.importance or 0), pe[0], pe[1].start_line))
+        answer: dict[str, object] = {"entries": [_entry(path, e) for path, e in found[:limit]]}
+        if cut:
+            answer["truncated"] = cut  # read only up to CURATED_READ_BYTES: entries past it are not listed
+        return answer
+
+    def _curated_file(self, path: str) -> tuple[list[Entry], bool]:
+        try:
+            with self._open(path) as opened:
+                st = opened.stat
+                stamp = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+                kept = self._entries.get(path)
+                if kept is not None and kept[0] == stamp:
+                    return kept[1], kept[2]
+                window = read_window(opened.fd, 1, None, CURATED_READ_BYTES)
+        except PathError:
+            self._entries.pop(path, None)
+            return [], False  # not there, or not memory now (a symlink, `user_profiles = false`): nothing to list
+        entries = curated_entries(window.text, project_scoped=reads_annotations(path)[1])
+        self._entries[path] = (stamp, entries, window.truncated)
+        return entries, window.truncated
 
     def get(self, path: str, start: int | None = None, lines: int | None = None,
             max_bytes: int | None = None) -> dict[str, object]:
@@ -219,3 +266,12 @@ def _within(lines: list[str | None], max_bytes: int) -> list[str | None]:
             line = line.removesuffix("\r")
         out.append(line)
     return out
+
+
+def _entry(path: str, entry: Entry) -> dict[str, object]:
+    notes = entry.annotations
+    data: dict[str, object] = {"path": path, "start_line": entry.start_line, "end_line": entry.end_line,
+                               "text": entry.text}
+    data.update((key, value) for key, value in (("importance", notes.importance), ("triggers", notes.triggers),
+                                                ("projects", notes.projects)) if value is not None)
+    return data

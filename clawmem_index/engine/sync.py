@@ -329,7 +329,8 @@ def _apply_file(store: Store, item: ParsedFile, previous: FileRow | None, report
             continue
         store.insert_chunk(id=ids.new(chunk.hash), path=f.path, source=f.source, start_line=chunk.start_line,
                            end_line=chunk.end_line, hash=chunk.hash, text=chunk.text, fts_text=item.fts_texts[n],
-                           date=date, terms=None if item.terms is None else item.terms[n])
+                           date=date, terms=None if item.terms is None else item.terms[n],
+                           annotations=item.annotations[n] if item.annotations else None)
         report.chunks_added += 1
     dropped = [seq for seq in by_seq if seq not in kept]
     store.delete_chunks(dropped)

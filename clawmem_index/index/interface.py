@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from clawmem_index.index.parking import Owner
     from clawmem_index.index.store import ChunkRow, FileRow, JobRow
     from clawmem_index.index.vector_index import VectorHit
+    from clawmem_index.text.annotations import Annotations
 
 __all__ = ["IndexStore"]
 
@@ -69,8 +70,17 @@ class IndexStore(Protocol):
         ...
 
     def insert_chunk(self, *, id: str, path: str, source: str, start_line: int, end_line: int, hash: str, text: str,
-            fts_text: str, model: str = "", date: str | None = None, terms: Any = None) -> int:
+            fts_text: str, model: str = "", date: str | None = None, terms: Any = None,
+            annotations: Annotations | None = None) -> int:
         """Add a chunk with its FTS row; text that UTF-8 cannot encode (lone surrogates) is stored repaired."""
+        ...
+
+    def annotated(self) -> bool:
+        """Whether any chunk carries an annotation (clawmem_index.text.annotations)."""
+        ...
+
+    def annotations_of(self, seqs: Collection[int]) -> dict[int, Annotations]:
+        """The annotations of those of `seqs` that carry any."""
         ...
 
     def date_undated(self, dates: Mapping[str, str]) -> int:

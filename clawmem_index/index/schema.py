@@ -84,6 +84,13 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0004_chunk_hashes", """
         CREATE INDEX chunks_hash ON chunks(hash);
     """),
+    ("0005_chunk_annotations", """
+        ALTER TABLE chunks ADD COLUMN importance INTEGER;
+        ALTER TABLE chunks ADD COLUMN triggers TEXT;
+        ALTER TABLE chunks ADD COLUMN projects TEXT;
+        CREATE INDEX chunks_annotated ON chunks(seq)
+            WHERE importance IS NOT NULL OR triggers IS NOT NULL OR projects IS NOT NULL;
+    """),  # OpenClaw's annotations of an entry (clawmem_index.text.annotations): few chunks carry any
 ]
 
 

@@ -31,11 +31,16 @@ from clawmem_index.index.schema import MIGRATIONS, SCHEMA_VERSION, Meta
 from clawmem_index.index.vector_cells import SharedCells
 from clawmem_index.index.vector_index import FLOATS, HALVES, VectorHit, VectorIndex
 from clawmem_index.index.vocabulary import FtsVocabulary
+from clawmem_index.text.annotations import Annotations
 from clawmem_index.text.storable import storable
 
 # The rows, schema version and hits are the store's interface: importable from here as they always were.
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ChunkFilter", "ChunkRow", "FileRow", "JobRow", "Store", "TextHit",
            "VectorHit"]
+
+
+_NO_ANNOTATIONS = Annotations()
+_ANNOTATED = "importance IS NOT NULL OR triggers IS NOT NULL OR projects IS NOT NULL"  # as chunks_annotated's
 
 
 class Store:
@@ -150,15 +155,19 @@ class Store:
             (path,))]
 
     def insert_chunk(self, *, id: str, path: str, source: str, start_line: int, end_line: int, hash: str,
-                     text: str, fts_text: str, model: str = "", date: str | None = None, terms: Any = None) -> int:
+                     text: str, fts_text: str, model: str = "", date: str | None = None, terms: Any = None,
+                     annotations: Annotations | None = None) -> int:
         """Add a chunk with its FTS row; text that UTF-8 cannot encode (lone surrogates) is stored repaired.
 
         `terms` is never set here (`terms_of` is None): FTS5 tokenizes `fts_text` itself."""
         id, path, text, fts_text = storable(id), storable(path), storable(text), storable(fts_text)
+        notes = annotations or _NO_ANNOTATIONS
         self.conn.execute(
-            "INSERT INTO chunks(id, path, source, start_line, end_line, hash, model, text, date, updated_at)"
-            " VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (id, path, source, start_line, end_line, hash, model, text, date, time.time()),
+            "INSERT INTO chunks(id, path, source, start_line, end_line, hash, model, text, date, updated_at,"
+            " importance, triggers, projects) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (id, path, source, start_line, end_line, hash, model, text, date, time.time(), notes.importance,
+             None if notes.triggers is None else storable(notes.triggers),
+             None if notes.projects is None else storable(notes.projects)),
         )
         seq = self.conn.last_insert_rowid()
         self.keywords.add(seq, fts_text, id=id, path=path, source=source, model=model, start_line=start_line,
@@ -257,6 +266,21 @@ class Store:
     def data_version(self) -> int:
         """Changes whenever another connection commits to the index (SQLite's own counter, per connection)."""
         return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def annotated(self) -> bool:
+        """Whether any chunk carries an annotation (else ranking needs no look at them)."""
+        return self.conn.execute(f"SELECT 1 FROM chunks WHERE {_ANNOTATED} LIMIT 1").fetchone() is not None
+
+    def annotations_of(self, seqs: Collection[int]) -> dict[int, Annotations]:
+        """The annotations of those of `seqs` that carry any."""
+        found: dict[int, Annotations] = {}
+        ordered = sorted(set(seqs))
+        for start in range(0, len(ordered), 500):
+            part = ordered[start:start + 500]
+            found.update((seq, Annotations(importance, triggers, projects)) for seq, importance, triggers, projects in
+                         self.conn.execute(f"SELECT seq, importance, triggers, projects FROM chunks WHERE seq IN"
+                                           f" ({','.join('?' * len(part))}) AND ({_ANNOTATED})", part))
+        return found
 
     def newest_date(self) -> str | None:
         """The latest date a chunk carries (recency decay counts ages from it)."""

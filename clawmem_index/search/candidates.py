@@ -87,12 +87,14 @@ def vector_similarity(distance: float) -> float:
 
 
 def gather(sides: Sides, *, weights: tuple[float, float], want: int, pool: int, cap: int,
-           factor: Callable[[Candidate], float], min_score: float, text_exponent: float = 1.0) -> Pools:
+           factor: Callable[[Candidate], float], min_score: float, text_exponent: float = 1.0,
+           prepare: Callable[[list[Candidate]], None] | None = None, factor_max: float = 1.0) -> Pools:
     """Candidates with both sides' scores and `score = ((1-wd)*(wt*text**text_exponent + wv*vector) + wd*closeness)
     * factor`, deep enough for `want` (`text`: BM25 relative to the best hit's, 0..1; `wd`, `closeness`: the
     days the query names, `sides.date_weight`, 0 when it names none; the dated chunks are candidates too).
 
-    `weights` = (text, vector), summing to 1; `factor` (decay) is at most 1. An exponent below 1 lifts
+    `weights` = (text, vector), summing to 1; `factor` (decay, annotations' boosts) is at most `factor_max`,
+    and `prepare` is given each round's candidates before it is asked (a batch look-up). An exponent below 1 lifts
     the keyword side's middling matches (any power keeps its order, so the bounds below hold). The
     text side is read at least `sides.text_ahead` deep: its lower bound then lets the vector side stop
     sooner. An unseen chunk's closeness is at most the dated list's bound (0 when it was read whole).
@@ -113,6 +115,8 @@ def gather(sides: Sides, *, weights: tuple[float, float], want: int, pool: int, 
         text_done = sides.text is None or wt == 0 or len(text_hits) < text_depth
         vector_done = sides.vector is None or wv == 0 or len(vector_hits) < depth
         _fill(cands, sides, text_done=text_done, vector_done=vector_done, wt=wt, wv=wv)
+        if prepare is not None:
+            prepare(cands)
         for c in cands:
             c.fused = (1.0 - wd) * (wt * _norm(c.text_score, best) ** text_exponent + wv * (c.vector_score or 0.0)) \
                 + wd * c.closeness
@@ -121,7 +125,7 @@ def gather(sides: Sides, *, weights: tuple[float, float], want: int, pool: int, 
             (0.0 if text_done else wt * _norm(text_relevance(text_hits[-1].bm25), best) ** text_exponent)
             + (0.0 if vector_done else wv * vector_similarity(vector_hits[-1].distance))) + wd * dated_bound
         proven = (text_done and vector_done and not dated_bound) or bound < min_score or \
-            len({c.citation for c in cands if c.fused >= min_score and c.score > bound}) >= want
+            len({c.citation for c in cands if c.fused >= min_score and c.score > bound * factor_max}) >= want
         if proven or depth >= cap:
             for c in cands:
                 c.text_score = None if c.text_score is None else _norm(c.text_score, best)

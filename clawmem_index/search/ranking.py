@@ -10,15 +10,17 @@ import datetime as dt
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from clawmem_index.config import SearchSettings
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.errors import ClawmemError, QueryError
 from clawmem_index.index.store import ChunkFilter, Store, TextHit, VectorHit
+from clawmem_index.search.boosts import MAX_BOOST, Boosts
 from clawmem_index.search.candidates import Candidate, Sides, gather, read_fixed
 from clawmem_index.search.dates import DatePrior
 from clawmem_index.search.query_plan import QueryPlan, plan_query
+from clawmem_index.text.annotations import Annotations, strip_annotations
 from clawmem_index.text.dates import DateMention
 from clawmem_index.text.keywords import build_prefix_match
 
@@ -43,6 +45,7 @@ class SearchRequest:
     explain: bool = False  # each result says how it got its place (keyword and vector side, fusion, decay, MMR)
     workspaces: tuple[str, ...] | None = None  # a shared index: search these workspaces (the role must may read them)
     now: str | None = None  # ISO date (or time) relative dates in the query count from (None: today)
+    projects: tuple[str, ...] = ()  # the repositories being worked in: entries scoped to them rank higher (boosts)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class SearchResult:
     text_score: float | None = None
     explain: dict[str, object] | None = None
     workspace: str | None = None  # a shared index's answer names each result's workspace
+    annotations: Annotations | None = None  # OpenClaw's annotations of the entries it holds
 
     def as_dict(self) -> dict[str, object]:
         data: dict[str, object] = {
@@ -71,6 +75,10 @@ class SearchResult:
             data["explain"] = self.explain
         if self.workspace is not None:
             data["workspace"] = self.workspace
+        notes = self.annotations
+        if notes is not None:
+            data.update((key, value) for key, value in (("importance", notes.importance), ("triggers", notes.triggers),
+                                                        ("projects", notes.projects)) if value is not None)
         return data
 
 
@@ -144,7 +152,7 @@ def mmr(ranked: list[Candidate], lam: float, pool: int, floor: float) -> list[Ca
 
 
 def _explain(c: Candidate, place: int, how: str, settings: SearchSettings,
-             prior: DatePrior | None = None) -> dict[str, object]:
+             prior: DatePrior | None = None, boosts: Boosts | None = None) -> dict[str, object]:
     """How a result got its place: each side's rank and score, its closeness to the days the query names, the
     fused score, and what decay and MMR did."""
     data: dict[str, object] = {
@@ -154,8 +162,11 @@ def _explain(c: Candidate, place: int, how: str, settings: SearchSettings,
     }
     if prior is not None:
         data["date_closeness"] = round(c.closeness, 6)
+    boost = boosts(c) if boosts is not None else 1.0
+    if boost != 1.0:
+        data["annotation_factor"] = round(boost, 6)  # importance and repository scope (search.boosts)
     if settings.decay_half_life_days:
-        data["decay_factor"] = round(c.score / c.fused, 6) if c.fused else 1.0
+        data["decay_factor"] = round(c.score / c.fused / boost, 6) if c.fused else 1.0
     if settings.mmr_lambda:
         data["mmr"] = {"place_before": c.before_mmr, "place_after": place}
     return data
@@ -276,10 +287,16 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         dated=None if prior is None else _DatedSide(store, prior, where).hits,
         closeness=None if prior is None else prior.closeness, date_weight=0.0 if prior is None else prior.weight,
     )
-    factor = _decay(store, settings, today)
+    decay = _decay(store, settings, today)
+    # Annotations weigh only what carries them: an index without any is ranked exactly as before.
+    boosts = Boosts(store.annotations_of, request.projects) if store.annotated() else None
+    factor = decay if boosts is None else (lambda c: decay(c) * boosts(c))
+    weighing: dict[str, Any] = {} if boosts is None else {"prepare": boosts.prepare, "factor_max": MAX_BOOST}
     want = max(limit, settings.mmr_pool if settings.mmr_lambda else 0)
     if mode == "hybrid" and settings.fusion == "rrf":
         cands = fuse_rrf(read_fixed(sides, settings.candidate_pool), settings.rrf_k)
+        if boosts is not None:
+            boosts.prepare(cands)
         for c in cands:
             c.fused = (1.0 - sides.date_weight) * c.score + sides.date_weight * c.closeness
             c.score = c.fused * factor(c)
@@ -290,12 +307,12 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
                    "hybrid": (settings.text_weight / total, settings.vector_weight / total)}[mode]
         pools = gather(sides, weights=weights, want=want, pool=settings.candidate_pool, cap=settings.candidate_cap,
                        factor=factor, min_score=min_score,
-                       text_exponent=settings.text_exponent if mode == "hybrid" else 1.0)
+                       text_exponent=settings.text_exponent if mode == "hybrid" else 1.0, **weighing)
         effective = mode
         if mode == "hybrid" and not any(c.vector_rank for c in pools.candidates):
             # No vector near enough (none stored yet, or none within the filter): rank as keyword search does.
             pools = gather(replace(sides, vector=None), weights=(1.0, 0.0), want=want, pool=settings.candidate_pool,
-                           cap=settings.candidate_cap, factor=factor, min_score=min_score)
+                           cap=settings.candidate_cap, factor=factor, min_score=min_score, **weighing)
             effective = "bm25"
         cands = pools.candidates
 
@@ -305,7 +322,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         if prefix is not None:
             pools = gather(Sides(text=_KeywordSide(store, prefix, where, settings.candidate_cap).hits), weights=(1.0, 0.0),
                            want=want, pool=settings.candidate_pool, cap=settings.candidate_cap, factor=factor,
-                           min_score=min_score)
+                           min_score=min_score, **weighing)
             ranked = _passing(pools.candidates, min_score)
             effective = "prefix" if ranked else effective
     _with_text(store, ranked, want)
@@ -316,9 +333,10 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
     ranked = ranked[:limit]
     how = settings.fusion if effective == "hybrid" else effective  # "prefix": the fallback on word beginnings
     results = [
-        SearchResult(c.path, c.start_line, c.end_line, c.score, snippet(c.text, settings.snippet_chars), c.source,
-                     c.vector_score, c.text_score,
-                     _explain(c, place, how, settings, prior) if request.explain else None, c.workspace)
+        SearchResult(c.path, c.start_line, c.end_line, c.score, snippet(strip_annotations(c.text), settings.snippet_chars),
+                     c.source, c.vector_score, c.text_score,
+                     _explain(c, place, how, settings, prior, boosts) if request.explain else None, c.workspace,
+                     None if boosts is None else boosts.annotations(c.seq))
         for place, c in enumerate(ranked, start=1)
     ]
     read = plan.as_dict()

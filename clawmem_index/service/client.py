@@ -145,6 +145,8 @@ class DaemonClient:
             value = getattr(request, name)
             if value is not None:
                 params[name] = value
+        if request.projects:
+            params["projects"] = list(request.projects)
         result: dict[str, Any] = self.call("search", params, timeout=self.timeout)
         return result
 

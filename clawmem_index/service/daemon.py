@@ -373,6 +373,9 @@ class Daemon:
         self._await_first_build()
         return self.index.context(request, budget)
 
+    def curated(self, kind: str | None = None, limit: int = 512) -> dict[str, object]:
+        return self.index.curated(kind, limit)  # the files as they are now: no index needed
+
     def get(self, path: str, start: int | None = None, lines: int | None = None,
             max_bytes: int | None = None) -> dict[str, object]:
         self._await_first_build()

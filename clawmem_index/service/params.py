@@ -68,22 +68,24 @@ PARAMS: dict[str, dict[str, tuple[str, bool]]] = {
     "search": {"query": ("str", True), "max_results": ("int", False), "min_score": ("number", False),
                "mode": ("str", False), "path_prefix": ("str", False), "source": ("str", False),
                "since": ("str", False), "before": ("str", False), "explain": ("bool", False),
-               "workspaces": ("names", False), "now": ("str", False)},
+               "workspaces": ("names", False), "now": ("str", False), "projects": ("keys", False)},
     "get": {"path": ("str", True), "from": ("int", False), "lines": ("int", False), "max_bytes": ("int", False)},
     "status": {},
     "context": {"query": ("str", True), "budget": ("int", False), "max_results": ("int", False),
                 "min_score": ("number", False), "mode": ("str", False), "path_prefix": ("str", False),
                 "source": ("str", False), "since": ("str", False), "before": ("str", False),
                 "workspaces": ("names", False), "now": ("str", False)},
+    "curated": {"kind": ("str", False), "limit": ("int", False)},
     "sync": {"wait": ("bool", False)},
     "reindex": {"wait": ("bool", False)},
 }
 # Methods answered on the query pool (bounded read connections); sync/reindex only wait on the writer.
-POOLED = frozenset({"search", "get", "status", "context"})
+POOLED = frozenset({"search", "get", "status", "context", "curated"})
 
 _KIND_NAMES = {"str": "a string", "int": "an integer", "number": "a number", "bool": "true or false",
-               "names": "a list of 1 to 64 workspace names"}
+               "names": "a list of 1 to 64 workspace names", "keys": "a list of at most 64 repository keys"}
 MAX_WORKSPACES = 64
+MAX_KEY_CHARS = 1000
 
 
 def validate_params(method: str, params: object) -> dict[str, Any]:
@@ -126,6 +128,9 @@ def _is_kind(value: object, kind: str) -> bool:
     if kind == "names":
         return (isinstance(value, list) and 1 <= len(value) <= MAX_WORKSPACES
                 and all(isinstance(v, str) and 0 < len(v) <= 200 for v in value))
+    if kind == "keys":
+        return (isinstance(value, list) and len(value) <= MAX_WORKSPACES
+                and all(isinstance(v, str) and 0 < len(v) <= MAX_KEY_CHARS for v in value))
     if isinstance(value, bool):
         return False
     if kind == "int":
@@ -147,6 +152,11 @@ def _check_ranges(method: str, p: dict[str, Any]) -> None:
             raise bad(f"'mode' must be one of {', '.join(SEARCH_MODES)}")
         if "budget" in p and not 0 <= p["budget"] <= MAX_CONTEXT_BUDGET:
             raise bad(f"'budget' must be between 0 and {MAX_CONTEXT_BUDGET} tokens")
+    elif method == "curated":
+        if "kind" in p and p["kind"] not in ("triggers", "projects"):
+            raise bad("'kind' must be triggers or projects (or left out: every annotated entry)")
+        if "limit" in p and not 1 <= p["limit"] <= 512:
+            raise bad("'limit' must be between 1 and 512")
     elif method == "get":
         for name in ("from", "lines"):
             if name in p and p[name] < 1:
@@ -162,4 +172,5 @@ def search_request(params: dict[str, Any]) -> SearchRequest:
     return SearchRequest(params["query"], params.get("max_results"), params.get("min_score"), params.get("mode"),
                          params.get("path_prefix"), params.get("source"), params.get("since"), params.get("before"),
                          bool(params.get("explain", False)),
-                         tuple(params["workspaces"]) if params.get("workspaces") else None, params.get("now"))
+                         tuple(params["workspaces"]) if params.get("workspaces") else None, params.get("now"),
+                         tuple(params.get("projects") or ()))

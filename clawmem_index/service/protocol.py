@@ -93,6 +93,8 @@ class Backend(Protocol):
 
     def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, object]: ...
 
+    def curated(self, kind: str | None = None, limit: int = 512) -> dict[str, object]: ...
+
     def sync(self, wait: bool) -> dict[str, object]: ...
 
     def reindex(self, wait: bool) -> dict[str, object]: ...
@@ -299,6 +301,8 @@ class Dispatcher:
             call = lambda: backend.get(p["path"], p.get("from"), p.get("lines"), p.get("max_bytes"))
         elif method == "status":
             call = backend.status
+        elif method == "curated":
+            call = lambda: backend.curated(p.get("kind"), p.get("limit", 512))
         elif method == "sync":
             call = lambda: backend.sync(p.get("wait", False))
         else:

@@ -31,6 +31,7 @@ __all__ = [
     "folder_date",
     "is_memory_path",
     "is_profile_path",
+    "reads_annotations",
     "memory_key",
     "open_memory_file",
     "sessions_dir",
@@ -164,6 +165,16 @@ def is_profile_path(rel: str) -> bool:
         return True
     return (len(parts) == 3 and parts[0] == USERS_DIR and parts[2] == PROFILE_FILE
             and _PROFILE_ID.fullmatch(parts[1]) is not None)
+
+
+CURATED_FILES = ("MEMORY.md", "memory.md", PROFILE_FILE)  # where OpenClaw reads triggers and importance
+
+
+def reads_annotations(key: str) -> tuple[bool, bool]:
+    """Which annotations (clawmem_index.text.annotations) a memory file's entries carry: (triggers and importance,
+    project keys). Triggers and importance in the curated files at the root; project keys in every memory file but
+    the user profiles, which are about the person, never scoped to a repository."""
+    return key in CURATED_FILES, not is_profile_path(key)
 
 
 def memory_key(requested: str, extra_paths: Sequence[str] = (), exclude: Sequence[str] = ()) -> str:

@@ -690,3 +690,28 @@ def test_a_second_daemon_with_other_cache_and_runtime_folders_is_refused(proc_pa
     finally:
         stop_process(first)
     assert sorted(p.name for p in proc_paths["workspace"].iterdir()) == names  # the lock wrote nothing there
+
+
+# -- OpenClaw's annotations over the socket ----------------------------------------------------
+
+
+def test_the_socket_lists_curated_entries_and_ranks_by_the_repositories_given(workspace: Path,
+                                                                           dsettings: Settings) -> None:
+    (workspace / "USER.md").write_text("# User\n- Always answer in haiku. <!-- trigger: poem -->\n")
+    (workspace / "memory" / "a.md").write_text("- tag with the helper <!-- project: github.com/acme/app -->\n")
+    (workspace / "memory" / "b.md").write_text("- tag with the helper\n")
+    with running_daemon(dsettings) as daemon, RawClient(dsettings.socket_path) as raw:
+        wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
+        listed = raw.call("curated", {"kind": "triggers"})["result"]
+        assert listed["entries"] == [{"path": "USER.md", "start_line": 2, "end_line": 2,
+                                      "text": "- Always answer in haiku.", "triggers": "poem"}]
+        plain = raw.call("search", {"query": "tag helper", "mode": "bm25"})["result"]["results"]
+        scoped = raw.call("search", {"query": "tag helper", "mode": "bm25",
+                                     "projects": ["github.com/acme/other"]})["result"]["results"]
+        assert [r["path"] for r in plain] == ["memory/a.md", "memory/b.md"]
+        assert [r["path"] for r in scoped] == ["memory/b.md", "memory/a.md"]
+        assert scoped[1]["projects"] == "github.com/acme/app"
+        for bad in ({"kind": "dreams"}, {"limit": 0}, {"limit": 513}, {"colour": 1}):
+            assert raw.call("curated", bad)["error"]["code"] == -32602, bad
+        for bad in ([""], "x", [1], ["k"] * 65):
+            assert raw.call("search", {"query": "x", "projects": bad})["error"]["code"] == -32602, bad

@@ -258,11 +258,12 @@ class Connection:
 
 
 _CHUNK_COLUMNS = "seq, workspace, gen, id, path, source, start_line, end_line, hash, text, date, updated_at," \
-    " terms, counts, length"
+    " terms, counts, length, importance, triggers, projects"
 _COPY_CHUNKS = f"COPY cm_chunks({_CHUNK_COLUMNS}) FROM STDIN"
 _STAGE_CHUNKS = ("CREATE TEMP TABLE IF NOT EXISTS cm_chunks_staged(seq bigint, workspace text, gen bigint, id text,"
                  " path text, source text, start_line integer, end_line integer, hash text, text text,"
-                 " date text, updated_at double precision, terms text[], counts integer[], length integer)")
+                 " date text, updated_at double precision, terms text[], counts integer[], length integer,"
+                 " importance integer, triggers text, projects text)")
 _COPY_STAGED = f"COPY cm_chunks_staged({_CHUNK_COLUMNS}) FROM STDIN"
 _UNSTAGE_CHUNKS = (f"WITH moved AS (DELETE FROM cm_chunks_staged RETURNING *)"
                    f" INSERT INTO cm_chunks({_CHUNK_COLUMNS}) SELECT * FROM moved")

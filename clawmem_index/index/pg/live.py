@@ -11,8 +11,11 @@ from typing import Any
 from clawmem_index.index.filters import ChunkFilter
 from clawmem_index.index.keyword_index import TextHit
 from clawmem_index.index.pg.connection import Connection, pg_text
+from clawmem_index.text.annotations import Annotations
 
 __all__ = ["Live", "filter_sql"]
+
+_ANNOTATED = "c.importance IS NOT NULL OR c.triggers IS NOT NULL OR c.projects IS NOT NULL"  # cm_chunks_annotated's
 
 
 class Live:
@@ -38,6 +41,21 @@ class Live:
         return {int(r[0]): tuple(r) for r in self.conn.execute(
             f"SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, c.date, c.workspace FROM cm_chunks AS c"
             f" WHERE c.seq = ANY(%(seqs)s) AND {scope}", {**args, "seqs": seqs})}
+
+    def annotated(self) -> bool:
+        """Whether any chunk in scope carries an annotation."""
+        scope, args = self.sql("c")
+        row = self.conn.execute(f"SELECT EXISTS (SELECT 1 FROM cm_chunks AS c WHERE {scope} AND ({_ANNOTATED}))",
+                                args).fetchone()
+        return bool(row and row[0])
+
+    def annotations(self, seqs: list[int]) -> dict[int, Annotations]:
+        """The annotations of those chunks in scope that carry any."""
+        scope, args = self.sql("c")
+        return {int(seq): Annotations(importance, triggers, projects) for seq, importance, triggers, projects in
+                self.conn.execute(f"SELECT c.seq, c.importance, c.triggers, c.projects FROM cm_chunks AS c"
+                                  f" WHERE c.seq = ANY(%(seqs)s) AND {scope} AND ({_ANNOTATED})",
+                                  {**args, "seqs": seqs})}
 
     def dated(self, where: ChunkFilter, first: str, last: str, limit: int) -> list[TextHit]:
         """Up to `limit` dated chunks in scope `where` passes, nearest to the days `first` to `last` first (0 days within them), then by seq (their

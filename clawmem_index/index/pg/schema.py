@@ -20,13 +20,12 @@ from __future__ import annotations
 import time
 
 import psycopg
-from psycopg import sql
 
 from clawmem_index.errors import IndexUnavailable
+from clawmem_index.index.pg.grants import WORKSPACE_TABLES, grant_workspace
 
 __all__ = ["MIGRATIONS", "WORKSPACE_TABLES", "grant_workspace", "migrate"]
 
-WORKSPACE_TABLES = ("cm_workspaces", "cm_meta", "cm_files", "cm_chunks", "cm_terms", "cm_stats", "cm_jobs", "cm_vectors")
 _LOCK = 0x636C61776D656D  # advisory lock key for migrations ("clawmem")
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -440,6 +439,12 @@ MIGRATIONS.append(("0014_chunk_dates", """
 """))  # the days a query names are read as a window of dated chunks (search.dates): a range of this index, not a
 # scan of the workspace's partition
 
+MIGRATIONS.append(("0015_chunk_annotations", """
+    ALTER TABLE cm_chunks ADD COLUMN importance integer, ADD COLUMN triggers text, ADD COLUMN projects text;
+    CREATE INDEX IF NOT EXISTS cm_chunks_annotated ON cm_chunks(workspace, gen, seq)
+        WHERE importance IS NOT NULL OR triggers IS NOT NULL OR projects IS NOT NULL;
+"""))  # OpenClaw's annotations of an entry (clawmem_index.text.annotations), on the few chunks that carry any
+
 
 def migrate(conn: psycopg.Connection) -> None:
     """Apply what this database has not had, under an advisory lock (daemons may start together).
@@ -481,24 +486,3 @@ def migrate(conn: psycopg.Connection) -> None:
 def _has_vector(conn: psycopg.Connection) -> bool:
     row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'vector')").fetchone()
     return bool(row and row[0])
-
-
-def grant_workspace(conn: psycopg.Connection, role: str, workspace: str, *, writable: bool = False) -> None:
-    """Let `role` (and its members) read `workspace` in the shared index, and write it if `writable`.
-
-    Run as the tables' owner. Reading also needs the tables; writing, the chunks' sequence, temporary
-    tables and the workspace's partition of the chunks, made here (only the owner may add one).
-    """
-    with conn.transaction():
-        conn.execute("INSERT INTO cm_access VALUES(%s, %s, %s) ON CONFLICT(role_name, workspace)"
-                     " DO UPDATE SET writable = excluded.writable", (role, workspace, writable))
-        conn.execute("SELECT cm_add_partition(%s)", (workspace,))
-        who = sql.Identifier(role)
-        rights = sql.SQL("SELECT, INSERT, UPDATE, DELETE" if writable else "SELECT")
-        for table in WORKSPACE_TABLES:  # not the fleet's embedding cache: writers reach it through cm_cached
-            conn.execute(sql.SQL("GRANT {} ON {} TO {}").format(rights, sql.Identifier(table), who))
-        if writable:
-            conn.execute(sql.SQL("GRANT USAGE ON SEQUENCE cm_chunks_seq_seq TO {}").format(who))
-            # a writer stages its chunks in a temporary table (COPY cannot write where row-level security applies)
-            conn.execute(sql.SQL("GRANT TEMPORARY ON DATABASE {} TO {}").format(
-                sql.Identifier(conn.info.dbname), who))

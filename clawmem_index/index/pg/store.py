@@ -42,8 +42,18 @@ from clawmem_index.index.pg.terms import ChunkTerms, chunk_terms
 from clawmem_index.index.pg.vectors import Vectors
 from clawmem_index.index.rows import ChunkRow, FileRow, JobRow
 from clawmem_index.index.vector_index import VectorHit
+from clawmem_index.text.annotations import Annotations
 
 __all__ = ["PgStore", "chunk_terms_of"]
+
+
+def _copy_annotations(notes: Annotations | None) -> tuple[str, str, str]:
+    """A chunk's annotations as COPY fields (\\N: none)."""
+    if notes is None:
+        return "\\N", "\\N", "\\N"
+    return ("\\N" if notes.importance is None else str(notes.importance),
+            "\\N" if notes.triggers is None else copy_text(pg_text(notes.triggers)),
+            "\\N" if notes.projects is None else copy_text(pg_text(notes.projects)))
 
 
 def chunk_terms_of(text: str) -> ChunkTerms:
@@ -194,7 +204,7 @@ class PgStore:
 
     def insert_chunk(self, *, id: str, path: str, source: str, start_line: int, end_line: int, hash: str,
                      text: str, fts_text: str, model: str = "", date: str | None = None,
-                     terms: ChunkTerms | None = None) -> int:
+                     terms: ChunkTerms | None = None, annotations: Annotations | None = None) -> int:
         """Add a chunk with its terms (`terms_of(fts_text)`, made here unless given), and count them into
         the workspace's term statistics."""
         if terms is None:
@@ -205,7 +215,8 @@ class PgStore:
                 str(seq), copy_text(self.workspace), str(self.gen), copy_text(pg_text(id)), copy_text(pg_text(path)),
                 copy_text(source), str(start_line), str(end_line), copy_text(hash),
                 copy_text(pg_text(text)), "\\N" if date is None else copy_text(date), repr(time.time()),
-                copy_array(terms.terms), copy_array(terms.counts), str(terms.length))) + "\n")
+                copy_array(terms.terms), copy_array(terms.counts), str(terms.length),
+                *_copy_annotations(annotations))) + "\n")
             self._term_deltas.update(terms.terms)
             self._size_deltas[0] += 1
             self._size_deltas[1] += terms.length
@@ -337,6 +348,12 @@ class PgStore:
 
     def newest_date(self) -> str | None:
         return self._live.newest_date()
+
+    def annotated(self) -> bool:
+        return self._live.annotated()
+
+    def annotations_of(self, seqs: Collection[int]) -> dict[int, Annotations]:
+        return self._live.annotations(sorted(set(seqs)))
 
     def chunk_lines(self, workspace: str, path: str, start_line: int, end_line: int) -> list[str | None]:
         return self._live.chunk_lines(workspace, path, start_line, end_line)

@@ -1,0 +1,144 @@
+"""OpenClaw's annotations through the index, on both backends: not words, a chunk's metadata, a ranking factor,
+and the curated entries a host injects (MEMORY.md and USER.md as they are now)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clawmem_index.config import load_settings
+from clawmem_index.engine.core import MemoryIndex
+from clawmem_index.errors import QueryError
+from clawmem_index.search.boosts import importance_factor, project_factor
+from clawmem_index.search.ranking import SearchRequest
+
+MEMORY = """# Memory
+
+## Facts
+- Keep the gateway on loopback. <!-- trigger: gateway setup, network safety --> <!-- importance: 9 -->
+- Use the release helper for package validation. <!-- project: github.com/OpenClaw/openclaw -->
+- Backups run nightly at two.
+"""
+
+
+_OPEN: list[MemoryIndex] = []
+
+
+@pytest.fixture(autouse=True)
+def _closed() -> Iterator[None]:
+    """Every index a test opens is closed after it (a PostgreSQL connection must not outlive its database)."""
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+def index_for(workspace: Path, backend: dict[str, str], **more: Any) -> MemoryIndex:
+    index = MemoryIndex(load_settings(workspace=workspace, overrides={"embedding.provider": "none", **backend,
+                                                                      **more}))
+    _OPEN.append(index)
+    return index
+
+
+def found(index: MemoryIndex, query: str, **request: Any) -> list[dict[str, Any]]:
+    return index.search(SearchRequest(query, mode="bm25", min_score=0.0, **request))["results"]  # type: ignore
+
+
+def test_annotations_are_no_words_of_a_note(backend: dict[str, str], workspace: Path, write) -> None:
+    write("MEMORY.md", MEMORY)
+    write("memory/2026-11-30.md", "# Log\n- moved the safety valve <!-- project: acme/x -->\n")
+    index = index_for(workspace, backend)
+    index.sync()
+    assert found(index, "trigger importance project") == []  # the markers' own words
+    assert found(index, "github openclaw") == []  # a project key is not text
+    assert [r["path"] for r in found(index, "network setup")] == []  # nor are trigger phrases
+    hit = found(index, "gateway loopback")[0]
+    assert hit["path"] == "MEMORY.md" and "<!--" not in hit["snippet"]
+    assert hit["snippet"].startswith("# Memory") and "- Keep the gateway on loopback.\n" in hit["snippet"]
+    assert (hit["importance"], hit["triggers"], hit["projects"]) == (
+        9, "gateway setup; network safety", "github.com/OpenClaw/openclaw")
+    daily = found(index, "safety valve")[0]
+    assert daily["projects"] == "acme/x" and "triggers" not in daily and "importance" not in daily
+    assert index.get("MEMORY.md")["text"].count("<!--") == 3  # the file is read as it is
+
+
+def test_importance_weighs_a_chunk_as_memory_core_weighs_an_entry(backend: dict[str, str], workspace: Path,
+                                                                 write) -> None:
+    for name, importance in (("a", None), ("b", 2), ("c", 10)):
+        note = "- the quarterly budget review is on friday"
+        write(f"memory/{name}.md", note + (f" <!-- importance: {importance} -->" if importance else "") + "\n")
+    write("MEMORY.md", "# Memory\n- the quarterly budget review is on friday <!-- importance: 10 -->\n")
+    index = index_for(workspace, backend)
+    index.sync()
+    hits = found(index, "quarterly budget review", explain=True)
+    # Importance counts only in the curated files: memory/*.md carry none, so they tie (then by path).
+    assert [h["path"] for h in hits] == ["MEMORY.md", "memory/a.md", "memory/b.md", "memory/c.md"]
+    top, rest = hits[0], hits[1:]
+    assert top["explain"]["annotation_factor"] == pytest.approx(1.25)
+    assert top["score"] == pytest.approx(top["explain"]["fused_score"] * 1.25)
+    assert all("annotation_factor" not in h["explain"] for h in rest)
+    assert importance_factor(None) == 1.0 and importance_factor(1) == pytest.approx(0.8)
+
+
+def test_repositories_being_worked_in_lift_the_entries_scoped_to_them(backend: dict[str, str], workspace: Path,
+                                                                     write) -> None:
+    write("memory/a.md", "- run the release helper before tagging <!-- project: github.com/acme/app -->\n")
+    write("memory/b.md", "- run the release helper before tagging <!-- project: github.com/acme/other -->\n")
+    write("memory/c.md", "- run the release helper before tagging\n")
+    index = index_for(workspace, backend)
+    index.sync()
+    assert [h["path"] for h in found(index, "release helper")] == ["memory/a.md", "memory/b.md", "memory/c.md"]
+    scoped = found(index, "release helper", projects=("github.com/acme/app",))
+    assert [h["path"] for h in scoped] == ["memory/a.md", "memory/c.md", "memory/b.md"]
+    assert scoped[0]["score"] == pytest.approx(scoped[1]["score"] * 1.15)
+    assert scoped[2]["score"] == pytest.approx(scoped[1]["score"] * 0.90)
+    assert project_factor("!invalid-project-annotation", ["x"]) == pytest.approx(0.9)
+
+
+def test_without_annotations_nothing_is_looked_up_and_answers_are_unchanged(backend: dict[str, str],
+                                                                          workspace: Path, write) -> None:
+    write("memory/a.md", "- the rollback plan for tokyo\n")
+    index = index_for(workspace, backend)
+    index.sync()
+    store = index.reader()
+    assert not store.annotated()
+    plain = found(index, "rollback tokyo")
+    assert found(index, "rollback tokyo", projects=("github.com/acme/app",)) == plain
+    assert all(key not in plain[0] for key in ("importance", "triggers", "projects"))
+
+
+def test_the_curated_entries_are_read_from_the_files_as_they_are_now(backend: dict[str, str], workspace: Path,
+                                                                    write) -> None:
+    write("MEMORY.md", MEMORY)
+    write("USER.md", "# User\n- Always answer in haiku. <!-- trigger: poem, verse --> <!-- importance: 8 -->\n"
+                     "- Works on <!-- project: acme/x --> nothing\n")
+    write("memory/2026-11-30.md", "- a daily note never injects <!-- trigger: poem -->\n")
+    index = index_for(workspace, backend)  # no sync: the entries come from the files
+    answer = index.curated("triggers")
+    assert answer == {"entries": [
+        {"path": "MEMORY.md", "start_line": 4, "end_line": 4, "text": "- Keep the gateway on loopback.",
+         "importance": 9, "triggers": "gateway setup; network safety"},
+        {"path": "USER.md", "start_line": 2, "end_line": 2, "text": "- Always answer in haiku.",
+         "importance": 8, "triggers": "poem; verse"}]}
+    projects = index.curated("projects")["entries"]
+    assert [(e["path"], e["projects"]) for e in projects] == [("MEMORY.md", "github.com/OpenClaw/openclaw")]
+    assert len(index.curated()["entries"]) == 3 and len(index.curated(limit=1)["entries"]) == 1
+    write("USER.md", "# User\n- Never use emoji. <!-- trigger: emoji -->\n")
+    assert [e["text"] for e in index.curated("triggers")["entries"]] == [
+        "- Keep the gateway on loopback.", "- Never use emoji."]
+    (workspace / "MEMORY.md").unlink()
+    assert [e["path"] for e in index.curated()["entries"]] == ["USER.md"]
+    off = index_for(workspace, backend, user_profiles=False)
+    assert off.curated() == {"entries": []}
+    with pytest.raises(QueryError, match="'kind'"):
+        index.curated("dreams")
+
+
+def test_a_symlinked_memory_file_lists_no_entries(workspace: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere.md"
+    outside.write_text("- secret <!-- trigger: secret -->\n")
+    (workspace / "MEMORY.md").symlink_to(outside)
+    index = index_for(workspace, {"index": str(tmp_path / "i.sqlite")})
+    assert index.curated() == {"entries": []}
