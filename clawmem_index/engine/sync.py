@@ -44,6 +44,8 @@ __all__ = ["ChunkIds", "Progress", "SyncReport", "sync_workspace"]
 Progress = Callable[[int, int], None]
 
 # A folder or name below the source that starts with a year, and the month and day after it (2026/11/25, 2026-11).
+GROWING_ALONE = 64  # a growing first index's files committed one by one: searchable as soon as each is
+GROWING_BATCH = 256  # ... and the rest this many per transaction (a commit per file costs a cold index time)
 _DATED = re.compile(r"/((?:19|20)\d\d)(?!\d)(?:[-_./](\d\d?)(?!\d))?(?:[-_./](\d\d?)(?!\d))?")
 DATING = "folders"  # meta `dating`: the index's chunks are dated by names and year/month/day folders (file_date)
 
@@ -92,10 +94,12 @@ def _stat_source_file(settings: Settings, key: str, skipped: list[Skipped]) -> M
 
 
 def sync_workspace(store: Store, settings: Settings, *, progress: Progress | None = None,
-                   bulk: bool = False, paths: Iterable[str] | None = None) -> SyncReport:
+                   bulk: bool = False, growing: bool = False, paths: Iterable[str] | None = None) -> SyncReport:
     """One pass over the workspace, or over just `paths` (index keys a watcher saw change).
 
-    `bulk` groups many files per transaction (for a private rebuild file nobody reads yet).
+    `bulk` groups many files per transaction (for a private rebuild file nobody reads yet); `growing`
+    (a first index, written where readers search it as it grows) commits its first GROWING_ALONE files
+    one by one (the curated memory and the latest days: `_recent_first`), then the rest in batches.
     """
     started = time.perf_counter()
     report = SyncReport()
@@ -141,6 +145,8 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
         batch.append(item)
         if isinstance(item, ParsedSession) and item.transcript is not None and not item.transcript.complete:
             unfinished.append(item.file)
+        if growing:
+            per_transaction = 1 if done < GROWING_ALONE else GROWING_BATCH
         if len(batch) >= per_transaction:
             _apply_batch(store, batch, indexed, report)
             batch = []

@@ -106,6 +106,8 @@ def sync_or_rebuild(index: MemoryIndex, fingerprint: str, store: Store | None, b
     # Rows lost behind the writer's back: rebuilt. Checked by a whole pass (a start, `clawmem index`, a
     # rescan), not by each watcher's pass over a few files: it counts the workspace's rows.
     damage = store.damage() if store is not None and paths is None else None
+    if store is None and index.backend.name == "sqlite" and not index.backend.exists():
+        return _first_index(index, fingerprint, bars)
     if damage is None and store is not None and store.get_meta("fingerprint") == fingerprint:
         try:
             return sync_workspace(store, index.settings, progress=bars.files, paths=paths)
@@ -130,6 +132,20 @@ def sync_or_rebuild(index: MemoryIndex, fingerprint: str, store: Store | None, b
     report.errors += [e for e in follow.errors if e not in report.errors]
     report.skipped += [s for s in follow.skipped if s not in report.skipped]
     return report
+
+
+def _first_index(index: MemoryIndex, fingerprint: str, bars: Reporters) -> SyncReport:
+    """A workspace's first index file, written where it is searched: there is no older one to keep serving,
+    and readers answer from the files indexed so far (the curated memory and the latest days first), saying
+    what is not in yet, instead of waiting for the whole pass. Killed part-way, the next pass goes on from
+    there. (A shared index's new workspace is built as a generation and switched to: its planner statistics
+    are taken before readers see it.)"""
+    live = index.backend.create_live()
+    try:
+        live.set_meta("fingerprint", fingerprint)
+        return sync_workspace(live, index.settings, progress=bars.files, growing=True)
+    finally:
+        live.close()
 
 
 def _disk_full(index: MemoryIndex, exc: apsw.FullError) -> DiskFull:

@@ -131,6 +131,10 @@ class SqliteBackend:
         except IndexCorrupt:
             return None
 
+    def create_live(self) -> Store:
+        """A new, empty live index (a first index is written in place: nothing older to keep serving)."""
+        return Store(self.path)
+
     @contextlib.contextmanager
     def write_lock(self, timeout: float) -> Iterator[None]:
         """The workspace's writer lock (flock: released by the kernel if the holder dies).

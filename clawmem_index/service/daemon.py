@@ -49,6 +49,9 @@ from clawmem_index.service.writer import Run, Writer
 if TYPE_CHECKING:
     from clawmem_index.embeddings.base import EmbeddingProvider
 
+FIRST_PASS_NOTE = ("this workspace's first index is still being built: the answer holds the files indexed so far"
+                   " (MEMORY.md, USER.md and the latest daily notes first)")
+
 __all__ = ["Daemon", "run_daemon"]
 
 STOP_TIMEOUT = 20.0
@@ -77,7 +80,7 @@ class Daemon:
         self._query_workers = query_workers
         self.index = self._new_index(settings)
         self._retired: list[MemoryIndex] = []
-        self.writer = Writer(lambda: self.index, log=self.log, on_run=self._on_run)
+        self.writer = Writer(lambda: self.index, log=self.log, on_run=self._on_run, on_progress=self._on_progress)
         self.embedder = Embedder(lambda: self.index, log=self.log, on_run=self._on_run)
         self._on_disk: int | None = None
         self._scanned: tuple[int, tuple[int, int]] | None = None  # (full passes seen, disk state) of the last scan
@@ -87,7 +90,8 @@ class Daemon:
         self.socket_activated = False
         self._lock: InstanceLock | None = None
         self._stopped = threading.Event()
-        self._first_build = threading.Event()
+        self._first_build = threading.Event()  # a query may be answered: the first index has a file in it
+        self._first_pass = True  # ... until its whole first pass is done, answers say they are partial
         self._started_at = time.monotonic()
         self._wake_w: int | None = None
         self.reloads = 0
@@ -114,6 +118,7 @@ class Daemon:
             self.watcher.start()
             if self.index.has_been_built():
                 self._first_build.set()
+                self._first_pass = False
             self.writer.request_sync("startup")
             self.server = RpcServer(self, listener, path=None if self.socket_activated else path,
                                     idle_timeout=settings.daemon.idle_timeout, workers=self._query_workers,
@@ -326,6 +331,8 @@ class Daemon:
         report = run.report
         if run.kind != "embed":
             self._first_build.set()  # done or failed: either way waiting longer answers nothing new
+            if run.error is None and not run.cancelled:
+                self._first_pass = False
         if run.kind != "embed" and run.error is None and not run.cancelled:
             self.embedder.wake()  # the new chunks' vectors
             if report is not None:
@@ -353,8 +360,14 @@ class Daemon:
 
     # -- Backend (what the socket serves) ----------------------------------------------------
 
+    def _on_progress(self, done: int, total: int) -> None:
+        """A first index is written in place, MEMORY.md, USER.md and the latest days first, each file committed
+        as it goes: from its first file on, queries are answered from what it holds (and say it is partial)."""
+        if done and self._first_pass and not self.index.rebuilding and not self._first_build.is_set():
+            self._first_build.set()
+
     def _await_first_build(self) -> None:
-        """Hold a query while a new index gets its first keyword pass, so the first answer is a real one.
+        """Hold a query until a new index holds its first file, so the first answer is a real one.
 
         Socket activation makes this the common case: the first query is what starts the daemon.
         """
@@ -367,11 +380,19 @@ class Daemon:
 
     def search(self, request: SearchRequest) -> dict[str, object]:
         self._await_first_build()
-        return self.index.search(request)
+        return self._partial(self.index.search(request))
 
     def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, object]:
         self._await_first_build()
-        return self.index.context(request, budget)
+        return self._partial(self.index.context(request, budget))
+
+    def _partial(self, answer: dict[str, object]) -> dict[str, object]:
+        """An answer from a first index still being built says so (its `index` counts the files not in yet)."""
+        if self._first_pass:
+            note = FIRST_PASS_NOTE
+            answer["warning"] = f"{note}; {answer['warning']}" if answer.get("warning") else note
+            answer["first_pass"] = True
+        return answer
 
     def curated(self, kind: str | None = None, limit: int = 512) -> dict[str, object]:
         return self.index.curated(kind, limit)  # the files as they are now: no index needed

@@ -73,10 +73,13 @@ class Writer:
     """Runs keyword syncs and rebuilds for the daemon, one at a time, on its own thread."""
 
     def __init__(self, index: IndexSource, *, log: Any, on_run: Callable[[Run], None] | None = None,
+                 on_progress: Callable[[int, int], None] | None = None,
                  retry_delay: float = 5.0, max_retry_delay: float = 300.0) -> None:
+        """`on_progress(done, total)`: after each file of a run (its transaction committed, for a first index)."""
         self._index = index
         self._log = log
         self._on_run = on_run
+        self._on_progress = on_progress
         self._retry = Backoff(retry_delay, max_retry_delay)
         self._cond = threading.Condition()
         self._stopping = False
@@ -262,6 +265,8 @@ class Writer:
     def _check_stop(self, done: int, total: int) -> None:
         if self._stopping:
             raise _Cancelled
+        if self._on_progress is not None:
+            self._on_progress(done, total)
 
     def _log_run(self, run: Run) -> None:
         fields: dict[str, object] = {"reason": run.reason, "duration": round(run.duration, 4)}

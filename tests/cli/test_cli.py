@@ -307,9 +307,10 @@ def test_an_interrupt_says_whether_the_index_in_use_changed(settings: Settings, 
     write("MEMORY.md", "# Memory\n- the staging server is kiln\n")
     index = MemoryIndex(settings)
     with pytest.raises(KeyboardInterrupt):
-        index.sync(progress=ctrl_c)  # the first build is a rebuild
-    assert index.rebuilding and not index.backend.exists()
-    assert _where_it_stopped(index.rebuilding, force=False).endswith(
+        index.sync(progress=ctrl_c)  # the first index is written in place: what it committed is kept
+    assert not index.rebuilding and index.backend.exists()
+    assert "clawmem: " + _where_it_stopped(index.rebuilding, force=False) == RESUMES
+    assert _where_it_stopped(True, force=False).endswith(
         "the index in use is as it was; the next `clawmem index` starts it again")
     index.sync()
     assert not index.rebuilding

@@ -24,6 +24,7 @@ from daemon_helpers import (
     CLAWMEM,
     DEBOUNCE,
     RawClient,
+    RecordingLog,
     daemon_settings,
     held_first_build,
     running_daemon,
@@ -41,6 +42,7 @@ from clawmem_index.errors import IndexBusy, IndexUnavailable
 from clawmem_index.index.store import Store
 from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.service.client import DaemonClient
+from clawmem_index.service.daemon import Daemon
 
 WITHIN = DEBOUNCE + BOUND
 # watchdog warns from its reader thread when nested folders appear faster than it adds watches;
@@ -312,6 +314,44 @@ def test_the_first_query_waits_for_the_first_build_and_answers(workspace: Path, 
             gate.set()
             asking.join(BOUND)
         assert [r["path"] for r in answers[0]["results"]] == ["MEMORY.md"]
+    finally:
+        gate.set()
+        daemon.stop()
+
+
+def test_a_first_index_answers_while_it_is_built_from_the_files_it_has_and_says_so(workspace: Path,
+                                                                                  dsettings: Settings) -> None:
+    """A new workspace's first search does not wait for the whole pass: MEMORY.md, USER.md and the latest
+    days are in within the first files, and the answer says what is not in yet."""
+    (workspace / "MEMORY.md").write_text("# Memory\nThe tapir lives in the curated memory.\n")
+    (workspace / "USER.md").write_text("# User\n- The tapir keeper prefers short answers.\n")
+    for day in range(1, 9):
+        (workspace / "memory" / f"2026-11-0{day}.md").write_text(f"# Day {day}\nThe tapir was fed on day {day}.\n")
+    daemon = Daemon(dsettings, environ={}, log=RecordingLog())
+    gate, held = threading.Event(), threading.Event()
+    checked = daemon.writer._check_stop
+
+    def held_after_three(done: int, total: int) -> None:
+        checked(done, total)
+        if done == 3:
+            held.set()
+            assert gate.wait(20)
+
+    daemon.writer._check_stop = held_after_three  # type: ignore[method-assign]
+    daemon.start()
+    try:
+        assert held.wait(20)
+        with client_for(dsettings) as client:
+            partial = client.search(SearchRequest("tapir", mode="bm25", max_results=20))
+            assert sorted(r["path"] for r in partial["results"]) == ["MEMORY.md", "USER.md", "memory/2026-11-08.md"]
+            assert partial["first_pass"] is True and "still being built" in partial["warning"]
+            assert partial["index"]["pending_files"] >= 1
+            assert client.status()["fresh"] is False
+            gate.set()
+            wait_until(lambda: len(client.search(SearchRequest("tapir", mode="bm25", max_results=20))["results"])
+                       == 10, message="the whole first pass")
+            done = client.search(SearchRequest("tapir", mode="bm25", max_results=20))
+            assert "first_pass" not in done and "warning" not in done and done["index"]["pending_files"] == 0
     finally:
         gate.set()
         daemon.stop()
