@@ -182,6 +182,10 @@ def hostile_workspace(workspace: Path) -> None:
     """Every fixed case as a memory file (by content and by name), all transcript lines, and one good note."""
     memory = workspace / "memory"
     (workspace / "MEMORY.md").write_text(f"# Memory\nThe {SENTINEL} decision stands.\n")
+    # OpenClaw's annotations carrying every case: as trigger phrases, project keys and importance of entries.
+    entries = [f"- entry {n} <!-- trigger: {text} --> <!-- project: {text} --> <!-- importance: {text} -->"
+               for n, text in enumerate(FIXED_TEXTS.values())]
+    (workspace / "USER.md").write_bytes(("# User\n" + "\n".join(entries) + "\n").encode("utf-8", "surrogatepass"))
     for n, text in enumerate(FIXED_TEXTS.values()):
         (memory / f"text-{n}.md").write_bytes(text.encode("utf-8", "surrogatepass"))
     for n, raw in enumerate(FIXED_BYTES.values()):

@@ -84,6 +84,16 @@ def test_hostile_queries_and_paths_through_the_client(hostile: Settings) -> None
                 except ClawmemError:
                     pass  # a defined refusal (an empty query, a path that is not a memory file)
         assert {r["path"] for r in client.search(SENTINEL)["results"]} >= {"MEMORY.md"}
+        # The annotations carrying every case: listed, sendable, and the entries' texts without them.
+        for kind in (None, "triggers", "projects"):
+            listed = client.curated(kind)
+            json.dumps(listed, ensure_ascii=False).encode("utf-8")
+            assert all("<!--" not in e["text"] or "-->" not in e["text"] for e in listed["entries"])
+        for name, text in FIXED_TEXTS.items():  # any text as the repositories being worked in
+            try:
+                json.dumps(client.search(SENTINEL, projects=[text]), ensure_ascii=False).encode("utf-8")
+            except ClawmemError:
+                pass
 
 
 @hypothesis_settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -119,6 +119,14 @@ def _projects(text: str) -> str | None:
     return "; ".join(keys) or None
 
 
+def _importance(value: str) -> int | None:
+    """1 to 10 written in ASCII digits (leading zeros allowed, any length), else None."""
+    if not (value.isascii() and value.isdigit()):
+        return None
+    digits = value.lstrip("0")
+    return int(digits) if 1 <= len(digits) <= 2 and int(digits) <= 10 else None
+
+
 def read_annotations(lines: Sequence[str], *, curated: bool, project_scoped: bool) -> Annotations:
     """The annotations of a span of lines (as in the file, comments included).
 
@@ -134,8 +142,8 @@ def read_annotations(lines: Sequence[str], *, curated: bool, project_scoped: boo
         for _, _, kind, value in _scan(line, _MARKER):
             if kind == "trigger":
                 phrases.update((p, None) for p in (part.strip() for part in re.split(r"[,;]", value)) if p)
-            elif kind == "importance" and value.isascii() and value.isdigit() and 1 <= int(value) <= 10:
-                importance = max(importance or 0, int(value))
+            elif kind == "importance" and (number := _importance(value)) is not None:
+                importance = max(importance or 0, number)
     return Annotations(importance, "; ".join(phrases) or None, projects)
 
 

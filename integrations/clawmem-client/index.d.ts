@@ -32,6 +32,8 @@ export interface SearchOptions {
   workspaces?: string[];
   /** The day relative dates in the query ("yesterday") count from, YYYY-MM-DD (default: the daemon's today). */
   now?: string;
+  /** The repositories being worked in (OpenClaw's project keys): entries scoped to them rank higher. */
+  projects?: string[];
 }
 
 export interface ContextOptions extends Omit<SearchOptions, "explain"> {
@@ -60,6 +62,19 @@ export interface SearchAnswer {
   [field: string]: unknown;
 }
 
+/** An entry of MEMORY.md or USER.md with OpenClaw's annotations (`text` without them). */
+export interface CuratedEntry {
+  path: string;
+  start_line: number;
+  end_line: number;
+  text: string;
+  importance?: number;
+  /** Trigger phrases, joined with "; ". */
+  triggers?: string;
+  /** Repository keys, joined with "; ". */
+  projects?: string;
+}
+
 export interface GetAnswer {
   path: string;
   text: string;
@@ -78,6 +93,7 @@ export class ClawmemClient {
   get(path: string, options?: { from?: number; lines?: number; maxBytes?: number }): Promise<GetAnswer>;
   status(): Promise<Record<string, unknown>>;
   context(query: string, options?: ContextOptions): Promise<{ text: string; tokens: number; [field: string]: unknown }>;
+  curated(options?: { kind?: "triggers" | "projects"; limit?: number }): Promise<{ entries: CuratedEntry[]; truncated?: string[] }>;
   sync(options?: { wait?: boolean }): Promise<Record<string, unknown>>;
   close(): void;
 }

@@ -94,6 +94,7 @@ const SEARCH_PARAMS = {
   explain: "explain",
   workspaces: "workspaces",
   budget: "budget",
+  projects: "projects",
 };
 
 function snake(options) {
@@ -155,6 +156,14 @@ export class ClawmemClient {
 
   context(query, options = {}) {
     return this.request("context", { query, ...snake(options) });
+  }
+
+  /** The annotated entries of MEMORY.md and USER.md as the files are now (`kind`: "triggers" or "projects"). */
+  curated({ kind, limit } = {}) {
+    const params = {};
+    if (kind !== undefined) params.kind = kind;
+    if (limit !== undefined) params.limit = limit;
+    return this.request("curated", params);
   }
 
   sync({ wait = false } = {}) {

@@ -30,6 +30,7 @@ def test_the_plugin_passes_its_tests_and_starts_a_real_daemon(workspace: Path, s
     plugin_dependencies()
     (workspace / "MEMORY.md").write_text("# Memory\nPrefer the platypus plan.\n")
     (workspace / "memory" / "ideas.md").write_text("# Ideas\nA platypus detector.\n")
+    (workspace / "USER.md").write_text("- Answer in haiku. <!-- trigger: haiku, poem --> <!-- importance: 7 -->\n")
     command = Path(sys.executable).with_name("clawmem")
     env = {**os.environ, "CLAWMEM_TEST_COMMAND": str(command), "CLAWMEM_TEST_WORKSPACE": str(workspace),
            "CLAWMEM_TEST_HOSTILE": "",

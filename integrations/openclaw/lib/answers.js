@@ -21,6 +21,25 @@ export function toHit(result) {
   };
   if (typeof result.vector_score === "number") hit.vectorScore = result.vector_score;
   if (typeof result.text_score === "number") hit.textScore = result.text_score;
+  if (typeof result.importance === "number") hit.importance = result.importance;
+  if (typeof result.projects === "string") hit.projectKey = result.projects;
+  return hit;
+}
+
+/** One of clawmem's curated entries (MEMORY.md or USER.md, with annotations) as a MemorySearchResult candidate. */
+export function curatedHit(entry) {
+  const hit = {
+    path: entry.path,
+    startLine: entry.start_line,
+    endLine: entry.end_line,
+    score: 0,
+    snippet: entry.text,
+    source: "memory",
+    citation: citation(entry.path, entry.start_line, entry.end_line),
+  };
+  if (typeof entry.importance === "number") hit.importance = entry.importance;
+  if (typeof entry.triggers === "string") hit.triggers = entry.triggers;
+  if (typeof entry.projects === "string") hit.projectKey = entry.projects;
   return hit;
 }
 
@@ -42,6 +61,10 @@ export function searchParams(opts = {}) {
   if (Number.isInteger(opts.maxResults) && opts.maxResults > 0) params.maxResults = opts.maxResults;
   if (typeof opts.minScore === "number" && Number.isFinite(opts.minScore)) params.minScore = opts.minScore;
   if (opts.lexicalOnly) params.mode = "bm25";
+  const projects = Array.isArray(opts.activeProjectKeys)
+    ? opts.activeProjectKeys.filter((key) => typeof key === "string" && key.length > 0 && key.length <= 1000).slice(0, 64)
+    : [];
+  if (projects.length > 0) params.projects = projects;
   const sources = Array.isArray(opts.sources) ? opts.sources : null;
   if (sources && sources.length === 1 && (sources[0] === "memory" || sources[0] === "sessions")) {
     params.source = sources[0];

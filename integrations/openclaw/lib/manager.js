@@ -1,21 +1,36 @@
 // OpenClaw's MemorySearchManager for one agent, answered by the clawmem daemon serving its workspace.
+import { stat } from "node:fs/promises";
+import path from "node:path";
+
 import { DaemonUnreachable, PathError } from "clawmem-client";
 
-import { BACKEND, freshnessOf, providerStatus, searchParams, toHit } from "./answers.js";
+import { BACKEND, curatedHit, freshnessOf, providerStatus, searchParams, toHit } from "./answers.js";
+import { classifyPath } from "./provenance.js";
 
-/** Run `work` with a deadline; past it, a DaemonUnreachable that says what did not answer. */
-export async function withDeadline(timeoutMs, what, work) {
+const TRIGGER_LIMIT = 512; // memory-core's most trigger candidates
+const PROJECT_LIMIT = 48; // ... and project candidates, by default
+const WRITE_TIMEOUT_MS = 30 * 60_000; // a sync or rebuild asked for (OpenClaw's CLI, `memory index`) may take long
+
+/** Run `work` with a deadline (and the caller's `signal`); past it, a DaemonUnreachable saying what did not answer. */
+export async function withDeadline(timeoutMs, what, work, signal) {
+  if (signal?.aborted) throw new DaemonUnreachable(`${what} was cancelled by OpenClaw`);
   let timer;
+  let onAbort;
   const expired = new Promise((_, reject) => {
     timer = setTimeout(
       () => reject(new DaemonUnreachable(`clawmem did not answer ${what} within ${timeoutMs} ms`)),
       timeoutMs,
     );
+    if (signal) {
+      onAbort = () => reject(new DaemonUnreachable(`${what} was cancelled by OpenClaw`));
+      signal.addEventListener("abort", onAbort, { once: true });
+    }
   });
   try {
     return await Promise.race([work(), expired]);
   } finally {
     clearTimeout(timer);
+    if (onAbort) signal.removeEventListener("abort", onAbort);
   }
 }
 
@@ -39,8 +54,8 @@ export class ClawmemManager {
   }
 
   /** The daemon, reached (or started) within the deadline; a daemon that stopped is looked for again. */
-  async _call(what, request) {
-    return withDeadline(this.timeoutMs, what, async () => {
+  async _call(what, request, signal, timeoutMs = this.timeoutMs) {
+    return withDeadline(timeoutMs, what, async () => {
       for (let attempt = 1; ; attempt++) {
         this.daemon = await this.pool.daemonFor(this.workspace);
         try {
@@ -54,22 +69,69 @@ export class ClawmemManager {
           if (attempt >= 2) throw error;
         }
       }
-    }).catch((error) => {
+    }, signal).catch((error) => {
       this.lastError = error.message;
       throw error;
     });
   }
 
-  /** clawmem's answer as it came (results, provider, mode, index) plus the hits in OpenClaw's shape. */
+  /** clawmem's answer as it came (results, provider, mode, index) plus the hits in OpenClaw's shape, each with
+   * its provenance. A keyword-only search (OpenClaw's trigger lane) gives a hit that is one of the curated
+   * entries that entry's triggers, so that the lane, which prefers a search hit to a candidate of the same
+   * lines, still sees them; no other hit carries triggers (a chunk holds many entries: only the entry is shown). */
   async searchAnswer(query, opts = {}) {
-    const answer = await this._call("search", (client) => client.search(query, searchParams(opts)));
-    return { ...answer, hits: (answer.results ?? []).map(toHit), notes: freshnessOf(answer) };
+    const answer = await this._call("search", (client) => client.search(query, searchParams(opts)), opts.signal);
+    const entries = opts.lexicalOnly ? await this._entries("triggers", opts.signal).catch(() => []) : [];
+    const byLines = new Map(entries.map((e) => [`${e.path}:${e.start_line}:${e.end_line}`, e]));
+    const hits = await Promise.all((answer.results ?? []).map(async (result) => {
+      const hit = toHit(result);
+      const entry = byLines.get(`${hit.path}:${hit.startLine}:${hit.endLine}`);
+      if (entry && hit.source === "memory") hit.triggers = entry.triggers;
+      hit.provenance = await this._provenance(hit.path, hit.source);
+      return hit;
+    }));
+    return { ...answer, hits, notes: freshnessOf(answer) };
   }
 
   async search(query, opts = {}) {
     const answer = await this.searchAnswer(query, opts);
     opts.onDebug?.({ backend: BACKEND, configuredMode: answer.mode, effectiveMode: answer.mode });
     return answer.hits;
+  }
+
+  /** OpenClaw's lane-1 candidates: the entries of MEMORY.md and USER.md with trigger phrases, most important first. */
+  async listTriggerCandidates(opts = {}) {
+    return this._candidates("triggers", Math.min(TRIGGER_LIMIT, positive(opts.limit) ?? TRIGGER_LIMIT));
+  }
+
+  /** The project-memory block's candidates: MEMORY.md's entries scoped to repositories (none without active keys). */
+  async listCuratedProjectCandidates(opts = {}) {
+    if (!Array.isArray(opts.activeProjectKeys) || opts.activeProjectKeys.length === 0) return [];
+    const found = await this._candidates("projects", Math.min(TRIGGER_LIMIT, positive(opts.limit) ?? PROJECT_LIMIT));
+    return found.filter((hit) => hit.path === "MEMORY.md");
+  }
+
+  async _candidates(kind, limit) {
+    const entries = await this._entries(kind, undefined, limit);
+    return Promise.all(entries.map(async (entry) => ({
+      ...curatedHit(entry),
+      provenance: await this._provenance(entry.path, "memory"),
+    })));
+  }
+
+  async _entries(kind, signal, limit = TRIGGER_LIMIT) {
+    const answer = await this._call("curated", (client) => client.curated({ kind, limit }), signal);
+    return answer.entries ?? [];
+  }
+
+  /** A hit's MemoryEntryProvenance: its file's origin class (provenance.js), its mtime as when it was observed. */
+  async _provenance(relativePath, source) {
+    if (source !== "memory") return { originClass: "untrusted", sessionKind: "unknown", observedAt: 0 };
+    const [originClass, observedAt] = await Promise.all([
+      classifyPath({ workspaceDir: this.workspace, relativePath }),
+      stat(path.resolve(this.workspace, relativePath)).then((st) => Math.floor(st.mtimeMs), () => 0),
+    ]);
+    return { originClass, sessionKind: "unknown", observedAt };
   }
 
   async readFile({ relPath, from, lines }) {
@@ -108,8 +170,15 @@ export class ClawmemManager {
     return this._call("status", async () => this.daemon.refresh(this.timeoutMs));
   }
 
-  async sync() {
-    await this._call("sync", (client) => client.sync({ wait: true }));
+  /** Bring the index in step with the files (`wait`: until the pass is done, within `timeoutMs`). */
+  async sync({ timeoutMs = WRITE_TIMEOUT_MS } = {}) {
+    await this._call("sync", (client) => client.request("sync", { wait: true }, { timeoutMs }), undefined, timeoutMs);
+  }
+
+  /** Rebuild the index from the files; the old one answers until the new one is complete. */
+  async reindex({ timeoutMs = WRITE_TIMEOUT_MS } = {}) {
+    await this._call("reindex", (client) => client.request("reindex", { wait: true }, { timeoutMs }), undefined,
+      timeoutMs);
   }
 
   async probeEmbeddingAvailability() {
@@ -140,4 +209,8 @@ export class ClawmemManager {
 
   /** OpenClaw closes a manager after each RPC; the daemon's connection stays with the pool for the next. */
   async close() {}
+}
+
+function positive(value) {
+  return Number.isInteger(value) && value > 0 ? value : undefined;
 }

@@ -2,6 +2,7 @@
 import { BACKEND } from "./answers.js";
 import { DaemonPool } from "./daemons.js";
 import { ClawmemManager } from "./manager.js";
+import { classifyWorkspaceMemoryPaths } from "./provenance.js";
 
 export class ClawmemMemory {
   /**
@@ -93,6 +94,9 @@ export class ClawmemMemory {
         return { manager, debug: { backend: BACKEND, purpose, managerMs: Date.now() - started } };
       },
       resolveMemoryBackendConfig: () => ({ backend: BACKEND }),
+      // MEMORY.md and USER.md go into every turn's system prompt only as far as their origin allows (provenance.js).
+      supportsWorkspaceMemoryReadSources: true,
+      classifyWorkspaceMemoryPaths: (params) => classifyWorkspaceMemoryPaths(params),
       // Session hits are this agent's own transcripts (its workspace's daemon); a sandbox sees memory only.
       authorizeSearchHits: async ({ sandboxed, hits }) =>
         sandboxed ? hits.filter((hit) => hit.source !== "sessions") : hits,

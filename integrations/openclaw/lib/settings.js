@@ -13,6 +13,9 @@ export const DEFAULTS = Object.freeze({
 });
 
 const KEYS = {
+  // OpenClaw reads `dreaming` from the memory slot's own entry: `dreaming.enabled: false` keeps memory-core (the
+  // dreaming engine) from running beside this plugin, where its memory tools would shadow these (see README).
+  dreaming: "object",
   workspace: "string",
   socket: "string",
   command: "string",
@@ -25,7 +28,7 @@ const KEYS = {
 /**
  * The plugin's settings from OpenClaw's plugin config (undefined: every default).
  * @returns {{workspace?: string, socket?: string, command: string, autoStart: boolean, timeoutMs: number,
- *   startTimeoutMs: number, statusTtlMs: number}}
+ *   startTimeoutMs: number, statusTtlMs: number, dreaming?: object}}
  */
 export function readSettings(raw) {
   if (raw === undefined || raw === null) return { ...DEFAULTS };
@@ -39,6 +42,13 @@ export function readSettings(raw) {
       throw new SettingsError(`memory-clawmem: unknown setting '${key}' (known: ${Object.keys(KEYS).join(", ")})`);
     }
     if (value === undefined) continue;
+    if (kind === "object") {
+      if (value === null || typeof value !== "object" || Array.isArray(value)) {
+        throw new SettingsError(`memory-clawmem: '${key}' must be an object`);
+      }
+      out[key] = value;
+      continue;
+    }
     if (typeof value !== kind || (kind === "string" && value.trim() === "")) {
       throw new SettingsError(`memory-clawmem: '${key}' must be a non-empty ${kind}`);
     }

@@ -9,6 +9,9 @@ export const SEARCH_PARAMETERS = {
     query: { type: "string" },
     maxResults: { type: "integer", minimum: 1 },
     minScore: { type: "number" },
+    // The names models also send, as OpenClaw accepts them for memory-core.
+    max_results: { type: "integer", minimum: 1 },
+    min_score: { type: "number" },
     corpus: { type: "string", enum: ["memory", "wiki", "all", "sessions"] },
   },
   required: ["query"],
@@ -64,7 +67,7 @@ function citesFor(config, sessionKey) {
 }
 
 /** Both tools for one agent's turn; `managerFor()` gives the agent's ClawmemManager. */
-export function createTools({ managerFor, config, sessionKey, sandboxed, agentId }) {
+export function createTools({ managerFor, config, sessionKey, sandboxed, agentId, activeProjectKeys }) {
   const memorySearch = {
     label: "Memory Search",
     name: "memory_search",
@@ -87,9 +90,10 @@ export function createTools({ managerFor, config, sessionKey, sandboxed, agentId
       const manager = managerFor();
       try {
         const answer = await manager.searchAnswer(query, {
-          maxResults: params?.maxResults ?? configuredMaxResults(config, agentId),
-          minScore: params?.minScore,
+          maxResults: params?.maxResults ?? params?.max_results ?? configuredMaxResults(config, agentId),
+          minScore: params?.minScore ?? params?.min_score,
           sources: corpus === "all" ? (sandboxed ? ["memory"] : undefined) : [corpus],
+          activeProjectKeys,
         });
         const cites = citesFor(config, sessionKey);
         const results = answer.hits.map((hit) => ({

@@ -145,7 +145,10 @@ test("search: lexicalOnly is keyword mode, one source is a filter, and the hits 
   const manager = new ClawmemManager({ pool: poolFor(env), workspace, timeoutMs: 5_000, statusTtlMs: 5_000 });
   const debug = [];
   const hits = await manager.search("platypus", { maxResults: 3, minScore: 0.2, lexicalOnly: true, sources: ["memory"], onDebug: (d) => debug.push(d) });
-  assert.deepEqual(hits, [{ path: "memory/a.md", startLine: 2, endLine: 4, score: 0.9, snippet: "about platypus", source: "memory", citation: "memory/a.md#L2-L4", textScore: 0.9 }]);
+  // a keyword-only search (OpenClaw's trigger lane) gives a hit that is a curated entry that entry's triggers
+  assert.deepEqual(hits, [{ path: "memory/a.md", startLine: 2, endLine: 4, score: 0.9, snippet: "about platypus", source: "memory",
+    citation: "memory/a.md#L2-L4", textScore: 0.9, triggers: "platypus",
+    provenance: { originClass: "untrusted", sessionKind: "unknown", observedAt: 0 } }]); // no such file here: untrusted
   assert.equal(debug[0].backend, "clawmem");
   await manager.search("both", { sources: ["memory", "sessions"] });
   const sent = readFileSync(env.FAKE_CLAWMEM_LOG, "utf8").trim().split("\n").map((l) => JSON.parse(l));

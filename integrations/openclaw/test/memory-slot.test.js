@@ -1,0 +1,165 @@
+// The memory slot's contract beyond the tools, as memory-core fills it: provenance of MEMORY.md and USER.md (what
+// OpenClaw's bootstrap injects), the recall section of the system prompt, the pre-compaction flush plan, and the
+// curated candidates of the trigger lane and the project block (against the fake clawmem).
+import assert from "node:assert/strict";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { after, afterEach, test } from "node:test";
+
+import plugin from "../index.js";
+import { DaemonPool } from "../lib/daemons.js";
+import { ClawmemManager } from "../lib/manager.js";
+import { buildFlushPlan, buildPromptSection, byteSize, timeLine } from "../lib/prompt.js";
+import { classifyPath, classifyWorkspaceMemoryPaths, isWorkspaceMemory } from "../lib/provenance.js";
+import { DEFAULTS, readSettings } from "../lib/settings.js";
+import { createTools } from "../lib/tools.js";
+
+const FAKE = fileURLToPath(new URL("../fixtures/fake-clawmem.js", import.meta.url));
+const root = mkdtempSync(path.join(tmpdir(), "oms-"));
+const PIDS = path.join(root, "pids");
+const pools = [];
+after(() => rmSync(root, { recursive: true, force: true }));
+afterEach(() => {
+  for (const pool of pools.splice(0)) pool.closeAll();
+  let pids = [];
+  try {
+    pids = readFileSync(PIDS, "utf8").trim().split("\n").map(Number);
+    rmSync(PIDS);
+  } catch {
+    return;
+  }
+  for (const pid of pids) {
+    try {
+      process.kill(pid, "SIGTERM");
+    } catch {
+      // gone already
+    }
+  }
+});
+let serial = 0;
+
+function workspace() {
+  const dir = path.join(root, `w${serial++}`);
+  mkdirSync(path.join(dir, "memory"), { recursive: true });
+  return dir;
+}
+
+function managerFor(ws) {
+  const env = { PATH: process.env.PATH, XDG_RUNTIME_DIR: path.join(ws, ".run"), XDG_CACHE_HOME: path.join(ws, ".cache"),
+    FAKE_CLAWMEM_LOG: path.join(ws, ".searches.jsonl"), FAKE_CLAWMEM_PIDS: PIDS };
+  const pool = new DaemonPool({ ...DEFAULTS, command: FAKE, env, startTimeoutMs: 5_000, timeoutMs: 5_000 });
+  pools.push(pool);
+  return { manager: new ClawmemManager({ pool, workspace: ws, timeoutMs: 5_000, statusTtlMs: 5_000 }), env };
+}
+
+const none = async () => null; // no record of OpenClaw's write tools
+
+test("provenance: curated and daily files inside the workspace are agent memory, as memory-core classifies them", async () => {
+  const ws = workspace();
+  for (const name of ["MEMORY.md", "USER.md", "DREAMS.md", "AGENTS.md", "memory/2026-11-30.md"]) writeFileSync(path.join(ws, name), "x\n");
+  mkdirSync(path.join(ws, "users", "dana"), { recursive: true });
+  writeFileSync(path.join(ws, "users", "dana", "USER.md"), "x\n");
+  const outside = path.join(root, `outside-${serial++}.md`);
+  writeFileSync(outside, "secret\n");
+  mkdirSync(path.join(ws, "escape"));
+  symlinkSync(outside, path.join(ws, "escape", "MEMORY.md"));
+  const classes = await classifyWorkspaceMemoryPaths({ workspaceDir: ws,
+    relativePaths: ["MEMORY.md", "USER.md", "users/dana/USER.md", "memory/2026-11-30.md", "DREAMS.md", "AGENTS.md",
+      "memory/missing.md", "../outside.md"] }, none);
+  assert.deepEqual(classes.map((c) => c.originClass),
+    ["agent", "agent", "agent", "agent", "system", "untrusted", "untrusted", "untrusted"]);
+  // A symlink is classified by where it leads: out of the workspace, untrusted.
+  rmSync(path.join(ws, "MEMORY.md"));
+  symlinkSync(outside, path.join(ws, "MEMORY.md"));
+  assert.equal(await classifyPath({ workspaceDir: ws, relativePath: "MEMORY.md", recorded: none }), "untrusted");
+  assert.equal(isWorkspaceMemory("users/-x/USER.md"), false);
+});
+
+test("provenance: OpenClaw's record of an untrusted write wins, and a remote read is judged by its canonical path", async () => {
+  const ws = workspace();
+  writeFileSync(path.join(ws, "USER.md"), "x\n");
+  const recorded = async (_dir, rel) => (rel === "USER.md" ? "untrusted" : null);
+  assert.equal(await classifyPath({ workspaceDir: ws, relativePath: "USER.md", recorded }), "untrusted");
+  const remote = await classifyWorkspaceMemoryPaths({ workspaceDir: "/nowhere", relativePaths: ["MEMORY.md", "USER.md", "a.md"],
+    readSources: [{ relativePath: "MEMORY.md", canonicalRelativePath: "MEMORY.md" },
+      { relativePath: "USER.md", canonicalRelativePath: "../USER.md" }] }, none);
+  assert.deepEqual(remote.map((c) => c.originClass), ["agent", "untrusted", "untrusted"]);
+});
+
+test("the recall section is memory-core's, for the tools the turn has", () => {
+  const both = buildPromptSection({ availableTools: new Set(["memory_search", "memory_get"]) }, {});
+  assert.equal(both[0], "## Memory Recall");
+  assert.match(both[1], /^Before answering anything about prior work.*run memory_search; for memory-file hits, use memory_get/);
+  assert.ok(both.includes("Session hits are search snippets only; exact session history is unavailable with the enabled tools."));
+  assert.match(both.at(-2), /^Citations: include Source: <path#line>/);
+  assert.match(buildPromptSection({ availableTools: new Set(["memory_get"]), citationsMode: "off" }, {}).join("\n"),
+    /run memory_get to pull only the needed lines[\s\S]*Citations are disabled/);
+  assert.deepEqual(buildPromptSection({ availableTools: new Set(["read"]) }, {}), []);
+  assert.deepEqual(buildPromptSection({ availableTools: new Set(["memory_search"]) }, { memory: { search: { enabled: false } } }), []);
+});
+
+test("the flush plan: memory-core's thresholds and prompts, today's note in the user's timezone", () => {
+  const nowMs = Date.parse("2026-12-01T23:30:00Z");
+  const plan = buildFlushPlan({ cfg: { agents: { defaults: { userTimezone: "Europe/Berlin" } } }, nowMs });
+  assert.deepEqual([plan.softThresholdTokens, plan.forceFlushTranscriptBytes, plan.reserveTokensFloor, plan.relativePath],
+    [4000, 2 * 1024 * 1024, 20000, "memory/2026-12-02.md"]);
+  assert.match(plan.prompt, /^Pre-compaction memory flush\. Store durable memories only in memory\/2026-12-02\.md/);
+  assert.match(plan.prompt, /reply with NO_REPLY\.\nCurrent time: Wednesday, December 2nd, 2026 - 00:30 \(Europe\/Berlin\)\nReference UTC: 2026-12-01 23:30 UTC$/);
+  assert.match(plan.systemPrompt, /^Pre-compaction memory flush turn\. .*usually NO_REPLY is correct\.$/);
+  const small = buildFlushPlan({ cfg: { agents: { defaults: { compaction: { memoryFlush: { forceFlushTranscriptBytes: "1b",
+    softThresholdTokens: 9000, model: " m/x " } } } } }, nowMs, contextWindowTokens: 16000 });
+  assert.deepEqual([small.reserveTokensFloor, small.softThresholdTokens, small.forceFlushTranscriptBytes, small.model],
+    [4000, 6000, 1, "m/x"]);
+  assert.equal(buildFlushPlan({ cfg: { agents: { defaults: { compaction: { memoryFlush: { enabled: false } } } } } }), null);
+  assert.deepEqual([byteSize("2mb"), byteSize("512KB"), byteSize(7), byteSize("lots"), byteSize(-1)], [2097152, 524288, 7, null, null]);
+  assert.equal(timeLine(new Date("2026-11-11T08:05:00Z"), "UTC").split("\n")[0], "Current time: Wednesday, November 11th, 2026 - 08:05 (UTC)");
+});
+
+test("the capability: a runtime that classifies, the recall section, the flush plan, and the trigger lane's tool", () => {
+  const registered = [];
+  const api = { pluginConfig: { dreaming: { enabled: false } }, logger: {}, config: {}, runtime: { agent: { resolveAgentWorkspaceDir: () => "/w" } },
+    registerMemoryCapability: (c) => registered.push(c), registerTool: () => {}, registerCli: () => {} };
+  plugin.register(api);
+  const [capability] = registered;
+  assert.equal(capability.runtime.supportsWorkspaceMemoryReadSources, true);
+  assert.equal(typeof capability.runtime.classifyWorkspaceMemoryPaths, "function");
+  assert.equal(capability.deterministicRecallToolName, "memory_search");
+  assert.equal(capability.supportsPrivateTranscriptRecall, undefined); // not claimed: see the README
+  assert.equal(capability.promptBuilder({ availableTools: new Set(["memory_search"]) })[0], "## Memory Recall");
+  assert.match(capability.flushPlanResolver({ cfg: {} }).relativePath, /^memory\/\d{4}-\d{2}-\d{2}\.md$/);
+  assert.deepEqual(readSettings({ dreaming: { enabled: false } }).dreaming, { enabled: false });
+  assert.throws(() => readSettings({ dreaming: true }), /'dreaming' must be an object/);
+});
+
+test("curated candidates: trigger entries with their provenance, project entries of MEMORY.md only", async () => {
+  const ws = workspace();
+  writeFileSync(path.join(ws, "MEMORY.md"), "# M\n\n- Keep the gateway on loopback.\n- Use the release helper.\n");
+  const { manager } = managerFor(ws);
+  const triggers = await manager.listTriggerCandidates({ activeProjectKeys: [] });
+  assert.deepEqual(triggers[0], { path: "MEMORY.md", startLine: 3, endLine: 3, score: 0, snippet: "- Keep the gateway on loopback.",
+    source: "memory", citation: "MEMORY.md#L3", importance: 9, triggers: "gateway setup; network safety",
+    provenance: { originClass: "agent", sessionKind: "unknown", observedAt: triggers[0].provenance.observedAt } });
+  assert.ok(triggers[0].provenance.observedAt > 0);
+  assert.deepEqual(await manager.listCuratedProjectCandidates({ activeProjectKeys: [] }), []);
+  const projects = await manager.listCuratedProjectCandidates({ activeProjectKeys: ["github.com/acme/app"] });
+  assert.deepEqual(projects.map((p) => [p.path, p.startLine, p.projectKey]), [["MEMORY.md", 4, "github.com/acme/app"]]);
+});
+
+test("memory_search takes snake_case limits and the repositories being worked in", async () => {
+  const ws = workspace();
+  const { manager, env } = managerFor(ws);
+  const [search] = createTools({ managerFor: () => manager, config: {}, agentId: "main", activeProjectKeys: ["github.com/acme/app"] });
+  const result = await search.execute("t1", { query: "release", max_results: 2, min_score: 0.5 });
+  assert.equal(result.details.results.length, 1);
+  const sent = readFileSync(env.FAKE_CLAWMEM_LOG, "utf8").trim().split("\n").map((l) => JSON.parse(l));
+  assert.deepEqual(sent, [{ query: "release", max_results: 2, min_score: 0.5, source: "memory", projects: ["github.com/acme/app"] }]);
+});
+
+test("a cancelled search stops at once with a message, instead of waiting for the deadline", async () => {
+  const ws = workspace();
+  const { manager } = managerFor(ws);
+  const aborted = AbortSignal.abort();
+  await assert.rejects(manager.search("x", { signal: aborted }), /cancelled by OpenClaw/);
+});
