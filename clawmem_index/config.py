@@ -196,6 +196,9 @@ class DaemonSettings:
     rescan_interval: float = 300.0
     idle_timeout: float = 300.0
     first_build_wait: float = 30.0  # seconds a query waits for a new index's first keyword pass
+    # Seconds without a request, a connection or work in progress after which the daemon exits (0: never). For
+    # daemons started on demand (the OpenClaw plugin's), as socket activation would: the next request starts one.
+    exit_when_idle: float = 0.0
 
     def validate(self) -> None:
         _require(self.debounce >= 0, "daemon.debounce", "must be >= 0")
@@ -203,6 +206,8 @@ class DaemonSettings:
         _require(self.rescan_interval >= 0, "daemon.rescan_interval", "must be >= 0 (0 disables)")
         _require(self.idle_timeout > 0, "daemon.idle_timeout", "must be > 0")
         _require(self.first_build_wait >= 0, "daemon.first_build_wait", "must be >= 0")
+        _require(self.exit_when_idle == 0 or self.exit_when_idle >= 1, "daemon.exit_when_idle",
+                 "must be 0 (never) or at least 1 second")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ from clawmem_index.cli.base import (
 @global_options
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               help="Log level [env CLAWMEM_LOG_LEVEL; default info].")
-def serve(log_level: str | None, **kwargs: Any) -> None:
+@click.option("--exit-when-idle", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Exit after this long without a request, a connection or work (daemon.exit_when_idle; 0: never).")
+def serve(log_level: str | None, exit_when_idle: float | None, **kwargs: Any) -> None:
     """Run the daemon in the foreground: watch the workspace, keep the index current, answer on the socket.
 
     Logs are JSON lines when stderr is not a terminal. SIGTERM stops it (exit 0), SIGHUP reloads
@@ -34,7 +36,8 @@ def serve(log_level: str | None, **kwargs: Any) -> None:
         from clawmem_index.service.daemon import run_daemon
 
         def load() -> Any:
-            return ctx.settings(log_level=log_level)
+            idle = {} if exit_when_idle is None else {"daemon.exit_when_idle": exit_when_idle}
+            return ctx.settings(log_level=log_level, **idle)
 
         sys.exit(run_daemon(load(), reload_settings=load))
 

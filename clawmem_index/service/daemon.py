@@ -135,6 +135,9 @@ class Daemon:
         if self.notifier.watchdog_interval:
             threading.Thread(target=self._watchdog_loop, args=(self.notifier.watchdog_interval,),
                              name="clawmem-watchdog", daemon=True).start()
+        if settings.daemon.exit_when_idle:
+            threading.Thread(target=self._idle_loop, args=(settings.daemon.exit_when_idle,), name="clawmem-idle",
+                             daemon=True).start()
 
     def _listener(self, inherited: list[socket.socket]) -> tuple[socket.socket, Path]:
         if inherited:
@@ -348,6 +351,22 @@ class Daemon:
         elif report is not None:
             self.notifier.status(f"{report.files_seen} files; last {run.kind} ({run.reason}): {report.added} added,"
                                  f" {report.updated} updated, {report.removed} removed in {run.duration:.2f}s")
+
+    def _idle_loop(self, limit: float) -> None:
+        """Stop once nothing has been asked, nobody is connected and nothing is being written for `limit` seconds
+        (`daemon.exit_when_idle`); each check looks again, so a request just before the limit keeps it serving."""
+        served, since = -1, time.monotonic()
+        while not self._stopped.wait(min(limit / 4, 30.0)):
+            server = self.server
+            busy = (server is None or server.connection_count() > 0 or server.served != served
+                    or self.writer.state()["running"] is not None or self.embedder.state()["running"])
+            if busy:
+                served, since = (server.served if server is not None else served), time.monotonic()
+            elif time.monotonic() - since >= limit:
+                self.log.info("idle_exit", idle_seconds=round(time.monotonic() - since, 1))
+                self.notifier.status(f"no request for {limit:g} s: exiting (the next request starts a daemon again)")
+                self.request_stop()
+                return
 
     def _watchdog_loop(self, interval: float) -> None:
         while not self._stopped.wait(interval):

@@ -1,12 +1,13 @@
 // memory-clawmem: OpenClaw's memory slot answered by clawmem (the Python distribution clawmem-index).
 // register() only wires objects: OpenClaw calls it several times per process, and nothing may start there.
 import { registerMemoryCli } from "./lib/cli.js";
+import { shadowedBy } from "./lib/coexistence.js";
 import { buildFlushPlan, buildPromptSection } from "./lib/prompt.js";
 import { ClawmemMemory } from "./lib/runtime.js";
 import { readSettings } from "./lib/settings.js";
 import { createTools } from "./lib/tools.js";
 
-export const PLUGIN_ID = "memory-clawmem";
+export { PLUGIN_ID } from "./lib/coexistence.js";
 
 function register(api) {
   const settings = readSettings(api.pluginConfig);
@@ -49,14 +50,19 @@ function register(api) {
   if (api.registrationMode === "full" && typeof api.registerService === "function") {
     api.registerService({
       id: "clawmem-daemons",
-      start: (ctx) => memory.warmUp(ctx.config ?? api.config),
+      start: (ctx) => {
+        const config = ctx.config ?? api.config;
+        const shadowed = shadowedBy(config, api.rootDir);
+        if (shadowed) api.logger?.warn?.(`memory-clawmem: ${shadowed}`);
+        memory.warmUp(config);
+      },
       stop: () => memory.close(),
     });
   }
 }
 
 export default {
-  id: PLUGIN_ID,
+  id: "memory-clawmem",
   name: "clawmem memory",
   description: "OpenClaw's memory search answered by clawmem: a watched, incremental, hybrid index of the workspace's Markdown",
   kind: "memory",

@@ -114,6 +114,15 @@ class Gateway:
         assert status == 200 and body.get("ok") is True, (status, body)
         return body["result"]["details"]
 
+    def chat(self, content: str, user: str, timeout: float = 240) -> dict:
+        """One agent turn through the Gateway's own POST /v1/chat/completions (`user` keeps the session)."""
+        body = json.dumps({"model": "openclaw/default", "user": user,
+                           "messages": [{"role": "user", "content": content}]}).encode()
+        request = urllib.request.Request(f"{self.url}/v1/chat/completions", data=body, method="POST", headers={
+            "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return json.loads(answer.read())
+
     def call(self, method: str, params: dict[str, object], timeout: float = 120) -> dict:
         """A Gateway RPC through `openclaw gateway call` (the CLI speaks the Gateway's WebSocket protocol)."""
         ws = self.url.replace("http://", "ws://")
@@ -131,18 +140,30 @@ class Gateway:
             return False
 
 
+def gateway_section(port: int, token: str) -> dict[str, object]:
+    """A Gateway on 127.0.0.1:port with token auth (and its OpenAI-compatible chat endpoint, for agent turns)."""
+    return {"mode": "local", "bind": "loopback", "port": port, "auth": {"mode": "token", "token": token},
+            "http": {"endpoints": {"chatCompletions": {"enabled": True}}}}
+
+
 @contextlib.contextmanager
 def running_gateway(openclaw: OpenClaw, home: Path, config: dict[str, object], extra_env: dict[str, str],
                     start_timeout: float = 240) -> Iterator[Gateway]:
     """A Gateway on 127.0.0.1 with token auth and `config` (plus the gateway section), stopped afterwards."""
     port, token = free_port(), secrets.token_hex(16)
     home.mkdir(parents=True, exist_ok=True)
-    config = {"gateway": {"mode": "local", "bind": "loopback", "port": port,
-                          "auth": {"mode": "token", "token": token}}, **config}
+    config = {"gateway": gateway_section(port, token), **config}
     (home / "openclaw.json").write_text(json.dumps(config, indent=2))
     env = openclaw.env({**os.environ, **extra_env, "HOME": str(home), "TMPDIR": str(home),
                         "OPENCLAW_CONFIG_PATH": str(home / "openclaw.json"), "OPENCLAW_STATE_DIR": str(home / "state")})
-    log = home / "gateway.log"
+    with started_gateway(openclaw, env, port, token, home / "gateway.log", start_timeout) as gateway:
+        yield gateway
+
+
+@contextlib.contextmanager
+def started_gateway(openclaw: OpenClaw, env: dict[str, str], port: int, token: str, log: Path,
+                    start_timeout: float = 240) -> Iterator[Gateway]:
+    """`openclaw gateway` with the configuration its environment points at (a user's own: HOME alone), until ready."""
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [str(openclaw.cli), "gateway", "--allow-unconfigured", "--bind", "loopback", "--port", str(port),

@@ -755,3 +755,43 @@ def test_the_socket_lists_curated_entries_and_ranks_by_the_repositories_given(wo
             assert raw.call("curated", bad)["error"]["code"] == -32602, bad
         for bad in ([""], "x", [1], ["k"] * 65):
             assert raw.call("search", {"query": "x", "projects": bad})["error"]["code"] == -32602, bad
+
+
+# -- daemons started on demand exit when idle --------------------------------------------------
+
+
+def test_a_daemon_told_to_exit_when_idle_serves_while_asked_and_exits_after(workspace: Path, tmp_path: Path,
+                                                                            sock_dir: Path) -> None:
+    (workspace / "MEMORY.md").write_text("# Memory\nThe ibis.\n")
+    socket_path = sock_dir / "idle.sock"
+    proc = spawn_daemon(workspace, socket_path, tmp_path / "i.sqlite", "--exit-when-idle", "2")
+    try:
+        wait_listening(socket_path, proc)
+        # Asked again and again (each on a connection it then closes), it keeps serving past its limit.
+        asked_until = time.monotonic() + 4
+        while time.monotonic() < asked_until:
+            with RawClient(socket_path) as raw:
+                assert "result" in raw.call("search", {"query": "ibis", "mode": "bm25"})
+            assert proc.poll() is None
+            time.sleep(0.3)  # a client's pace, not a wait for the daemon
+        # A connection held open is not idle either.
+        with RawClient(socket_path) as raw:
+            held_until = time.monotonic() + 3
+            while time.monotonic() < held_until:
+                assert proc.poll() is None
+                time.sleep(0.2)
+        assert proc.wait(timeout=30) == 0  # then alone: it exits, cleanly, and its socket is gone
+        assert not socket_path.exists()
+    finally:
+        stop_process(proc)
+
+
+def test_exit_when_idle_is_checked(workspace: Path, tmp_path: Path) -> None:
+    from clawmem_index.config import load_settings
+    from clawmem_index.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="daemon.exit_when_idle"):
+        load_settings(workspace=workspace, overrides={"daemon.exit_when_idle": 0.5})
+    out = subprocess.run([*CLAWMEM, "serve", "--workspace", str(workspace), "--exit-when-idle", "-1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "exit-when-idle" in out.stderr and "Traceback" not in out.stderr

@@ -160,6 +160,8 @@ export class DaemonPool {
   async _start(daemon) {
     const { command, startTimeoutMs } = this.settings;
     const args = ["serve", "--workspace", daemon.workspace];
+    // A daemon started here stops when nothing has asked it for a while; the next request starts one again.
+    if (this.settings.exitWhenIdleSeconds) args.push("--exit-when-idle", String(this.settings.exitWhenIdleSeconds));
     if (this.settings.socket) args.push("--socket", daemon.socketPath);
     const logFile = this._logFile(daemon.workspace);
     const log = openSync(logFile, "a", 0o600);

@@ -10,6 +10,7 @@ export const DEFAULTS = Object.freeze({
   timeoutMs: 20_000,
   startTimeoutMs: 15_000,
   statusTtlMs: 5_000,
+  exitWhenIdleSeconds: 1800,
 });
 
 const KEYS = {
@@ -23,12 +24,13 @@ const KEYS = {
   timeoutMs: "number",
   startTimeoutMs: "number",
   statusTtlMs: "number",
+  exitWhenIdleSeconds: "number",
 };
 
 /**
  * The plugin's settings from OpenClaw's plugin config (undefined: every default).
  * @returns {{workspace?: string, socket?: string, command: string, autoStart: boolean, timeoutMs: number,
- *   startTimeoutMs: number, statusTtlMs: number, dreaming?: object}}
+ *   startTimeoutMs: number, statusTtlMs: number, exitWhenIdleSeconds: number, dreaming?: object}}
  */
 export function readSettings(raw) {
   if (raw === undefined || raw === null) return { ...DEFAULTS };
@@ -52,7 +54,11 @@ export function readSettings(raw) {
     if (typeof value !== kind || (kind === "string" && value.trim() === "")) {
       throw new SettingsError(`memory-clawmem: '${key}' must be a non-empty ${kind}`);
     }
-    if (kind === "number" && !(Number.isFinite(value) && value > 0)) {
+    if (key === "exitWhenIdleSeconds") {
+      if (!(Number.isFinite(value) && (value === 0 || value >= 1))) {
+        throw new SettingsError("memory-clawmem: 'exitWhenIdleSeconds' must be 0 (never) or at least 1 second");
+      }
+    } else if (kind === "number" && !(Number.isFinite(value) && value > 0)) {
       throw new SettingsError(`memory-clawmem: '${key}' must be a positive number of milliseconds`);
     }
     out[key] = value;

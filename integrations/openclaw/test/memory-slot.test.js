@@ -163,3 +163,19 @@ test("a cancelled search stops at once with a message, instead of waiting for th
   const aborted = AbortSignal.abort();
   await assert.rejects(manager.search("x", { signal: aborted }), /cancelled by OpenClaw/);
 });
+
+test("memory-core's tools shadowing this plugin's are named, with the two configurations that settle it", async () => {
+  const { shadowedBy, ALONE, BESIDE } = await import("../lib/coexistence.js");
+  const slot = { plugins: { slots: { memory: "memory-clawmem" } } };
+  assert.match(shadowedBy(slot, "/x/ext/memory-clawmem"), /memory-core runs beside memory-clawmem/);
+  assert.ok(shadowedBy(slot, "/x").includes(ALONE) && shadowedBy(slot, "/x").includes(BESIDE));
+  const settled = [
+    { plugins: { ...slot.plugins, entries: { "memory-clawmem": { config: { dreaming: { enabled: false } } } } } },
+    { plugins: { ...slot.plugins, entries: { "memory-core": { enabled: false } } } },
+    { plugins: { ...slot.plugins, deny: ["memory-core"] } },
+    { ...slot, tools: { deny: ["memory-core"] } },
+    { plugins: { ...slot.plugins, load: { paths: ["/src/plugin"] } } },
+    { plugins: { slots: { memory: "memory-core" } } },
+  ];
+  for (const config of settled) assert.equal(shadowedBy(config, "/src/plugin"), null, JSON.stringify(config));
+});

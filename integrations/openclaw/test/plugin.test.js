@@ -71,6 +71,8 @@ test("settings: defaults, and a wrong key or value is one line naming it", () =>
   assert.throws(() => readSettings({ timeoutMs: -1 }), /'timeoutMs' must be a positive number/);
   assert.throws(() => readSettings({ command: "" }), /'command' must be a non-empty string/);
   assert.throws(() => readSettings([]), /must be an object/);
+  assert.throws(() => readSettings({ exitWhenIdleSeconds: 0.5 }), /'exitWhenIdleSeconds' must be 0 \(never\) or at least 1 second/);
+  assert.equal(readSettings({ exitWhenIdleSeconds: 0 }).exitWhenIdleSeconds, 0);
 });
 
 test("the socket: the plugin's setting, then CLAWMEM_SOCKET, then clawmem.toml, then clawmem's default", () => {
@@ -92,9 +94,13 @@ test("the socket: the plugin's setting, then CLAWMEM_SOCKET, then clawmem.toml, 
 });
 
 test("no daemon: the plugin starts `clawmem serve` for the workspace, once for concurrent requests", async () => {
-  const { workspace, env } = fresh();
+  const { dir, workspace, env } = fresh();
+  env.FAKE_CLAWMEM_ARGS = path.join(dir, "args.jsonl");
   const pool = poolFor(env);
   const [a, b] = await Promise.all([pool.daemonFor(workspace), pool.daemonFor(workspace)]);
+  // one daemon, which exits when nothing has asked it for half an hour (the next request starts one again)
+  assert.deepEqual(readFileSync(env.FAKE_CLAWMEM_ARGS, "utf8").trim().split("\n").map((l) => JSON.parse(l)),
+    [["serve", "--workspace", workspace, "--exit-when-idle", "1800"]]);
   assert.equal(a, b);
   assert.equal(a.started, true);
   assert.equal(a.socketPath, defaultSocketPath(workspace, env));
