@@ -41,7 +41,8 @@ def project_factor(projects: str | None, active: Collection[str]) -> float:
 class Boosts:
     """Each candidate's factor from its annotations, looked up once per chunk (`prepare`, a batch at a time)."""
 
-    def __init__(self, lookup: Callable[[Collection[int]], dict[int, Annotations]], projects: Iterable[str] = ()) -> None:
+    def __init__(self, lookup: Callable[[Collection[int]], dict[int, Annotations]],
+                 projects: Iterable[str] = ()) -> None:
         self._lookup = lookup
         self._projects = frozenset(projects)
         self._known: dict[int, Annotations | None] = {}

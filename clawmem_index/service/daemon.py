@@ -40,6 +40,7 @@ from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ClawmemError, ConfigError, IndexUnavailable
 from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.service.embedder import Embedder
+from clawmem_index.service.process import IdleWatch, resident_bytes
 from clawmem_index.service.lock import InstanceLock
 from clawmem_index.service.server import RpcServer, bind_unix_socket, ensure_private_dir
 from clawmem_index.service.systemd import Notifier, listen_fds
@@ -136,8 +137,9 @@ class Daemon:
             threading.Thread(target=self._watchdog_loop, args=(self.notifier.watchdog_interval,),
                              name="clawmem-watchdog", daemon=True).start()
         if settings.daemon.exit_when_idle:
-            threading.Thread(target=self._idle_loop, args=(settings.daemon.exit_when_idle,), name="clawmem-idle",
-                             daemon=True).start()
+            IdleWatch(settings.daemon.exit_when_idle, self._busy,
+                      lambda: self.server.served if self.server is not None else 0, self._idle_exit,
+                      self._stopped).start()
 
     def _listener(self, inherited: list[socket.socket]) -> tuple[socket.socket, Path]:
         if inherited:
@@ -352,21 +354,16 @@ class Daemon:
             self.notifier.status(f"{report.files_seen} files; last {run.kind} ({run.reason}): {report.added} added,"
                                  f" {report.updated} updated, {report.removed} removed in {run.duration:.2f}s")
 
-    def _idle_loop(self, limit: float) -> None:
-        """Stop once nothing has been asked, nobody is connected and nothing is being written for `limit` seconds
-        (`daemon.exit_when_idle`); each check looks again, so a request just before the limit keeps it serving."""
-        served, since = -1, time.monotonic()
-        while not self._stopped.wait(min(limit / 4, 30.0)):
-            server = self.server
-            busy = (server is None or server.connection_count() > 0 or server.served != served
-                    or self.writer.state()["running"] is not None or self.embedder.state()["running"])
-            if busy:
-                served, since = (server.served if server is not None else served), time.monotonic()
-            elif time.monotonic() - since >= limit:
-                self.log.info("idle_exit", idle_seconds=round(time.monotonic() - since, 1))
-                self.notifier.status(f"no request for {limit:g} s: exiting (the next request starts a daemon again)")
-                self.request_stop()
-                return
+    def _busy(self) -> bool:
+        server = self.server
+        return (server is None or server.connection_count() > 0 or self.writer.state()["running"] is not None
+                or bool(self.embedder.state()["running"]))
+
+    def _idle_exit(self) -> None:
+        limit = self.settings.daemon.exit_when_idle
+        self.log.info("idle_exit", idle_seconds=limit)
+        self.notifier.status(f"no request for {limit:g} s: exiting (the next request starts a daemon again)")
+        self.request_stop()
 
     def _watchdog_loop(self, interval: float) -> None:
         while not self._stopped.wait(interval):
@@ -443,7 +440,7 @@ class Daemon:
             "embedding_progress": embedder["progress"],
             "requests_served": self.server.served if self.server is not None else 0,
             "reloads": self.reloads,
-            "memory": {"rss_bytes": _resident_bytes(), **self.index.backend.memory()},
+            "memory": {"rss_bytes": resident_bytes(), **self.index.backend.memory()},
         }
         model = self._model_process()
         if model is not None:
@@ -484,14 +481,6 @@ def _finished(run: Run) -> dict[str, object]:
     if run.cancelled:
         raise IndexUnavailable("the daemon is shutting down")
     return run.as_dict()
-
-
-def _resident_bytes() -> int | None:
-    """The process's resident memory now (Linux; None elsewhere): what users and monitoring watch."""
-    try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _ignore_signal(signum: int, frame: object) -> None:

@@ -17,10 +17,11 @@ from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
 from clawmem_index.errors import IndexUnavailable
+from clawmem_index.text.annotations import Annotations
 from clawmem_index.text.storable import storable
 
 __all__ = ["READER_SESSION", "READ_TIMEOUT", "WRITER_SESSION", "WRITE_LOCK_TIMEOUT", "Connection", "PgVector",
-           "connect", "copy_array", "copy_text", "one_line", "pg_text", "unavailable", "vector_args"]
+           "connect", "copy_annotations", "copy_array", "copy_text", "one_line", "pg_text", "unavailable", "vector_args"]
 
 # A reader gives up on a statement after this: a tenant's open transaction, a queued lock or a stalled server
 # then costs a search a clear error (and `status` fresh: false with the reason), not minutes of waiting.
@@ -323,3 +324,12 @@ def vector_args(blob: bytes | None) -> tuple[int | None, PgVector | None]:
     if not np.all(np.isfinite(values)) or not np.any(values):
         return None, None
     return len(values), PgVector(blob)
+
+
+def copy_annotations(notes: Annotations | None) -> tuple[str, str, str]:
+    """A chunk's annotations as COPY fields (\\N: none)."""
+    if notes is None:
+        return "\\N", "\\N", "\\N"
+    return ("\\N" if notes.importance is None else str(notes.importance),
+            "\\N" if notes.triggers is None else copy_text(pg_text(notes.triggers)),
+            "\\N" if notes.projects is None else copy_text(pg_text(notes.projects)))

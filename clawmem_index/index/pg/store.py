@@ -28,6 +28,7 @@ from clawmem_index.index.pg.connection import (
     READER_SESSION,
     WRITER_SESSION,
     Connection,
+    copy_annotations,
     copy_array,
     copy_text,
     one_line,
@@ -45,15 +46,6 @@ from clawmem_index.index.vector_index import VectorHit
 from clawmem_index.text.annotations import Annotations
 
 __all__ = ["PgStore", "chunk_terms_of"]
-
-
-def _copy_annotations(notes: Annotations | None) -> tuple[str, str, str]:
-    """A chunk's annotations as COPY fields (\\N: none)."""
-    if notes is None:
-        return "\\N", "\\N", "\\N"
-    return ("\\N" if notes.importance is None else str(notes.importance),
-            "\\N" if notes.triggers is None else copy_text(pg_text(notes.triggers)),
-            "\\N" if notes.projects is None else copy_text(pg_text(notes.projects)))
 
 
 def chunk_terms_of(text: str) -> ChunkTerms:
@@ -216,7 +208,7 @@ class PgStore:
                 copy_text(source), str(start_line), str(end_line), copy_text(hash),
                 copy_text(pg_text(text)), "\\N" if date is None else copy_text(date), repr(time.time()),
                 copy_array(terms.terms), copy_array(terms.counts), str(terms.length),
-                *_copy_annotations(annotations))) + "\n")
+                *copy_annotations(annotations))) + "\n")
             self._term_deltas.update(terms.terms)
             self._size_deltas[0] += 1
             self._size_deltas[1] += terms.length
