@@ -106,6 +106,7 @@ class Turns:
     flushed_found: list[str] = field(default_factory=list)
     status: Any = None
     search: Any = None
+    indexed: str = ""
     log: str = ""
 
 
@@ -141,7 +142,7 @@ def openclaw_cli(openclaw: OpenClaw, env: dict[str, str], *args: str, cwd: Path 
     return json.loads(out.stdout[out.stdout.index("[" if args[1] == "status" else "{"):])
 
 
-def run_turns(openclaw: OpenClaw, root: Path, *, install: bool) -> Turns:
+def run_turns(openclaw: OpenClaw, root: Path, *, install: bool, lines: slice = slice(None), turns: bool = True) -> Turns:
     """A memory-core user's home, clawmem installed by the README's lines if `install`, then the turns."""
     home, workspace = root / "home", root / "home" / "agent"
     (workspace / "memory").mkdir(parents=True)
@@ -162,7 +163,8 @@ def run_turns(openclaw: OpenClaw, root: Path, *, install: bool) -> Turns:
     try:
         if install:
             clone = fresh_clone(root)
-            script = "set -euo pipefail\n" + readme_install_lines() + '\necho "PATH=$PATH"\n'
+            block = "\n".join(readme_install_lines().splitlines()[lines])
+            script = "set -euo pipefail\n" + block + '\necho "PATH=$PATH"\n'
             done = subprocess.run(["bash", "-c", script], cwd=clone, env=env, capture_output=True, text=True,
                                   timeout=900)
             assert done.returncode == 0, f"the README's install lines failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
@@ -191,6 +193,9 @@ def run_turns(openclaw: OpenClaw, root: Path, *, install: bool) -> Turns:
                 seen.warm_backend = eventually(warm, "a search answered from a whole index").get("debug", {}).get("backend")
             except AssertionError as exc:
                 raise AssertionError(f"{exc}: last {json.dumps(last)[:1500]}; log {gateway.log.read_text()[-3000:]}") from None
+            if not turns:
+                seen.log = gateway.log.read_text(errors="replace")
+                return seen
             fake.script(tool_call("tool_call", {"id": "memory_search", "args": {"query": "lighthouse restoration budget"}}),
                         text("Forty-two thousand\nfor the lighthouse, Marta said\nyes, in November."))
             before = len(fake.requests)
@@ -213,6 +218,10 @@ def run_turns(openclaw: OpenClaw, root: Path, *, install: bool) -> Turns:
             seen.flushed_found = eventually(flushed, "the flushed note through memory_search", 90)
             seen.status = openclaw_cli(openclaw, env, "memory", "status", "--json")
             seen.search = openclaw_cli(openclaw, env, "memory", "search", "lighthouse budget", "--json")
+            if install:  # memory-core's `memory index` prints its own report; clawmem's says what it indexed
+                done = subprocess.run([str(openclaw.cli), "memory", "index", "--force"], env=env, capture_output=True,
+                                      text=True, timeout=240)
+                seen.indexed = done.stdout + done.stderr
         seen.log = (home / "gateway.log").read_text(errors="replace")
         return seen
     finally:
@@ -279,8 +288,32 @@ def test_openclaw_memory_status_and_search(turns: dict[str, Turns], backend: str
     assert search["results"][0]["path"] == "memory/2026-11-30.md"
 
 
+def test_openclaw_memory_index_is_clawmems(turns: dict[str, Turns]) -> None:
+    assert re.search(r"^main: \d+ files, \d+ chunks indexed \(", turns["memory-clawmem"].indexed, re.MULTILINE), \
+        turns["memory-clawmem"].indexed[-1000:]
+
+
+def test_without_the_readmes_last_line_memory_core_answers_and_the_plugin_says_so(
+        tmp_path_factory: pytest.TempPathFactory, turns: dict[str, Turns]) -> None:
+    """Why the README's last line is there: OpenClaw runs memory-core beside the slot's plugin as its dreaming engine,
+    and a bundled plugin's tool of a name wins over an installed one's. The plugin warns, naming both remedies."""
+    seen = run_turns(installed_openclaw(), tmp_path_factory.mktemp("shadowed"), install=True, lines=slice(0, -1),
+                     turns=False)
+    assert seen.warm_backend == "builtin"  # memory-core's memory_search answered
+    assert "plugin tool name conflict (memory-clawmem): memory_search" in seen.log
+    assert "memory-core runs beside memory-clawmem" in seen.log and "dreaming.enabled false" in seen.log
+
+
 def test_both_backends_give_the_model_the_same_memory(turns: dict[str, Turns]) -> None:
     core, clawmem = turns["memory-core"], turns["memory-clawmem"]
     assert section(core.system, "## Memory Recall") == section(clawmem.system, "## Memory Recall")
     assert injected_block(core.user_message) == injected_block(clawmem.user_message)
+
+    def flush_prompt(turns: Turns) -> str:
+        assert turns.flush is not None
+        asked = [content_text(m.get("content")) for m in turns.flush["messages"] if m.get("role") == "user"]
+        prompt = next(m for m in asked if FLUSH_MARK in m)
+        return re.sub(r"Current time: .*|Reference UTC: .*|^\[[^]]*\] ", "", prompt, flags=re.MULTILINE).strip()
+
+    assert flush_prompt(core) == flush_prompt(clawmem)  # memory-core's flush, word for word
     assert "memory-core runs beside memory-clawmem" not in clawmem.log  # the README's configuration: no shadowing
