@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from daemon_helpers import short_dir
 from hostile import FIXED_TEXTS, SENTINEL, hostile_workspace
-from openclaw_host import PLUGIN, plugin_dependencies, stop_started_daemons
+from openclaw_host import PLUGIN, installed_openclaw, plugin_dependencies, stop_started_daemons
 
 
 @pytest.fixture
@@ -54,6 +54,8 @@ def test_the_plugin_answers_the_hostile_corpus(workspace: Path, sock_dir: Path, 
     corpus.write_text(json.dumps({"workspace": str(workspace), "texts": FIXED_TEXTS, "sentinel": SENTINEL}))
     env = {**os.environ, "CLAWMEM_TEST_COMMAND": str(Path(sys.executable).with_name("clawmem")),
            "CLAWMEM_TEST_HOSTILE": str(corpus), "XDG_RUNTIME_DIR": str(sock_dir),
+           # OpenClaw's own commander, for `openclaw memory search` with every text
+           "CLAWMEM_TEST_COMMANDER": str(installed_openclaw().cli.parent.parent / "commander" / "index.js"),
            "XDG_CACHE_HOME": str(sock_dir / "cache"), "CLAWMEM_PROVIDER": "none",
            "CLAWMEM_SOURCES": "memory,sessions"}
     try:

@@ -88,6 +88,34 @@ test("the hostile corpus through the tools: every answer a result, and the works
         const read = (await get.execute("g", { path: hit.path, from: hit.startLine, lines: 1 })).details;
         assert.equal(read.status, "ok", `${hit.path}: ${JSON.stringify(read)}`);
       }
+      // `openclaw memory search <text>` with OpenClaw's own commander (given by the Python suite): every text is
+      // an answer or one line on stderr with exit code 1, never a throw out of the command.
+      if (process.env.CLAWMEM_TEST_COMMANDER) {
+        const { Command } = await import(process.env.CLAWMEM_TEST_COMMANDER);
+        const { registerMemoryCli } = await import("../lib/cli.js");
+        let answered = 0;
+        for (const [name, text] of Object.entries(corpus.texts)) {
+          for (const json of [["--json"], []]) {
+            const out = [], err = [];
+            const program = new Command().exitOverride().configureOutput({ writeOut: () => {}, writeErr: () => {} });
+            registerMemoryCli({ program, config: {} }, memory, { write: (t) => out.push(t) }, { write: (t) => err.push(t) });
+            process.exitCode = undefined;
+            try {
+              await program.parseAsync(["memory", "search", "--query", text, ...json], { from: "user" });
+            } catch (error) {
+              assert.match(String(error.code), /^commander\./, `${name}: ${error}`); // a usage error, as commander says
+              continue;
+            }
+            if (process.exitCode === 1) assert.match(err.join(""), /^memory-clawmem: /, name);
+            else {
+              if (json.length) JSON.parse(out.join(""));
+              answered++;
+            }
+            process.exitCode = undefined;
+          }
+        }
+        assert.ok(answered > Object.keys(corpus.texts).length, `only ${answered} answers`);
+      }
       // The annotations of USER.md (every case as a trigger, a project, an importance): candidates, never a throw.
       const manager = memory.manager(corpus.workspace);
       for (const listed of [await manager.listTriggerCandidates({}), await manager.listCuratedProjectCandidates({
