@@ -161,14 +161,17 @@ class Client:
                                      "since": since, "before": before,
                                      "workspaces": list(workspaces) if workspaces else None, "now": now})
 
-    def curated(self, kind: str | None = None, *, limit: int | None = None) -> dict[str, Any]:
+    def curated(self, kind: str | None = None, *, limit: int | None = None,
+                projects: Sequence[str] | None = None) -> dict[str, Any]:
         """The annotated entries of MEMORY.md and USER.md, read from the files as they are now, most important
         first: `{entries: [{path, start_line, end_line, text, importance?, triggers?, projects?}], truncated?}`.
 
         `kind` "triggers" keeps the entries with trigger phrases (what a host matches against each message),
-        "projects" those scoped to repositories. `text` is the entry without its annotations.
+        "projects" those scoped to repositories. `projects`: the repositories being worked in (only entries
+        scoped to none or all within them). `text` is the entry without its annotations.
         """
-        return self._ask("curated", {"kind": kind, "limit": limit})
+        return self._ask("curated", {"kind": kind, "limit": limit, "projects": list(projects) if projects is not None
+                                     else None})
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -252,7 +255,7 @@ class Client:
         if method == "get":
             return index.get(p["path"], p.get("from"), p.get("lines"), p.get("max_bytes"))
         if method == "curated":
-            return index.curated(p.get("kind"), p.get("limit", 512))
+            return index.curated(p.get("kind"), p.get("limit", 512), p.get("projects"))
         return index.status()
 
 

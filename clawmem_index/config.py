@@ -312,6 +312,7 @@ ENV_KEYS: dict[str, str] = {
     "CLAWMEM_INDEX_BACKEND": "index_backend",
     "CLAWMEM_INDEX_URL": "index_url",
     "CLAWMEM_WORKSPACE_NAME": "workspace_name",
+    "CLAWMEM_EXIT_WHEN_IDLE": "daemon.exit_when_idle",  # what the OpenClaw plugin gives the daemons it starts
 }
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from clawmem_index.config import Settings
@@ -222,9 +222,10 @@ class MemoryIndex:
         """The search's best lines as one prompt block of at most `budget` tokens (see `Queries.context`)."""
         return self._queries.context(request, budget)
 
-    def curated(self, kind: str | None = None, limit: int = 512) -> dict[str, object]:
+    def curated(self, kind: str | None = None, limit: int = 512,
+                projects: Sequence[str] | None = None) -> dict[str, object]:
         """The annotated entries of MEMORY.md and USER.md, as the files are now (see `Queries.curated`)."""
-        return self._queries.curated(kind, limit)
+        return self._queries.curated(kind, limit, projects)
 
     # -- freshness (clawmem_index.engine.status) --------------------------------------------
 

@@ -37,6 +37,7 @@ __all__ = ["ParsedFile", "ParsedSession", "parse_all", "parse_session"]
 # Below, workers would save 10-20% at twice to three times the memory (docs/benchmarks.md).
 PARALLEL_MIN_BYTES = 12 << 20
 PARSE_BATCH = 32  # files per task sent to a chunking worker
+ANNOTATED_KEY = "annotations-1"  # in the key of a chunk that holds annotations (see `_annotated`)
 PARSE_AHEAD = 16  # batches in flight per worker: enough to keep them busy, few enough to bound memory
 
 
@@ -137,11 +138,23 @@ def _parse_one(f: MemoryFile, args: _ParseArgs, previous: FileRow | None) -> Par
         return ParsedFile(f, digest, [], len(data))
     text = data.decode("utf-8", errors="replace")
     chunks = chunk_markdown(text, max_tokens=args.max_tokens, overlap=args.overlap, tokenizer=args.tokenizer)
+    if "<!--" in text:
+        chunks = [_annotated(chunk) for chunk in chunks]
     # An annotation is the entry's metadata, not its words: the keyword index never sees it.
     fts_texts = [index_text(strip_annotations(chunk.text)) for chunk in chunks]
     terms = None if args.terms_of is None else [args.terms_of(t) for t in fts_texts]
     return ParsedFile(f, digest, chunks, len(data), fts_texts=fts_texts, terms=terms,
                       annotations=_annotations(f.path, chunks) if "<!--" in text else [])
+
+
+def _annotated(chunk: Chunk) -> Chunk:
+    """A chunk holding annotations, keyed apart from the same text read by an older clawmem: its vector is made
+    of its words alone (`embedding_text`), so neither a rebuild's carry nor the embedding cache may hand it the
+    vector of the text with its comments. Its text, and so an edit of an annotation, still changes the key."""
+    if strip_annotations(chunk.text) == chunk.text:
+        return chunk
+    digest = xxhash.xxh3_128_hexdigest(f"{chunk.text}\0{ANNOTATED_KEY}".encode("utf-8", "surrogatepass"))
+    return replace(chunk, hash=digest)
 
 
 def _annotations(key: str, chunks: Sequence[Chunk]) -> list[Annotations]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +22,7 @@ from clawmem_index.search.query_cache import QueryCache
 from clawmem_index.search.ranking import SearchOutcome, SearchRequest, run_search
 from clawmem_index.sources.files import GET_MAX_BYTES, Window, count_lines, read_window
 from clawmem_index.sources.paths import PROFILE_FILE, open_memory_file, reads_annotations
-from clawmem_index.text.annotations import Entry, curated_entries
+from clawmem_index.text.annotations import INVALID_PROJECTS, Entry, curated_entries
 
 if TYPE_CHECKING:
     from clawmem_index.engine.core import MemoryIndex
@@ -34,6 +36,7 @@ CACHED_RESULTS = 50  # answers with more results are not kept by the query cache
 CURATED_PATHS = ("MEMORY.md", PROFILE_FILE)
 CURATED_READ_BYTES = 4 << 20
 CURATED_KINDS = ("triggers", "projects")
+CURATED_TEXT_CHARS = 4000  # of one entry's text in an answer (a host shows at most 600-1800 of it)
 
 
 class Queries:
@@ -45,6 +48,7 @@ class Queries:
         self.answers: QueryCache[SearchOutcome] = QueryCache(search.cache_entries, search.cache_seconds)
         self.deadline: Any = None  # the provider behind a deadline (QueryDeadline), made at the first vector query
         self._entries: dict[str, tuple[tuple[int, ...], list[Entry], bool]] = {}  # path -> (stat, entries, cut)
+        self._reading = threading.Lock()  # one parse of the curated files at a time: the others wait for its result
 
     def search(self, request: SearchRequest) -> dict[str, object]:
         index = self.index
@@ -125,11 +129,14 @@ class Queries:
             self.deadline = QueryDeadline(provider, search.query_timeout, first_use=search.first_query_timeout)
         return self.deadline, None
 
-    def curated(self, kind: str | None = None, limit: int = 512) -> dict[str, object]:
+    def curated(self, kind: str | None = None, limit: int = 512,
+                projects: Sequence[str] | None = None) -> dict[str, object]:
         """The annotated entries of MEMORY.md and USER.md as the files are now, the most important first.
 
-        `kind` "triggers" or "projects" keeps those with trigger phrases or repository keys. Each file is
-        read (at most CURATED_READ_BYTES) only when its stat changed since the last call.
+        `kind` "triggers" or "projects" keeps those with trigger phrases or repository keys. `projects` (the
+        repositories being worked in) keeps, before the limit, only entries scoped to none or all within them, as
+        OpenClaw's memory-core does. Each file is read (at most CURATED_READ_BYTES) only when its stat changed
+        since the last call; an entry's text is cut at CURATED_TEXT_CHARS (`text_truncated`).
         """
         if kind is not None and kind not in CURATED_KINDS:
             raise QueryError(f"'kind' must be one of {', '.join(CURATED_KINDS)}")
@@ -137,10 +144,13 @@ class Queries:
             raise QueryError("'limit' must be between 1 and 512")
         found: list[tuple[str, Entry]] = []
         cut: list[str] = []
-        for path in CURATED_PATHS:
-            entries, truncated = self._curated_file(path)
+        active = None if projects is None else frozenset(projects)
+        with self._reading:
+            read = [(path, *self._curated_file(path)) for path in CURATED_PATHS]
+        for path, entries, truncated in read:
             found.extend((path, e) for e in entries if e.annotations and (
-                kind is None or getattr(e.annotations, kind) is not None))
+                kind is None or getattr(e.annotations, kind) is not None)
+                and (active is None or _within(e.annotations.projects, active)))
             if truncated:
                 cut.append(path)
         found.sort(key=lambda pe: (-(pe[1].annotations.importance or 0), pe[0], pe[1].start_line))
@@ -153,7 +163,7 @@ class Queries:
         try:
             with self._open(path) as opened:
                 st = opened.stat
-                stamp = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+                stamp = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
                 kept = self._entries.get(path)
                 if kept is not None and kept[0] == stamp:
                     return kept[1], kept[2]
@@ -268,10 +278,21 @@ def _within(lines: list[str | None], max_bytes: int) -> list[str | None]:
     return out
 
 
+def _within(projects: str | None, active: frozenset[str]) -> bool:
+    """An entry scoped to no repository, or only to active ones (an unreadable scope never is)."""
+    if projects is None:
+        return True
+    keys = {key.strip() for key in projects.split(";")} - {""}
+    return bool(keys) and INVALID_PROJECTS not in keys and keys <= active
+
+
 def _entry(path: str, entry: Entry) -> dict[str, object]:
     notes = entry.annotations
+    text = entry.text if len(entry.text) <= CURATED_TEXT_CHARS else entry.text[:CURATED_TEXT_CHARS]
     data: dict[str, object] = {"path": path, "start_line": entry.start_line, "end_line": entry.end_line,
-                               "text": entry.text}
+                               "text": text}
+    if text is not entry.text:
+        data["text_truncated"] = True
     data.update((key, value) for key, value in (("importance", notes.importance), ("triggers", notes.triggers),
                                                 ("projects", notes.projects)) if value is not None)
     return data

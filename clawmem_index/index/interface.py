@@ -75,8 +75,8 @@ class IndexStore(Protocol):
         """Add a chunk with its FTS row; text that UTF-8 cannot encode (lone surrogates) is stored repaired."""
         ...
 
-    def annotated(self) -> bool:
-        """Whether any chunk carries an annotation (clawmem_index.text.annotations)."""
+    def annotation_kinds(self) -> frozenset[str]:
+        """Which annotations some chunk carries: "importance", "triggers", "projects" (clawmem_index.text.annotations)."""
         ...
 
     def annotations_of(self, seqs: Collection[int]) -> dict[int, Annotations]:

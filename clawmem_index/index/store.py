@@ -31,7 +31,7 @@ from clawmem_index.index.schema import MIGRATIONS, SCHEMA_VERSION, Meta
 from clawmem_index.index.vector_cells import SharedCells
 from clawmem_index.index.vector_index import FLOATS, HALVES, VectorHit, VectorIndex
 from clawmem_index.index.vocabulary import FtsVocabulary
-from clawmem_index.text.annotations import Annotations
+from clawmem_index.text.annotations import ANNOTATION_KINDS, Annotations
 from clawmem_index.text.storable import storable
 
 # The rows, schema version and hits are the store's interface: importable from here as they always were.
@@ -267,9 +267,11 @@ class Store:
         """Changes whenever another connection commits to the index (SQLite's own counter, per connection)."""
         return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
 
-    def annotated(self) -> bool:
-        """Whether any chunk carries an annotation (else ranking needs no look at them)."""
-        return self.conn.execute(f"SELECT 1 FROM chunks WHERE {_ANNOTATED} LIMIT 1").fetchone() is not None
+    def annotation_kinds(self) -> frozenset[str]:
+        """Which annotations some chunk carries ("importance", "triggers", "projects"; none: ranking looks at none)."""
+        row = self.conn.execute(f"SELECT max(importance IS NOT NULL), max(triggers IS NOT NULL),"
+                                f" max(projects IS NOT NULL) FROM chunks WHERE {_ANNOTATED}").fetchone()
+        return frozenset(kind for kind, present in zip(ANNOTATION_KINDS, row or (), strict=False) if present)
 
     def annotations_of(self, seqs: Collection[int]) -> dict[int, Annotations]:
         """The annotations of those of `seqs` that carry any."""

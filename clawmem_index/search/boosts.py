@@ -16,10 +16,17 @@ from collections.abc import Callable, Collection, Iterable
 from clawmem_index.search.candidates import Candidate
 from clawmem_index.text.annotations import INVALID_PROJECTS, Annotations
 
-__all__ = ["MAX_BOOST", "Boosts", "importance_factor", "project_factor"]
+__all__ = ["Boosts", "importance_factor", "most_boost", "project_factor"]
 
 IN_PROJECT, OTHER_PROJECT = 1.15, 0.90
-MAX_BOOST = 1.25 * IN_PROJECT  # the most a chunk's score can be multiplied by (the bound on unread chunks)
+MOST_IMPORTANT = 1.25
+
+
+def most_boost(kinds: Collection[str], projects: Collection[str]) -> float:
+    """The most any chunk's score can be multiplied by, given the annotations the index holds and the request's
+    repositories: what bounds a chunk not read yet (1 when nothing can lift one)."""
+    return (MOST_IMPORTANT if "importance" in kinds else 1.0) * (
+        IN_PROJECT if projects and "projects" in kinds else 1.0)
 
 
 def importance_factor(importance: int | None) -> float:

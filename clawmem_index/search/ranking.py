@@ -16,7 +16,7 @@ from clawmem_index.config import SearchSettings
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.errors import ClawmemError, QueryError
 from clawmem_index.index.store import ChunkFilter, Store, TextHit, VectorHit
-from clawmem_index.search.boosts import MAX_BOOST, Boosts
+from clawmem_index.search.boosts import Boosts, most_boost
 from clawmem_index.search.candidates import Candidate, Sides, gather, read_fixed
 from clawmem_index.search.dates import DatePrior
 from clawmem_index.search.query_plan import QueryPlan, plan_query
@@ -289,9 +289,11 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
     )
     decay = _decay(store, settings, today)
     # Annotations weigh only what carries them: an index without any is ranked exactly as before.
-    boosts = Boosts(store.annotations_of, request.projects) if store.annotated() else None
+    kinds = store.annotation_kinds()
+    boosts = Boosts(store.annotations_of, request.projects) if kinds else None
     factor = decay if boosts is None else (lambda c: decay(c) * boosts(c))
-    weighing: dict[str, Any] = {} if boosts is None else {"prepare": boosts.prepare, "factor_max": MAX_BOOST}
+    weighing: dict[str, Any] = {} if boosts is None else {"prepare": boosts.prepare,
+                                                          "factor_max": most_boost(kinds, request.projects)}
     want = max(limit, settings.mmr_pool if settings.mmr_lambda else 0)
     if mode == "hybrid" and settings.fusion == "rrf":
         cands = fuse_rrf(read_fixed(sides, settings.candidate_pool), settings.rrf_k)

@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -120,6 +120,8 @@ class Daemon:
             if self.index.has_been_built():
                 self._first_build.set()
                 self._first_pass = False
+            elif self.index.backend.name == "sqlite" and self.index.backend.exists():
+                self._first_build.set()  # a first index cut short: answered from what it holds (and said so) as it goes on
             self.writer.request_sync("startup")
             self.server = RpcServer(self, listener, path=None if self.socket_activated else path,
                                     idle_timeout=settings.daemon.idle_timeout, workers=self._query_workers,
@@ -410,8 +412,9 @@ class Daemon:
             answer["first_pass"] = True
         return answer
 
-    def curated(self, kind: str | None = None, limit: int = 512) -> dict[str, object]:
-        return self.index.curated(kind, limit)  # the files as they are now: no index needed
+    def curated(self, kind: str | None = None, limit: int = 512,
+                projects: Sequence[str] | None = None) -> dict[str, object]:
+        return self.index.curated(kind, limit, projects)  # the files as they are now: no index needed
 
     def get(self, path: str, start: int | None = None, lines: int | None = None,
             max_bytes: int | None = None) -> dict[str, object]:

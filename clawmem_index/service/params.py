@@ -75,7 +75,7 @@ PARAMS: dict[str, dict[str, tuple[str, bool]]] = {
                 "min_score": ("number", False), "mode": ("str", False), "path_prefix": ("str", False),
                 "source": ("str", False), "since": ("str", False), "before": ("str", False),
                 "workspaces": ("names", False), "now": ("str", False)},
-    "curated": {"kind": ("str", False), "limit": ("int", False)},
+    "curated": {"kind": ("str", False), "limit": ("int", False), "projects": ("keys", False)},
     "sync": {"wait": ("bool", False)},
     "reindex": {"wait": ("bool", False)},
 }

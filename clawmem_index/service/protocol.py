@@ -30,7 +30,7 @@ import contextlib
 import functools
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -93,7 +93,8 @@ class Backend(Protocol):
 
     def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, object]: ...
 
-    def curated(self, kind: str | None = None, limit: int = 512) -> dict[str, object]: ...
+    def curated(self, kind: str | None = None, limit: int = 512,
+                projects: Sequence[str] | None = None) -> dict[str, object]: ...
 
     def sync(self, wait: bool) -> dict[str, object]: ...
 
@@ -302,7 +303,7 @@ class Dispatcher:
         elif method == "status":
             call = backend.status
         elif method == "curated":
-            call = lambda: backend.curated(p.get("kind"), p.get("limit", 512))
+            call = lambda: backend.curated(p.get("kind"), p.get("limit", 512), p.get("projects"))
         elif method == "sync":
             call = lambda: backend.sync(p.get("wait", False))
         else:

@@ -4,8 +4,8 @@ Only what can hold memory is watched, because a workspace is often a code reposi
 recursive watch on it would spend an inotify watch on every folder of `.git`, `node_modules` or a
 build tree (exhausting the user's limit, or making the polling fallback stat them all) and wake the
 daemon for every build. The roots are the workspace itself, non-recursively (`MEMORY.md`, `USER.md`,
-and `memory/`, `users/` or an extra path appearing, vanishing or moving), `memory/` and `users/` (the
-people's profiles) recursively when they are real folders (never a symlink: the scanner does not follow them either), each extra folder recursively,
+and `memory/`, `users/` or an extra path appearing, vanishing or moving), `memory/` recursively when it
+is a real folder, `users/` and each person's folder in it non-recursively (only `users/<id>/USER.md` is memory) (never a symlink: the scanner does not follow them either), each extra folder recursively,
 and the parent of an extra file (or of an extra folder not there yet) non-recursively; with the
 sessions source on, the transcripts' folder recursively (or its parent until it exists).
 
@@ -21,7 +21,15 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from clawmem_index.sources.files import path_key
-from clawmem_index.sources.paths import MEMORY_DIR, SKIPPED_DIRS, USERS_DIR, is_memory_path, sessions_dir
+from clawmem_index.sources.paths import (
+    MEMORY_DIR,
+    PROFILE_FILE,
+    SKIPPED_DIRS,
+    USERS_DIR,
+    is_memory_path,
+    is_profile_path,
+    sessions_dir,
+)
 
 if TYPE_CHECKING:
     from watchdog.events import FileSystemEvent
@@ -103,7 +111,9 @@ class WatchedPaths:
         if event.event_type not in _ROOT_EVENTS:
             return frozenset()
         candidates = (self._memory_root, self._users_root, *self._dir_roots)
-        return frozenset(path for path in _event_paths(event) if any(within(c, path) for c in candidates))
+        # A person's folder under users/ coming or going is a root to watch (or to drop) too.
+        return frozenset(path for path in _event_paths(event) if any(within(c, path) for c in candidates)
+                         or (event.is_directory and os.path.dirname(path) == self._users_root))
 
     def wanted(self) -> dict[RootKey, tuple[int, int]]:
         """The roots that exist now as real folders, each with its (device, inode)."""
@@ -111,7 +121,10 @@ class WatchedPaths:
         workspace = _dir_identity(str(self.workspace), follow=True)  # it may be given through a symlink
         if workspace is not None:
             found[(str(self.workspace), False)] = workspace
-        candidates: list[RootKey] = [(self._memory_root, True), (self._users_root, True)]
+        # users/ and each person's folder in it, not recursively: only users/<id>/USER.md is memory there, and a
+        # code repository's own users/ tree must cost no watch.
+        candidates: list[RootKey] = [(self._memory_root, True), (self._users_root, False),
+                                     *((person, False) for person in self._people())]
         for extra in self._dir_roots:
             if _dir_identity(extra) is not None:
                 candidates.append((extra, True))
@@ -124,6 +137,16 @@ class WatchedPaths:
         recursive = [path for path, rec in found if rec]
         return {key: identity for key, identity in found.items()
                 if not any(within(key[0], outer) and (outer, True) != key for outer in recursive)}
+
+
+    def _people(self) -> list[str]:
+        """The folders of users/ that may hold a person's USER.md (a valid id; symlinks are left out below)."""
+        try:
+            names = os.listdir(self._users_root)
+        except OSError:
+            return []
+        return [os.path.join(self._users_root, name) for name in names
+                if is_profile_path(f"{USERS_DIR}/{name}/{PROFILE_FILE}")]
 
 
 def _event_paths(event: FileSystemEvent) -> list[str]:

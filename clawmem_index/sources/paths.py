@@ -172,9 +172,9 @@ CURATED_FILES = ("MEMORY.md", "memory.md", PROFILE_FILE)  # where OpenClaw reads
 
 def reads_annotations(key: str) -> tuple[bool, bool]:
     """Which annotations (clawmem_index.text.annotations) a memory file's entries carry: (triggers and importance,
-    project keys). Triggers and importance in the curated files at the root; project keys in every memory file but
-    the user profiles, which are about the person, never scoped to a repository."""
-    return key in CURATED_FILES, not is_profile_path(key)
+    project keys). As OpenClaw's memory-core reads them: triggers and importance in the curated files at the
+    root, project keys in every memory file but the shared user profile, USER.md."""
+    return key in CURATED_FILES, key != PROFILE_FILE
 
 
 def memory_key(requested: str, extra_paths: Sequence[str] = (), exclude: Sequence[str] = ()) -> str:

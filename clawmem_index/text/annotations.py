@@ -19,9 +19,10 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["INVALID_PROJECTS", "Annotations", "Entry", "curated_entries", "embedding_text", "read_annotations",
+__all__ = ["ANNOTATION_KINDS", "INVALID_PROJECTS", "Annotations", "Entry", "curated_entries", "embedding_text", "read_annotations",
            "strip_annotations"]
 
+ANNOTATION_KINDS = ("importance", "triggers", "projects")
 INVALID_PROJECTS = "!invalid-project-annotation"  # memory-core's marker: matches no repository's key
 _MARKER = re.compile(r"<!--\s*(trigger|importance|project)\s*:", re.IGNORECASE)
 _PROJECT_MARKER = re.compile(r"<!--\s*(project)\s*:", re.IGNORECASE)
@@ -53,16 +54,23 @@ class Entry:
 
 
 def _scan(text: str, marker: re.Pattern[str], line_scoped: bool = False) -> Iterator[tuple[int, int, str, str]]:
-    """(start, end, kind, value) of each annotation: a marker up to the next `-->` (on its line, if `line_scoped`)."""
+    """(start, end, kind, value) of each annotation: a marker up to the next `-->` (on its line, if `line_scoped`).
+
+    The next `-->` and the next line break are looked for again only once the scan has passed them (as OpenClaw's
+    scanner does), so a text of many markers and one far `-->` costs one pass, not one per marker."""
     pos = 0
+    closing = newline = -1
     while (match := marker.search(text, pos)) is not None:
         value_start = match.end()
-        closing = text.find("-->", value_start)
-        if closing < 0:
-            return
+        if closing < value_start:
+            closing = text.find("-->", value_start)
+            if closing < 0:
+                return
         if line_scoped:
-            newline = _LINE_BREAK.search(text, value_start)
-            if newline is not None and newline.start() < closing:
+            if newline < value_start:
+                found = _LINE_BREAK.search(text, value_start)
+                newline = found.start() if found is not None else len(text)
+            if newline < closing:
                 pos = value_start  # this one spans lines: not an annotation; one may open before its `-->`
                 continue
         yield match.start(), closing + 3, match.group(1).lower(), text[value_start:closing].strip()

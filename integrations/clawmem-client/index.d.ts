@@ -73,6 +73,8 @@ export interface CuratedEntry {
   triggers?: string;
   /** Repository keys, joined with "; ". */
   projects?: string;
+  /** The entry's text was cut (at 4,000 characters). */
+  text_truncated?: boolean;
 }
 
 export interface GetAnswer {
@@ -93,7 +95,7 @@ export class ClawmemClient {
   get(path: string, options?: { from?: number; lines?: number; maxBytes?: number }): Promise<GetAnswer>;
   status(): Promise<Record<string, unknown>>;
   context(query: string, options?: ContextOptions): Promise<{ text: string; tokens: number; [field: string]: unknown }>;
-  curated(options?: { kind?: "triggers" | "projects"; limit?: number }): Promise<{ entries: CuratedEntry[]; truncated?: string[] }>;
+  curated(options?: { kind?: "triggers" | "projects"; limit?: number; projects?: string[] }): Promise<{ entries: CuratedEntry[]; truncated?: string[] }>;
   sync(options?: { wait?: boolean }): Promise<Record<string, unknown>>;
   close(): void;
 }

@@ -158,11 +158,13 @@ export class ClawmemClient {
     return this.request("context", { query, ...snake(options) });
   }
 
-  /** The annotated entries of MEMORY.md and USER.md as the files are now (`kind`: "triggers" or "projects"). */
-  curated({ kind, limit } = {}) {
+  /** The annotated entries of MEMORY.md and USER.md as the files are now (`kind`: "triggers" or "projects";
+   * `projects`: the repositories being worked in, entries scoped elsewhere left out before the limit). */
+  curated({ kind, limit, projects } = {}) {
     const params = {};
     if (kind !== undefined) params.kind = kind;
     if (limit !== undefined) params.limit = limit;
+    if (projects !== undefined) params.projects = projects;
     return this.request("curated", params);
   }
 

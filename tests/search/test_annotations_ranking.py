@@ -103,7 +103,7 @@ def test_without_annotations_nothing_is_looked_up_and_answers_are_unchanged(back
     index = index_for(workspace, backend)
     index.sync()
     store = index.reader()
-    assert not store.annotated()
+    assert store.annotation_kinds() == frozenset()
     plain = found(index, "rollback tokyo")
     assert found(index, "rollback tokyo", projects=("github.com/acme/app",)) == plain
     assert all(key not in plain[0] for key in ("importance", "triggers", "projects"))
@@ -130,6 +130,15 @@ def test_the_curated_entries_are_read_from_the_files_as_they_are_now(backend: di
         "- Keep the gateway on loopback.", "- Never use emoji."]
     (workspace / "MEMORY.md").unlink()
     assert [e["path"] for e in index.curated()["entries"]] == ["USER.md"]
+    # The repositories being worked in: entries scoped elsewhere are left out before the limit.
+    write("MEMORY.md", MEMORY + "- Another helper. <!-- project: github.com/acme/other --> <!-- importance: 10 -->\n")
+    scoped = index.curated("projects", limit=1, projects=["github.com/OpenClaw/openclaw"])["entries"]
+    assert [e["projects"] for e in scoped] == ["github.com/OpenClaw/openclaw"]
+    assert index.curated("projects", projects=[])["entries"] == []
+    write("MEMORY.md", "- " + "long " * 2000 + "<!-- trigger: long -->\n")
+    [long_entry] = [e for e in index.curated("triggers")["entries"] if e["path"] == "MEMORY.md"]
+    assert len(long_entry["text"]) == 4000 and long_entry["text_truncated"] is True
+    (workspace / "MEMORY.md").unlink()
     off = index_for(workspace, backend, user_profiles=False)
     assert off.curated() == {"entries": []}
     with pytest.raises(QueryError, match="'kind'"):
@@ -142,3 +151,48 @@ def test_a_symlinked_memory_file_lists_no_entries(workspace: Path, tmp_path: Pat
     (workspace / "MEMORY.md").symlink_to(outside)
     index = index_for(workspace, {"index": str(tmp_path / "i.sqlite")})
     assert index.curated() == {"entries": []}
+
+
+def test_a_boosted_chunk_deep_in_the_keyword_list_is_found(backend: dict[str, str], workspace: Path, write) -> None:
+    """Reading stops once no unread chunk can beat the answer's last place: an unread chunk may be boosted (up to
+    1.25 for importance), so the bound on it is too. Without that, MEMORY.md's entry, 34th by keywords and 4th
+    once weighed, was missed."""
+    for i in range(200):
+        write(f"memory/n{i:03d}.md", "zebra crossing " + " ".join(f"w{j}" for j in range(i)) + "\n")
+    write("MEMORY.md", "- zebra crossing " + " ".join(f"m{j}" for j in range(40)) + " <!-- importance: 10 -->\n")
+    index = index_for(workspace, backend)
+    index.sync()
+    whole = index_for(workspace, backend, **{"search.candidate_pool": 1024})
+    answer = [h["path"] for h in found(index, "zebra crossing", max_results=6)]
+    assert "MEMORY.md" in answer
+    assert answer == [h["path"] for h in found(whole, "zebra crossing", max_results=6)]
+
+
+def test_an_annotated_chunk_is_embedded_without_its_annotations_and_keyed_apart(workspace: Path, write,
+                                                                                tmp_path: Path) -> None:
+    from clawmem_index.embeddings.fake import FakeProvider
+
+    class Recording(FakeProvider):
+        def __init__(self) -> None:
+            super().__init__()
+            self.texts: list[str] = []
+
+        def embed_documents(self, texts):  # type: ignore[no-untyped-def]
+            self.texts.extend(texts)
+            return super().embed_documents(texts)
+
+    write("MEMORY.md", "# Memory\n- Keep the gateway on loopback. <!-- importance: 9 -->\n")
+    provider = Recording()
+    index = MemoryIndex(load_settings(workspace=workspace, overrides={"index": str(tmp_path / "i.sqlite"),
+                                                                     "embedding.provider": "none"}), provider=provider)
+    _OPEN.append(index)
+    index.sync()
+    assert provider.texts == ["# Memory\n- Keep the gateway on loopback."]
+    import xxhash
+    [(stored,)] = index.reader().execute("SELECT hash FROM chunks")
+    assert stored != xxhash.xxh3_128_hexdigest(b"# Memory\n- Keep the gateway on loopback. <!-- importance: 9 -->")
+    # Only the annotation changes: a new key, so the new importance is the chunk's (its words are embedded again).
+    write("MEMORY.md", "# Memory\n- Keep the gateway on loopback. <!-- importance: 2 -->\n")
+    index.sync()
+    assert found(index, "gateway loopback")[0]["importance"] == 2
+    assert provider.texts == ["# Memory\n- Keep the gateway on loopback."] * 2

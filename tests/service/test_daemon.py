@@ -792,6 +792,7 @@ def test_exit_when_idle_is_checked(workspace: Path, tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="daemon.exit_when_idle"):
         load_settings(workspace=workspace, overrides={"daemon.exit_when_idle": 0.5})
+    assert load_settings(workspace=workspace, environ={"CLAWMEM_EXIT_WHEN_IDLE": "90"}).daemon.exit_when_idle == 90
     out = subprocess.run([*CLAWMEM, "serve", "--workspace", str(workspace), "--exit-when-idle", "-1"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "exit-when-idle" in out.stderr and "Traceback" not in out.stderr

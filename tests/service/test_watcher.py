@@ -491,6 +491,13 @@ def test_user_profiles_are_watched_as_they_come(workspace: Path, signals: Signal
         _signalled_by_event(signals, workspace / "USER.md", "USER.md")
         (workspace / "users" / "dana").mkdir(parents=True)  # the folder comes after the start
         _signalled_by_event(signals, workspace / "users" / "dana" / "USER.md", "users/dana/USER.md")
+        # users/ and each person's folder are watched, not recursively: a code tree below them costs no watch.
+        (workspace / "users" / "dana" / "src" / "deep").mkdir(parents=True)
+        (workspace / "users" / "not a person").mkdir()
+        roots = watcher.roots()
+        assert (str(workspace / "users"), False) in roots and (str(workspace / "users" / "dana"), False) in roots
+        assert not any(path.startswith(str(workspace / "users" / "dana") + "/") or "not a person" in path
+                       for path, _ in roots)
     finally:
         watcher.stop()
 

@@ -8,7 +8,7 @@ import pytest
 from hostile import make_long_path
 
 from clawmem_index.errors import PathError
-from clawmem_index.sources.paths import file_date, is_memory_path, memory_key, open_memory_file
+from clawmem_index.sources.paths import file_date, is_memory_path, memory_key, open_memory_file, reads_annotations
 from clawmem_index.sources.workspace import Skipped, scan
 
 
@@ -51,6 +51,13 @@ def test_user_profiles_are_memory_files(workspace: Path, write, tmp_path: Path) 
     assert resolve(workspace, "users/dana/USER.md") == workspace / "users" / "dana" / "USER.md"
     with pytest.raises(PathError, match="USER.md, users/<id>/USER.md"):
         resolve(workspace, "users/dana/notes.md")
+
+
+def test_which_annotations_a_file_carries_are_memory_cores() -> None:
+    assert reads_annotations("MEMORY.md") == (True, True)
+    assert reads_annotations("USER.md") == (True, False)  # the shared profile is never scoped to a repository
+    assert reads_annotations("users/dana/USER.md") == (False, True)
+    assert reads_annotations("memory/2026-11-30.md") == (False, True)
 
 
 def test_a_symlinked_users_folder_is_not_followed(workspace: Path, tmp_path: Path) -> None:

@@ -88,3 +88,12 @@ def test_reading_any_text_keeps_its_lines_and_never_fails(text: str) -> None:
     entries = curated_entries(text, project_scoped=True)
     assert entries[0].start_line == 1 and entries[-1].end_line == len(lines)
     assert all(a.end_line + 1 == b.start_line for a, b in zip(entries, entries[1:], strict=False))
+
+
+def test_many_markers_and_one_far_closing_cost_one_pass() -> None:
+    """A scan looked for the closing `-->` again from every marker: 4 MiB of unclosed markers took minutes (the
+    suite's per-test timeout fails it); read once, it is one pass."""
+    text = "<!-- trigger: x\n" * ((4 << 20) // 16) + "-->"
+    assert strip_annotations(text) == text
+    entries = curated_entries(text, project_scoped=True)
+    assert len(entries) == 1 and not entries[0].annotations

@@ -11,7 +11,7 @@ from typing import Any
 from clawmem_index.index.filters import ChunkFilter
 from clawmem_index.index.keyword_index import TextHit
 from clawmem_index.index.pg.connection import Connection, pg_text
-from clawmem_index.text.annotations import Annotations
+from clawmem_index.text.annotations import ANNOTATION_KINDS, Annotations
 
 __all__ = ["Live", "filter_sql"]
 
@@ -42,12 +42,13 @@ class Live:
             f"SELECT c.seq, c.path, c.source, c.start_line, c.end_line, c.text, c.date, c.workspace FROM cm_chunks AS c"
             f" WHERE c.seq = ANY(%(seqs)s) AND {scope}", {**args, "seqs": seqs})}
 
-    def annotated(self) -> bool:
-        """Whether any chunk in scope carries an annotation."""
+    def annotation_kinds(self) -> frozenset[str]:
+        """Which annotations some chunk in scope carries."""
         scope, args = self.sql("c")
-        row = self.conn.execute(f"SELECT EXISTS (SELECT 1 FROM cm_chunks AS c WHERE {scope} AND ({_ANNOTATED}))",
+        row = self.conn.execute(f"SELECT bool_or(c.importance IS NOT NULL), bool_or(c.triggers IS NOT NULL),"
+                                f" bool_or(c.projects IS NOT NULL) FROM cm_chunks AS c WHERE {scope} AND ({_ANNOTATED})",
                                 args).fetchone()
-        return bool(row and row[0])
+        return frozenset(kind for kind, present in zip(ANNOTATION_KINDS, row or (), strict=False) if present)
 
     def annotations(self, seqs: list[int]) -> dict[int, Annotations]:
         """The annotations of those chunks in scope that carry any."""

@@ -341,8 +341,8 @@ class PgStore:
     def newest_date(self) -> str | None:
         return self._live.newest_date()
 
-    def annotated(self) -> bool:
-        return self._live.annotated()
+    def annotation_kinds(self) -> frozenset[str]:
+        return self._live.annotation_kinds()
 
     def annotations_of(self, seqs: Collection[int]) -> dict[int, Annotations]:
         return self._live.annotations(sorted(set(seqs)))

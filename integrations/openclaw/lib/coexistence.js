@@ -20,7 +20,8 @@ export function shadowedBy(config, rootDir) {
   if (denied(config?.tools?.deny)) return null; // its tools are taken out before names are compared
   const own = rootDir ? path.resolve(rootDir) : null;
   const paths = Array.isArray(plugins.load?.paths) ? plugins.load.paths : [];
-  if (own && paths.some((p) => typeof p === "string" && own.startsWith(path.resolve(p)))) return null; // found first
+  const inside = (folder) => own === folder || own.startsWith(folder.endsWith(path.sep) ? folder : folder + path.sep);
+  if (own && paths.some((p) => typeof p === "string" && inside(path.resolve(p)))) return null; // found first
   return "memory-core runs beside memory-clawmem as OpenClaw's dreaming engine and its memory_search and memory_get " +
     "answer instead of clawmem's (OpenClaw keeps the first plugin's tool of a name). Run `" + ALONE + "` to use " +
     "clawmem alone, or `" + BESIDE + "` to keep memory-core's dreaming beside it, then restart the Gateway.";

@@ -160,8 +160,7 @@ export class DaemonPool {
   async _start(daemon) {
     const { command, startTimeoutMs } = this.settings;
     const args = ["serve", "--workspace", daemon.workspace];
-    // A daemon started here stops when nothing has asked it for a while; the next request starts one again.
-    if (this.settings.exitWhenIdleSeconds) args.push("--exit-when-idle", String(this.settings.exitWhenIdleSeconds));
+
     if (this.settings.socket) args.push("--socket", daemon.socketPath);
     const logFile = this._logFile(daemon.workspace);
     const log = openSync(logFile, "a", 0o600);
@@ -171,7 +170,10 @@ export class DaemonPool {
         cwd: daemon.workspace,
         detached: true, // its own process group: it serves the workspace past this Gateway's restarts
         stdio: ["ignore", log, log],
-        env: this.env,
+        // A daemon started here stops when nothing has asked it for a while; the next request starts one again
+        // (an environment variable: a clawmem that predates it ignores it, where it would refuse a flag).
+        env: this.settings.exitWhenIdleSeconds
+          ? { ...this.env, CLAWMEM_EXIT_WHEN_IDLE: String(this.settings.exitWhenIdleSeconds) } : this.env,
       });
     } finally {
       closeSync(log);

@@ -2,7 +2,7 @@
 import { stat } from "node:fs/promises";
 import path from "node:path";
 
-import { DaemonUnreachable, PathError } from "clawmem-client";
+import { DaemonUnreachable, PathError, QueryError } from "clawmem-client";
 
 import { BACKEND, curatedHit, freshnessOf, providerStatus, searchParams, toHit } from "./answers.js";
 import { classifyPath } from "./provenance.js";
@@ -44,7 +44,8 @@ export class ClawmemManager {
   /**
    * @param {{pool: import("./daemons.js").DaemonPool, workspace: string, timeoutMs: number, statusTtlMs: number}} p
    */
-  constructor({ pool, workspace, timeoutMs, statusTtlMs }) {
+  constructor({ pool, workspace, timeoutMs, statusTtlMs, logger }) {
+    this.logger = logger;
     this.pool = pool;
     this.workspace = workspace;
     this.timeoutMs = timeoutMs;
@@ -80,8 +81,20 @@ export class ClawmemManager {
    * entries that entry's triggers, so that the lane, which prefers a search hit to a candidate of the same
    * lines, still sees them; no other hit carries triggers (a chunk holds many entries: only the entry is shown). */
   async searchAnswer(query, opts = {}) {
-    const answer = await this._call("search", (client) => client.search(query, searchParams(opts)), opts.signal);
-    const entries = opts.lexicalOnly ? await this._entries("triggers", opts.signal).catch(() => []) : [];
+    const params = searchParams(opts);
+    const answer = await this._call("search", async (client) => {
+      try {
+        return await client.search(query, params);
+      } catch (error) {
+        // A daemon of an older clawmem (started before an upgrade, still serving) takes no repositories.
+        if (!(error instanceof QueryError && params.projects && /'projects'/.test(error.message))) throw error;
+        this._older("searches are not weighed by the repositories being worked in");
+        const { projects: _, ...without } = params;
+        return client.search(query, without);
+      }
+    }, opts.signal);
+    const entries = opts.lexicalOnly
+      ? await this._entries("triggers", opts.activeProjectKeys, opts.signal).catch(() => []) : [];
     const byLines = new Map(entries.map((e) => [`${e.path}:${e.start_line}:${e.end_line}`, e]));
     const hits = await Promise.all((answer.results ?? []).map(async (result) => {
       const hit = toHit(result);
@@ -101,34 +114,56 @@ export class ClawmemManager {
 
   /** OpenClaw's lane-1 candidates: the entries of MEMORY.md and USER.md with trigger phrases, most important first. */
   async listTriggerCandidates(opts = {}) {
-    return this._candidates("triggers", Math.min(TRIGGER_LIMIT, positive(opts.limit) ?? TRIGGER_LIMIT));
+    return this._candidates("triggers", Math.min(TRIGGER_LIMIT, positive(opts.limit) ?? TRIGGER_LIMIT),
+      opts.activeProjectKeys);
   }
 
   /** The project-memory block's candidates: MEMORY.md's entries scoped to repositories (none without active keys). */
   async listCuratedProjectCandidates(opts = {}) {
     if (!Array.isArray(opts.activeProjectKeys) || opts.activeProjectKeys.length === 0) return [];
-    const found = await this._candidates("projects", Math.min(TRIGGER_LIMIT, positive(opts.limit) ?? PROJECT_LIMIT));
+    const found = await this._candidates("projects", Math.min(TRIGGER_LIMIT, positive(opts.limit) ?? PROJECT_LIMIT),
+      opts.activeProjectKeys);
     return found.filter((hit) => hit.path === "MEMORY.md");
   }
 
-  async _candidates(kind, limit) {
-    const entries = await this._entries(kind, undefined, limit);
+  /** Entries scoped elsewhere are left out by clawmem before the limit, as memory-core leaves them out. */
+  async _candidates(kind, limit, activeProjectKeys) {
+    const entries = await this._entries(kind, activeProjectKeys, undefined, limit);
     return Promise.all(entries.map(async (entry) => ({
       ...curatedHit(entry),
       provenance: await this._provenance(entry.path, "memory"),
     })));
   }
 
-  async _entries(kind, signal, limit = TRIGGER_LIMIT) {
-    const answer = await this._call("curated", (client) => client.curated({ kind, limit }), signal);
+  async _entries(kind, activeProjectKeys, signal, limit = TRIGGER_LIMIT) {
+    const projects = Array.isArray(activeProjectKeys)
+      ? activeProjectKeys.filter((key) => typeof key === "string" && key.length > 0 && key.length <= 1000).slice(0, 64)
+      : [];
+    const answer = await this._call("curated", async (client) => {
+      try {
+        return await client.curated({ kind, limit, projects });
+      } catch (error) {
+        if (error?.code !== -32601) throw error; // an older clawmem has no curated entries to list
+        this._older("trigger recall and the project block have no entries");
+        return { entries: [] };
+      }
+    }, signal);
     return answer.entries ?? [];
+  }
+
+  /** Say once that the daemon is an older clawmem's than the plugin, and what that costs until it restarts. */
+  _older(what) {
+    if (this._olderSaid) return;
+    this._olderSaid = true;
+    this.logger?.warn?.(`memory-clawmem: the clawmem daemon of ${this.workspace} is older than the plugin (${what}):` +
+      " restart it (`clawmem status --json` in the workspace gives its pid), and the next request starts a current one");
   }
 
   /** A hit's MemoryEntryProvenance: its file's origin class (provenance.js), its mtime as when it was observed. */
   async _provenance(relativePath, source) {
     if (source !== "memory") return { originClass: "untrusted", sessionKind: "unknown", observedAt: 0 };
     const [originClass, observedAt] = await Promise.all([
-      classifyPath({ workspaceDir: this.workspace, relativePath }),
+      classifyPath({ workspaceDir: this.workspace, relativePath }).catch(() => "untrusted"), // unknown: untrusted
       stat(path.resolve(this.workspace, relativePath)).then((st) => Math.floor(st.mtimeMs), () => 0),
     ]);
     return { originClass, sessionKind: "unknown", observedAt };

@@ -46,14 +46,16 @@ async function realRelative(workspaceDir, relativePath) {
  * plugin SDK when the plugin runs inside OpenClaw; elsewhere there is no record to read.
  */
 export async function recordedOrigin(workspaceDir, relativePath) {
+  let sdk;
   try {
-    const sdk = await import("openclaw/plugin-sdk/memory-core-host-runtime-core");
-    const record = await sdk.readMemoryArtifactProvenance?.({ workspaceDir, relativePath });
-    const origin = record?.originClass;
-    return origin === "agent" || origin === "untrusted" ? origin : null;
+    sdk = await import("openclaw/plugin-sdk/memory-core-host-runtime-core");
   } catch {
-    return null;
+    return null; // not inside OpenClaw: no records to read
   }
+  if (typeof sdk.readMemoryArtifactProvenance !== "function") return null;
+  // A record that cannot be read is an error, as for memory-core: OpenClaw then leaves the file out of the prompt.
+  const origin = (await sdk.readMemoryArtifactProvenance({ workspaceDir, relativePath }))?.originClass;
+  return origin === "agent" || origin === "untrusted" ? origin : null;
 }
 
 /** One path's origin class ("agent", "untrusted" or "system"); `readSource`: a remote workspace's read of it. */

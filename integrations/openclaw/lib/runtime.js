@@ -70,6 +70,7 @@ export class ClawmemMemory {
         workspace,
         timeoutMs: this.settings.timeoutMs,
         statusTtlMs: this.settings.statusTtlMs,
+        logger: this.logger,
       });
       this._managers.set(workspace, manager);
     }

@@ -119,7 +119,7 @@ export function createTools({ managerFor, config, sessionKey, sandboxed, agentId
         };
         if (answer.notes.length > 0) {
           payload.warning = answer.notes.join("; ");
-          if (answer.index?.pending_files > 0) payload.stale = true;
+          if (answer.index?.pending_files > 0 || answer.first_pass) payload.stale = true;
         }
         return jsonResult(payload);
       } catch (error) {

@@ -46,12 +46,12 @@ function workspace() {
   return dir;
 }
 
-function managerFor(ws) {
-  const env = { PATH: process.env.PATH, XDG_RUNTIME_DIR: path.join(ws, ".run"), XDG_CACHE_HOME: path.join(ws, ".cache"),
+function managerFor(ws, extra = {}, logger = undefined) {
+  const env = { ...extra, PATH: process.env.PATH, XDG_RUNTIME_DIR: path.join(ws, ".run"), XDG_CACHE_HOME: path.join(ws, ".cache"),
     FAKE_CLAWMEM_LOG: path.join(ws, ".searches.jsonl"), FAKE_CLAWMEM_PIDS: PIDS };
   const pool = new DaemonPool({ ...DEFAULTS, command: FAKE, env, startTimeoutMs: 5_000, timeoutMs: 5_000 });
   pools.push(pool);
-  return { manager: new ClawmemManager({ pool, workspace: ws, timeoutMs: 5_000, statusTtlMs: 5_000 }), env };
+  return { manager: new ClawmemManager({ pool, workspace: ws, timeoutMs: 5_000, statusTtlMs: 5_000, logger }), env };
 }
 
 const none = async () => null; // no record of OpenClaw's write tools
@@ -178,4 +178,15 @@ test("memory-core's tools shadowing this plugin's are named, with the two config
     { plugins: { slots: { memory: "memory-core" } } },
   ];
   for (const config of settled) assert.equal(shadowedBy(config, "/src/plugin"), null, JSON.stringify(config));
+});
+
+test("a daemon of an older clawmem still answers: without repositories or curated entries, and the plugin says so once", async () => {
+  const ws = workspace();
+  const warned = [];
+  const { manager } = managerFor(ws, { FAKE_CLAWMEM_OLD: "1" }, { warn: (m) => warned.push(m) });
+  const hits = await manager.search("release", { activeProjectKeys: ["github.com/acme/app"] });
+  assert.equal(hits.length, 1);
+  assert.deepEqual(await manager.listTriggerCandidates({}), []);
+  assert.equal(warned.length, 1);
+  assert.match(warned[0], /older than the plugin.*restart it/);
 });

@@ -100,7 +100,7 @@ test("no daemon: the plugin starts `clawmem serve` for the workspace, once for c
   const [a, b] = await Promise.all([pool.daemonFor(workspace), pool.daemonFor(workspace)]);
   // one daemon, which exits when nothing has asked it for half an hour (the next request starts one again)
   assert.deepEqual(readFileSync(env.FAKE_CLAWMEM_ARGS, "utf8").trim().split("\n").map((l) => JSON.parse(l)),
-    [["serve", "--workspace", workspace, "--exit-when-idle", "1800"]]);
+    [["serve", "--workspace", workspace, "idle=1800"]]);
   assert.equal(a, b);
   assert.equal(a.started, true);
   assert.equal(a.socketPath, defaultSocketPath(workspace, env));
