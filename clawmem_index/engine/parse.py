@@ -28,8 +28,8 @@ from clawmem_index.sources.sessions import (
     read_transcript,
 )
 from clawmem_index.sources.workspace import MemoryFile, size_reason
-from clawmem_index.text.annotations import Annotations, read_annotations, strip_annotations
-from clawmem_index.text.chunking import Chunk, chunk_markdown
+from clawmem_index.text.annotations import Annotations, entry_spans, read_annotations, strip_annotations
+from clawmem_index.text.chunking import Chunk, chunk_markdown, chunk_spans
 from clawmem_index.text.keywords import index_text
 
 __all__ = ["ParsedFile", "ParsedSession", "parse_all", "parse_session"]
@@ -37,6 +37,9 @@ __all__ = ["ParsedFile", "ParsedSession", "parse_all", "parse_session"]
 # Below, workers would save 10-20% at twice to three times the memory (docs/benchmarks.md).
 PARALLEL_MIN_BYTES = 12 << 20
 PARSE_BATCH = 32  # files per task sent to a chunking worker
+# OpenClaw's curated files, cut into one chunk per entry as memory-core cuts them: an entry's importance and
+# repositories weigh that entry alone, and a hit is the entry. (memory.md, which OpenClaw never injects, is not.)
+PER_ENTRY = frozenset({"MEMORY.md", "USER.md"})
 ANNOTATED_KEY = "annotations-1"  # in the key of a chunk that holds annotations (see `_annotated`)
 PARSE_AHEAD = 16  # batches in flight per worker: enough to keep them busy, few enough to bound memory
 
@@ -137,7 +140,11 @@ def _parse_one(f: MemoryFile, args: _ParseArgs, previous: FileRow | None) -> Par
     if previous is not None and previous.hash == digest:
         return ParsedFile(f, digest, [], len(data))
     text = data.decode("utf-8", errors="replace")
-    chunks = chunk_markdown(text, max_tokens=args.max_tokens, overlap=args.overlap, tokenizer=args.tokenizer)
+    if f.path in PER_ENTRY and f.source == "memory":  # as memory-core: each entry a chunk (its annotations its own)
+        chunks = chunk_spans(text, entry_spans(text), max_tokens=args.max_tokens, overlap=args.overlap,
+                             tokenizer=args.tokenizer)
+    else:
+        chunks = chunk_markdown(text, max_tokens=args.max_tokens, overlap=args.overlap, tokenizer=args.tokenizer)
     if "<!--" in text:
         chunks = [_annotated(chunk) for chunk in chunks]
     # An annotation is the entry's metadata, not its words: the keyword index never sees it.

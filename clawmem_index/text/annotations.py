@@ -19,7 +19,8 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ANNOTATION_KINDS", "INVALID_PROJECTS", "Annotations", "Entry", "curated_entries", "embedding_text", "read_annotations",
+__all__ = ["ANNOTATION_KINDS", "INVALID_PROJECTS", "Annotations", "Entry", "curated_entries", "embedding_text",
+           "entry_spans", "read_annotations",
            "strip_annotations"]
 
 ANNOTATION_KINDS = ("importance", "triggers", "projects")
@@ -155,15 +156,21 @@ def read_annotations(lines: Sequence[str], *, curated: bool, project_scoped: boo
     return Annotations(importance, "; ".join(phrases) or None, projects)
 
 
-def curated_entries(text: str, *, project_scoped: bool) -> list[Entry]:
-    """A curated file cut into its entries as OpenClaw cuts it: each `- ` line or heading starts one, which runs
-    to the line before the next; each with its annotations (all of them, whether it has any or not)."""
+def entry_spans(text: str) -> list[tuple[int, int]]:
+    """The 1-based (first, last) lines of a curated file's entries as OpenClaw cuts them: each `- ` line or heading
+    starts one, which runs to the line before the next."""
     lines = text.split("\n")
     starts = [0] + [i for i in range(1, len(lines)) if _ENTRY_START.match(lines[i])]
+    ends = [*starts[1:], len(lines)]
+    return [(first + 1, last) for first, last in zip(starts, ends, strict=True)]
+
+
+def curated_entries(text: str, *, project_scoped: bool) -> list[Entry]:
+    """A curated file cut into its entries (`entry_spans`), each with its annotations (whether it has any or not)."""
+    lines = text.split("\n")
     entries: list[Entry] = []
-    for n, first in enumerate(starts):
-        last = (starts[n + 1] if n + 1 < len(starts) else len(lines)) - 1
-        span = lines[first:last + 1]
-        entries.append(Entry(first + 1, last + 1, strip_annotations("\n".join(span)),
+    for first, last in entry_spans(text):
+        span = lines[first - 1:last]
+        entries.append(Entry(first, last, strip_annotations("\n".join(span)),
                              read_annotations(span, curated=True, project_scoped=project_scoped)))
     return entries

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import xxhash
@@ -65,6 +65,22 @@ def chunk_markdown(text: str, *, max_tokens: int = 400, overlap: int = 80, token
 
     return chunk_lines(split_lines(text), max_tokens=max_tokens, overlap=overlap, encoding=get_encoding(tokenizer),
                        priorities=_priorities)
+
+
+def chunk_spans(text: str, spans: Sequence[tuple[int, int]], *, max_tokens: int = 400, overlap: int = 80,
+                tokenizer: str = "cl100k_base") -> list[Chunk]:
+    """Each span of lines (1-based, inclusive) chunked on its own, its chunks numbered as the file's lines: a file
+    whose entries are its units (OpenClaw's MEMORY.md and USER.md: one entry, one chunk, cut only past the budget)."""
+    from clawmem_index.text.tokens import get_encoding
+
+    lines = split_lines(text)
+    encoding = get_encoding(tokenizer)
+    chunks: list[Chunk] = []
+    for first, last in spans:
+        for chunk in chunk_lines(lines[first - 1:last], max_tokens=max_tokens, overlap=overlap, encoding=encoding,
+                                 priorities=_priorities):
+            chunks.append(replace(chunk, start_line=chunk.start_line + first - 1, end_line=chunk.end_line + first - 1))
+    return chunks
 
 
 def chunk_lines(

@@ -55,10 +55,12 @@ def test_annotations_are_no_words_of_a_note(backend: dict[str, str], workspace: 
     assert found(index, "github openclaw") == []  # a project key is not text
     assert [r["path"] for r in found(index, "network setup")] == []  # nor are trigger phrases
     hit = found(index, "gateway loopback")[0]
-    assert hit["path"] == "MEMORY.md" and "<!--" not in hit["snippet"]
-    assert hit["snippet"].startswith("# Memory") and "- Keep the gateway on loopback.\n" in hit["snippet"]
-    assert (hit["importance"], hit["triggers"], hit["projects"]) == (
-        9, "gateway setup; network safety", "github.com/OpenClaw/openclaw")
+    # MEMORY.md is cut as memory-core cuts it, an entry a chunk: the hit is the entry, with its own annotations.
+    assert (hit["path"], hit["start_line"], hit["end_line"], hit["snippet"]) == (
+        "MEMORY.md", 4, 4, "- Keep the gateway on loopback.")
+    assert (hit["importance"], hit["triggers"]) == (9, "gateway setup; network safety") and "projects" not in hit
+    helper = found(index, "release helper validation")[0]
+    assert (helper["start_line"], helper["projects"]) == (5, "github.com/OpenClaw/openclaw") and "importance" not in helper
     daily = found(index, "safety valve")[0]
     assert daily["projects"] == "acme/x" and "triggers" not in daily and "importance" not in daily
     assert index.get("MEMORY.md")["text"].count("<!--") == 3  # the file is read as it is
@@ -181,18 +183,18 @@ def test_an_annotated_chunk_is_embedded_without_its_annotations_and_keyed_apart(
             self.texts.extend(texts)
             return super().embed_documents(texts)
 
-    write("MEMORY.md", "# Memory\n- Keep the gateway on loopback. <!-- importance: 9 -->\n")
+    write("MEMORY.md", "# Memory\n- Keep the gateway on loopback. <!-- importance: 9 -->\n")  # two entries
     provider = Recording()
     index = MemoryIndex(load_settings(workspace=workspace, overrides={"index": str(tmp_path / "i.sqlite"),
                                                                      "embedding.provider": "none"}), provider=provider)
     _OPEN.append(index)
     index.sync()
-    assert provider.texts == ["# Memory\n- Keep the gateway on loopback."]
+    assert provider.texts == ["# Memory", "- Keep the gateway on loopback."]
     import xxhash
-    [(stored,)] = index.reader().execute("SELECT hash FROM chunks")
-    assert stored != xxhash.xxh3_128_hexdigest(b"# Memory\n- Keep the gateway on loopback. <!-- importance: 9 -->")
+    [(stored,)] = index.reader().execute("SELECT hash FROM chunks WHERE start_line = 2")
+    assert stored != xxhash.xxh3_128_hexdigest(b"- Keep the gateway on loopback. <!-- importance: 9 -->")
     # Only the annotation changes: a new key, so the new importance is the chunk's (its words are embedded again).
     write("MEMORY.md", "# Memory\n- Keep the gateway on loopback. <!-- importance: 2 -->\n")
     index.sync()
     assert found(index, "gateway loopback")[0]["importance"] == 2
-    assert provider.texts == ["# Memory\n- Keep the gateway on loopback."] * 2
+    assert provider.texts == ["# Memory", "- Keep the gateway on loopback.", "- Keep the gateway on loopback."]

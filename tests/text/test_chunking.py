@@ -234,3 +234,20 @@ def test_blank_lines_before_a_line_longer_than_a_chunk_make_no_empty_chunk() -> 
     assert chunks and all(c.text.strip() for c in chunks)
     assert chunks[0].text.startswith("# A title") and chunks[-1].end_line == 3
     assert chunk_markdown("\n \n\t\n") == []
+
+
+def test_spans_are_chunked_each_on_its_own_with_the_files_line_numbers() -> None:
+    from clawmem_index.text.annotations import entry_spans
+    from clawmem_index.text.chunking import chunk_spans
+
+    text = "# Memory\n\n- one\n  more of one\n- two\n## Later\n- " + "word " * 900 + "\n"
+    spans = entry_spans(text)
+    chunks = chunk_spans(text, spans, max_tokens=64, overlap=8)
+    lines = text.split("\n")
+    for chunk in chunks:
+        assert any(first <= chunk.start_line <= chunk.end_line <= last for first, last in spans)  # never across two
+        assert chunk.text == "\n".join(lines[chunk.start_line - 1:chunk.end_line]) or chunk.start_line == chunk.end_line
+        assert chunk.tokens <= 64
+    assert [(c.start_line, c.end_line, c.text) for c in chunks[:4]] == [
+        (1, 2, "# Memory\n"), (3, 4, "- one\n  more of one"), (5, 5, "- two"), (6, 6, "## Later")]
+    assert len([c for c in chunks if c.start_line == 7]) > 1  # an entry over the budget is cut in token windows
