@@ -150,7 +150,7 @@ class Queries:
         for path, entries, truncated in read:
             found.extend((path, e) for e in entries if e.annotations and (
                 kind is None or getattr(e.annotations, kind) is not None)
-                and (active is None or _within(e.annotations.projects, active)))
+                and (active is None or _scoped_within(e.annotations.projects, active)))
             if truncated:
                 cut.append(path)
         found.sort(key=lambda pe: (-(pe[1].annotations.importance or 0), pe[0], pe[1].start_line))
@@ -278,7 +278,7 @@ def _within(lines: list[str | None], max_bytes: int) -> list[str | None]:
     return out
 
 
-def _within(projects: str | None, active: frozenset[str]) -> bool:
+def _scoped_within(projects: str | None, active: frozenset[str]) -> bool:
     """An entry scoped to no repository, or only to active ones (an unreadable scope never is)."""
     if projects is None:
         return True

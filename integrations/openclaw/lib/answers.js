@@ -55,15 +55,21 @@ export function freshnessOf(answer) {
   return notes;
 }
 
+/** The repository keys clawmem can take: strings of valid Unicode (a lone surrogate names no repository a file can
+ * hold), at most 1,000 characters, the first 64. Anything else is left out, as it matches no entry. */
+export function projectKeys(keys) {
+  if (!Array.isArray(keys)) return [];
+  return keys.filter((key) => typeof key === "string" && key.length > 0 && key.length <= 1000 && key.isWellFormed())
+    .slice(0, 64);
+}
+
 /** The search parameters clawmem takes for OpenClaw's search options. */
 export function searchParams(opts = {}) {
   const params = {};
   if (Number.isInteger(opts.maxResults) && opts.maxResults > 0) params.maxResults = opts.maxResults;
   if (typeof opts.minScore === "number" && Number.isFinite(opts.minScore)) params.minScore = opts.minScore;
   if (opts.lexicalOnly) params.mode = "bm25";
-  const projects = Array.isArray(opts.activeProjectKeys)
-    ? opts.activeProjectKeys.filter((key) => typeof key === "string" && key.length > 0 && key.length <= 1000).slice(0, 64)
-    : [];
+  const projects = projectKeys(opts.activeProjectKeys);
   if (projects.length > 0) params.projects = projects;
   const sources = Array.isArray(opts.sources) ? opts.sources : null;
   if (sources && sources.length === 1 && (sources[0] === "memory" || sources[0] === "sessions")) {

@@ -4,7 +4,7 @@ import path from "node:path";
 
 import { DaemonUnreachable, PathError, QueryError } from "clawmem-client";
 
-import { BACKEND, curatedHit, freshnessOf, providerStatus, searchParams, toHit } from "./answers.js";
+import { BACKEND, curatedHit, freshnessOf, projectKeys, providerStatus, searchParams, toHit } from "./answers.js";
 import { classifyPath } from "./provenance.js";
 
 const TRIGGER_LIMIT = 512; // memory-core's most trigger candidates
@@ -136,9 +136,7 @@ export class ClawmemManager {
   }
 
   async _entries(kind, activeProjectKeys, signal, limit = TRIGGER_LIMIT) {
-    const projects = Array.isArray(activeProjectKeys)
-      ? activeProjectKeys.filter((key) => typeof key === "string" && key.length > 0 && key.length <= 1000).slice(0, 64)
-      : [];
+    const projects = projectKeys(activeProjectKeys);
     const answer = await this._call("curated", async (client) => {
       try {
         return await client.curated({ kind, limit, projects });

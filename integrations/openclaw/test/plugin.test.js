@@ -300,6 +300,9 @@ test("tools: memory_search's payload, memory_get's statuses, and failures as res
 
 test("answers: status before any daemon is dirty, and hits keep clawmem's scores", () => {
   assert.deepEqual(searchParams({ maxResults: 0, minScore: Number.NaN, sources: ["wiki"] }), {});
+  // Repository keys clawmem could not take (a lone surrogate is no valid Unicode) are left out, not sent.
+  assert.deepEqual(searchParams({ activeProjectKeys: ["\ud800", "", 7, "x".repeat(1001), "github.com/acme/app"] }),
+    { projects: ["github.com/acme/app"] });
   assert.equal(toHit({ path: "p", start_line: 1, end_line: 1, score: 1, snippet: "s", source: "sessions", vector_score: 0.5 }).vectorScore, 0.5);
   assert.deepEqual(freshnessOf({ index: { pending_files: 0, pending_embeddings: 0 } }), []);
   assert.deepEqual(freshnessOf({ index: { pending_files: 2, pending_embeddings: 5 }, warning: "provider slow" }), [
