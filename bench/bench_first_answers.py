@@ -10,8 +10,8 @@ every 20 ms until one is accepted, then one search every 20 ms) with three searc
 the commit hash of the newest daily note, and the commit hash of the oldest one. Reported, in seconds from the
 spawn: the first answer of any kind; the first answer holding MEMORY.md; the newest note; the oldest note (the last
 the first pass reaches); the first answer that no longer says `first_pass` and has no pending files (the whole index).
-Every answer during the first pass must say so (`fresh: false`, a warning): the count of those that did not is
-reported too (it must be 0). Rounds alternate the sizes; /proc/loadavg is recorded before each run.
+Every answer given before the oldest note is in must say it is partial (`first_pass`, pending files and a
+warning): the count of those that did not is reported too (it must be 0). Rounds alternate the sizes; /proc/loadavg is recorded before each run.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def one_run(src: Path, work: Path, provider: str) -> dict[str, Any]:
     daemon = subprocess.Popen([str(CLAWMEM), "serve", "--workspace", str(ws), "--socket", str(sock_path)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen: dict[str, float] = {}
-    answers = unmarked = 0
+    answers, marks = 0, []
     try:
         sock = None
         while sock is None:
@@ -101,8 +101,9 @@ def one_run(src: Path, work: Path, provider: str) -> dict[str, Any]:
                 answers += 1
                 seen.setdefault("first_answer", at)
                 partial = bool(answer.get("first_pass")) or answer["index"].get("pending_files", 0) > 0
-                if answer.get("first_pass") and (answer.get("fresh") is not False or not answer.get("warning")):
-                    unmarked += 1
+                marked = bool(answer.get("first_pass") and answer.get("warning")) or partial and bool(
+                    answer.get("warning"))
+                marks.append((at, marked))
                 if any(r["path"] == path for r in answer["results"]):
                     seen[what] = at
                 if not partial and "complete" not in seen:
@@ -115,6 +116,8 @@ def one_run(src: Path, work: Path, provider: str) -> dict[str, Any]:
                 if not answer.get("first_pass") and answer["index"].get("pending_files", 0) == 0:
                     seen["complete"] = time.monotonic() - began
         sock.close()
+        # An answer given before the oldest note was in claimed a whole index unless it said it was partial.
+        unmarked = sum(1 for at, marked in marks if at < seen.get("oldest", float("inf")) and not marked)
     finally:
         daemon.terminate()
         daemon.wait(60)

@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests"), str(ROOT / "tests" / "integrations")]
 from bench_openclaw import Embedder, med, proc_sum, queries, session_pids, sessions_of, settle  # noqa: E402
-from fake_chat import FakeModel, content_text, last_user_text, text, tool_call  # noqa: E402
+from fake_chat import FakeModel, content_text, text, tool_call  # noqa: E402
 from openclaw_host import (  # noqa: E402
     HOME, OpenClaw, free_port, gateway_section, installed_openclaw, started_gateway, stop_started_daemons)
 from test_openclaw_turns import fresh_clone, readme_install_lines  # noqa: E402
@@ -62,12 +62,18 @@ def user_config(fake: FakeModel, ws: Path, port: int, token: str, mode: str, emb
 
 def scripted(fake: FakeModel) -> None:
     """The model: a turn's first request calls memory_search with the asked query; after the tool's answer, a reply."""
-    def ask(body: dict[str, Any]) -> dict[str, Any]:
-        found = ASK.search(last_user_text(body))
-        return tool_call("tool_call", {"id": "memory_search", "args": {"query": found.group(1) if found else "notes"}})
+    def asked(body: dict[str, Any]) -> str | None:
+        """The turn's question: the last user message that asks one (OpenClaw adds its own context messages after)."""
+        for message in reversed(body.get("messages") or []):
+            if message.get("role") == "assistant":
+                return None
+            if message.get("role") == "user" and (found := ASK.search(content_text(message.get("content")))):
+                return found.group(1)
+        return None
 
     fake.rule(lambda b: (b.get("messages") or [{}])[-1].get("role") == "tool", text("Noted."))
-    fake.rule(lambda b: bool(ASK.search(last_user_text(b))), ask)
+    fake.rule(lambda b: asked(b) is not None,
+              lambda b: tool_call("tool_call", {"id": "memory_search", "args": {"query": asked(b)}}))
 
 
 def details_in(content: str) -> dict[str, Any]:
@@ -103,9 +109,10 @@ def one_turn(gateway: Any, fake: FakeModel, query: str, session: str) -> dict[st
     details = details_in(handed[-1]) if handed else {}
     return {"turn_ms": round(took, 1), "tool_ms": details.get("debug", {}).get("toolMs"),
             "results": len(details.get("results") or []), "backend": details.get("debug", {}).get("backend"),
-            "partial": bool(details.get("stale") or details.get("warning")), "unavailable": bool(
+            "partial": bool(details.get("stale")), "unavailable": bool(
                 details.get("unavailable") or details.get("disabled") or not details),
-            "note": (details.get("warning") or details.get("error") or "")[:160]}
+            "note": (details.get("warning") or details.get("error") or "")[:160] if details else
+            (handed[-1] if handed else "no tool result")[:300]}
 
 
 def turn_run(openclaw: OpenClaw, backend: str, mode: str, src: Path, work: Path, qs: list[str], turns: int,
@@ -144,6 +151,13 @@ def turn_run(openclaw: OpenClaw, backend: str, mode: str, src: Path, work: Path,
         with started_gateway(openclaw, env, port, token, home / "gateway.log", 300) as gateway:
             row["gateway_start_s"] = round(time.monotonic() - began, 1)
             row["turns"] = [one_turn(gateway, fake, q, "bench") for q in qs[:turns + 1]]
+            began, got = time.monotonic(), {}
+            while not got.get("results") and time.monotonic() - began < 900:  # memory-core builds on a search
+                status, body = gateway.invoke("memory_search", {"query": qs[0]}, "main", timeout=600)
+                got = body.get("result", {}).get("details", {}) if status == 200 else {}
+                if not got.get("results"):
+                    time.sleep(2)
+            row["until_results_after_turns_s"] = round(time.monotonic() - began, 1) if got.get("results") else None
             row["settled_s"] = settle(lambda: [gateway.process.pid, *sessions_of(home / ".cache")],
                                       embedder if mode == "hybrid" else None)
             tool_ms, floor, empty = [], [], 0
@@ -153,6 +167,7 @@ def turn_run(openclaw: OpenClaw, backend: str, mode: str, src: Path, work: Path,
                 if "toolMs" in details.get("debug", {}):
                     tool_ms.append(float(details["debug"]["toolMs"]))
                 empty += 0 if details.get("results") else 1
+                row.setdefault("first_settled_answer", json.dumps(body)[:600])
                 began = time.perf_counter()
                 gateway.invoke("no_such_tool", {}, "main")
                 floor.append((time.perf_counter() - began) * 1000)
@@ -185,7 +200,7 @@ def table(out: dict[str, Any]) -> str:
             rs = [r for r in rows if r["backend"] == backend]
             if not rs:
                 continue
-            later = [statistics.median([t["turn_ms"] for t in r["turns"][1:]]) for r in rs]
+            later = [statistics.median([t["turn_ms"] for t in r["turns"][1:]] or [float("nan")]) for r in rs]
             later_tool = [statistics.median([t["tool_ms"] for t in r["turns"][1:] if t["tool_ms"] is not None] or
                                             [float("nan")]) for r in rs]
             cells = [med([r["turns"][0]["turn_ms"] for r in rs]),
