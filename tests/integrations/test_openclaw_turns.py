@@ -27,7 +27,6 @@ import pytest
 from daemon_helpers import short_dir
 from fake_chat import FakeModel, content_text, system_text, text, tool_call
 from openclaw_host import (
-    PLUGIN,
     ROOT,
     OpenClaw,
     free_port,
