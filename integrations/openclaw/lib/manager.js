@@ -9,6 +9,8 @@ import { classifyPath } from "./provenance.js";
 
 const TRIGGER_LIMIT = 512; // memory-core's most trigger candidates
 const PROJECT_LIMIT = 48; // ... and project candidates, by default
+const PROVENANCE_TTL_MS = 5_000; // how long a file's unchanged provenance class is reused
+const PROVENANCE_KEPT = 4096; // files whose class is kept at most
 const WRITE_TIMEOUT_MS = 30 * 60_000; // a sync or rebuild asked for (OpenClaw's CLI, `memory index`) may take long
 
 /** Run `work` with a deadline (and the caller's `signal`); past it, a DaemonUnreachable saying what did not answer. */
@@ -52,6 +54,7 @@ export class ClawmemManager {
     this.statusTtlMs = statusTtlMs;
     this.lastError = null;
     this.daemon = null;
+    this._origins = new Map(); // relative path -> { key, at, originClass }: see _provenance
   }
 
   /** The daemon, reached (or started) within the deadline; a daemon that stopped is looked for again. */
@@ -158,13 +161,22 @@ export class ClawmemManager {
   }
 
   /** A hit's MemoryEntryProvenance: its file's origin class (provenance.js), its mtime as when it was observed. */
+  /** A hit's provenance. Its class is kept for the file as it is (device, inode, mtime, size) for a few seconds:
+   * a search's hits then cost one `stat` each, not two `realpath`s and a read of OpenClaw's records. A file that
+   * changed, or was replaced (by a symlink too), is classified again; so is any after PROVENANCE_TTL_MS. */
   async _provenance(relativePath, source) {
     if (source !== "memory") return { originClass: "untrusted", sessionKind: "unknown", observedAt: 0 };
-    const [originClass, observedAt] = await Promise.all([
-      classifyPath({ workspaceDir: this.workspace, relativePath }).catch(() => "untrusted"), // unknown: untrusted
-      stat(path.resolve(this.workspace, relativePath)).then((st) => Math.floor(st.mtimeMs), () => 0),
-    ]);
-    return { originClass, sessionKind: "unknown", observedAt };
+    const st = await stat(path.resolve(this.workspace, relativePath)).catch(() => null);
+    const key = st ? `${st.dev}:${st.ino}:${st.mtimeMs}:${st.size}` : "";
+    const known = this._origins.get(relativePath);
+    let originClass = known && key && known.key === key && Date.now() - known.at < PROVENANCE_TTL_MS
+      ? known.originClass : null;
+    if (originClass === null) {
+      originClass = await classifyPath({ workspaceDir: this.workspace, relativePath }).catch(() => "untrusted");
+      if (this._origins.size >= PROVENANCE_KEPT) this._origins.clear();
+      if (key) this._origins.set(relativePath, { key, at: Date.now(), originClass });
+    }
+    return { originClass, sessionKind: "unknown", observedAt: st ? Math.floor(st.mtimeMs) : 0 };
   }
 
   async readFile({ relPath, from, lines }) {

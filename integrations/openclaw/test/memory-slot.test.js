@@ -147,6 +147,24 @@ test("curated candidates: trigger entries with their provenance, project entries
   assert.deepEqual(projects.map((p) => [p.path, p.startLine, p.projectKey]), [["MEMORY.md", 4, "github.com/acme/app"]]);
 });
 
+test("a hit's provenance is kept only while its file is unchanged: a file replaced by a symlink out is untrusted at once", async () => {
+  const ws = workspace();
+  const outside = path.join(root, `outside${serial++}.md`);
+  writeFileSync(outside, "- elsewhere\n");
+  const note = path.join(ws, "memory", "2026-11-30.md");
+  writeFileSync(note, "- a note\n");
+  const { manager } = managerFor(ws);
+  const first = await manager._provenance("memory/2026-11-30.md", "memory");
+  assert.equal(first.originClass, "agent");
+  assert.equal((await manager._provenance("memory/2026-11-30.md", "memory")).originClass, "agent"); // kept
+  rmSync(note);
+  symlinkSync(outside, note); // the same name, now another file outside the workspace
+  assert.equal((await manager._provenance("memory/2026-11-30.md", "memory")).originClass, "untrusted");
+  rmSync(note);
+  assert.deepEqual(await manager._provenance("memory/2026-11-30.md", "memory"),
+    { originClass: "untrusted", sessionKind: "unknown", observedAt: 0 }); // gone: untrusted, nothing kept
+});
+
 test("memory_search takes snake_case limits and the repositories being worked in", async () => {
   const ws = workspace();
   const { manager, env } = managerFor(ws);
