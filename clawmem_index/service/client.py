@@ -140,14 +140,7 @@ class DaemonClient:
     # -- the methods, shaped like MemoryIndex's ----------------------------------------------
 
     def search(self, request: SearchRequest) -> dict[str, Any]:
-        params: dict[str, Any] = {"query": request.query}
-        for name in ("max_results", "min_score", "mode", "path_prefix", "source", "since", "before", "now"):
-            value = getattr(request, name)
-            if value is not None:
-                params[name] = value
-        if request.projects:
-            params["projects"] = list(request.projects)
-        result: dict[str, Any] = self.call("search", params, timeout=self.timeout)
+        result: dict[str, Any] = self.call("search", request_params(request), timeout=self.timeout)
         return result
 
     def get(self, path: str, start: int | None = None, lines: int | None = None,
@@ -167,11 +160,7 @@ class DaemonClient:
         return result
 
     def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, Any]:
-        params: dict[str, Any] = {"query": request.query}
-        for name in ("max_results", "min_score", "mode", "path_prefix", "source", "since", "before", "now"):
-            value = getattr(request, name)
-            if value is not None:
-                params[name] = value
+        params = request_params(request, for_context=True)
         if budget is not None:
             params["budget"] = budget
         result: dict[str, Any] = self.call("context", params, timeout=self.timeout)
@@ -195,3 +184,20 @@ def find_daemon(settings: Settings, *, timeout: float | None = CALL_TIMEOUT) -> 
         return DaemonClient(path, timeout=timeout).connect()
     except DaemonUnreachable:
         return None
+
+
+def request_params(request: SearchRequest, for_context: bool = False) -> dict[str, Any]:
+    """The socket params of a search request: every field the daemon reads back into the same request (a context
+    takes neither explain nor repositories)."""
+    params: dict[str, Any] = {"query": request.query}
+    for name in ("max_results", "min_score", "mode", "path_prefix", "source", "since", "before", "now"):
+        value = getattr(request, name)
+        if value is not None:
+            params[name] = value
+    if request.explain and not for_context:
+        params["explain"] = True
+    if request.workspaces:
+        params["workspaces"] = list(request.workspaces)
+    if request.projects and not for_context:
+        params["projects"] = list(request.projects)
+    return params

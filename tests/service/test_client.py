@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,9 @@ class ScriptedBackend:
     def get(self, path: str, start: int | None, lines: int | None, max_bytes: int | None = None) -> dict[str, object]:
         return self._answer("get", (path, start, lines), {"path": path, "text": "t", "from": start or 1, "lines": 1})
 
+    def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, object]:
+        return self._answer("context", (request, budget), {"text": "", "tokens": 0, "sections": []})
+
     def status(self) -> dict[str, object]:
         return self._answer("status", None, {"version": "x"})
 
@@ -89,6 +93,19 @@ def test_methods_send_the_documented_params(scripted: tuple[ScriptedBackend, Pat
     assert plain == SearchRequest("plain")
     assert backend.calls[2:] == [("get", ("MEMORY.md", 2, 5)), ("get", ("MEMORY.md", None, None)),
                                  ("status", None), ("sync", False), ("reindex", True)]
+
+
+def test_search_and_context_send_every_field_of_the_request(scripted: tuple[ScriptedBackend, Path]) -> None:
+    """explain, workspaces, repositories and `now` reach the daemon as asked (a search through a running daemon
+    lost explain and workspaces, a context its workspaces)."""
+    backend, path = scripted
+    asked = SearchRequest("zebra", max_results=2, mode="hybrid", explain=True, workspaces=("alpha", "beta"),
+                          now="2026-11-30", projects=("github.com/acme/app",))
+    in_context = replace(asked, explain=False, projects=())  # what a context takes
+    with DaemonClient(path) as client:
+        client.search(asked)
+        client.context(in_context, 120)
+    assert backend.calls == [("search", asked), ("context", (in_context, 120))]
 
 
 @pytest.mark.parametrize("raised", [
