@@ -160,9 +160,10 @@ export class ClawmemManager {
       " restart it (`clawmem status --json` in the workspace gives its pid), and the next request starts a current one");
   }
 
-  /** A hit's MemoryEntryProvenance: its file's origin class (provenance.js), its mtime as when it was observed. Its class is kept for the file as it is (device, inode, mtime, size) for a few seconds:
-   * a search's hits then cost one `stat` each, not two `realpath`s and a read of OpenClaw's records. A file that
-   * changed, or was replaced (by a symlink too), is classified again; so is any after PROVENANCE_TTL_MS. */
+  /** A hit's MemoryEntryProvenance: its file's origin class (provenance.js), its mtime as when it was observed.
+   * The class is kept for the file as it is (device, inode, mtime, size) for a few seconds: a search's hits then
+   * cost one `stat` each, not two `realpath`s and a read of OpenClaw's records. A file that changed, or was
+   * replaced (by a symlink too), is classified again; so is any after PROVENANCE_TTL_MS. */
   async _provenance(relativePath, source) {
     if (source !== "memory") return { originClass: "untrusted", sessionKind: "unknown", observedAt: 0 };
     const st = await stat(path.resolve(this.workspace, relativePath)).catch(() => null);
