@@ -103,14 +103,18 @@ class Freshness:
         pending = present = 0
         # A file's row is a lookup in SQLite, a round trip to a shared index: that one is read whole, once.
         stat_of = store.file_stats().get if self.backend.name == "postgres" else store.file_stat
+        checked = 0
         for f in scan(self.settings.workspace, self.settings.extra_paths, **self._scan_rules(),
                       memory=memory, sessions=sessions, newest_first=True):
+            # Past the deadline only with a file still unchecked: a scan that reached its end is exact,
+            # however long it took (a loaded machine), and the first file is always checked.
+            if checked and time.monotonic() > deadline:
+                return {"pending_files": pending, "pending_files_complete": False}
             row = stat_of(f.path)
             if row != (f.mtime_ns, f.size):
                 pending += 1
             present += row is not None
-            if time.monotonic() > deadline:
-                return {"pending_files": pending, "pending_files_complete": False}
+            checked += 1
         return {"pending_files": pending + store.counts()[0] - present}
 
     def _scan_rules(self) -> dict[str, Any]:

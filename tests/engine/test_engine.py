@@ -267,6 +267,19 @@ def test_a_query_without_a_watcher_counts_pending_files_within_a_bound(settings:
     assert index.status()["pending_files"] == 12  # status always counts them all
 
 
+def test_a_pending_check_that_reaches_the_last_file_is_exact_however_long_it_took(
+        settings: Settings, write, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded machine can pass the deadline while checking the last file: the count is still whole."""
+    import clawmem_index.engine.status as status_module
+
+    write("memory/only.md", "the one note about tomatoes\n")
+    index = MemoryIndex(settings)
+    index.sync()
+    write("memory/only.md", "the one note about tomatoes, edited\n")
+    monkeypatch.setattr(status_module, "PENDING_CHECK_SECONDS", 0.0)
+    assert index.search(SearchRequest("tomatoes"))["index"] == {"pending_files": 1, "pending_embeddings": 0}
+
+
 def test_a_querys_pending_check_runs_beside_the_search_on_a_connection_it_closes(settings: Settings, write,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """While FTS5 ranks (C code that lets go of the interpreter) the check runs on the other core:
