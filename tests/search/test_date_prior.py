@@ -62,8 +62,11 @@ def test_explain_gives_each_results_closeness_and_the_answer_says_what_was_read(
     assert closeness == sorted(closeness, reverse=True)
 
 
-def test_relative_dates_count_from_today_without_now(daily: MemoryIndex) -> None:
+def test_relative_dates_count_from_today_without_now(daily: MemoryIndex, write) -> None:
+    # A date is read only with a note near it (else it stays words): today's note, whatever today is.
     today = dt.date.today().isoformat()
+    write(f"memory/{today}.md", "# Standup\n\nWe talked about the deploy.\n")
+    daily.sync()
     answer = daily.search(SearchRequest("deploy today", mode="bm25"))
     assert answer["query"]["dates"][0]["from"] == today
 
