@@ -5,7 +5,7 @@ import path from "node:path";
 import { DaemonUnreachable, PathError, QueryError } from "clawmem-client";
 
 import { BACKEND, curatedHit, freshnessOf, projectKeys, providerStatus, searchParams, toHit } from "./answers.js";
-import { classifyPath } from "./provenance.js";
+import { classifyPath, WriteRecords } from "./provenance.js";
 
 const TRIGGER_LIMIT = 512; // memory-core's most trigger candidates
 const PROJECT_LIMIT = 48; // ... and project candidates, by default
@@ -44,9 +44,10 @@ function embeddingAvailability(status) {
 
 export class ClawmemManager {
   /**
-   * @param {{pool: import("./daemons.js").DaemonPool, workspace: string, timeoutMs: number, statusTtlMs: number}} p
+   * @param {{pool: import("./daemons.js").DaemonPool, workspace: string, timeoutMs: number, statusTtlMs: number,
+   *   records?: ConstructorParameters<typeof WriteRecords>[1]}} p  `records`: how OpenClaw's write records are read
    */
-  constructor({ pool, workspace, timeoutMs, statusTtlMs, logger }) {
+  constructor({ pool, workspace, timeoutMs, statusTtlMs, logger, records }) {
     this.logger = logger;
     this.pool = pool;
     this.workspace = workspace;
@@ -55,6 +56,7 @@ export class ClawmemManager {
     this.lastError = null;
     this.daemon = null;
     this._origins = new Map(); // relative path -> { key, at, originClass }: see _provenance
+    this._records = new WriteRecords(workspace, records);
   }
 
   /** The daemon, reached (or started) within the deadline; a daemon that stopped is looked for again. */
@@ -163,7 +165,8 @@ export class ClawmemManager {
   /** A hit's MemoryEntryProvenance: its file's origin class (provenance.js), its mtime as when it was observed.
    * The class is kept for the file as it is (device, inode, mtime, size) for a few seconds: a search's hits then
    * cost one `stat` each, not two `realpath`s and a read of OpenClaw's records. A file that changed, or was
-   * replaced (by a symlink too), is classified again; so is any after PROVENANCE_TTL_MS. */
+   * replaced (by a symlink too), is classified again; so is any after PROVENANCE_TTL_MS. OpenClaw's records are
+   * read a workspace at a time (WriteRecords), not a round trip to its state worker per hit. */
   async _provenance(relativePath, source) {
     if (source !== "memory") return { originClass: "untrusted", sessionKind: "unknown", observedAt: 0 };
     const st = await stat(path.resolve(this.workspace, relativePath)).catch(() => null);
@@ -172,7 +175,8 @@ export class ClawmemManager {
     let originClass = known && key && known.key === key && Date.now() - known.at < PROVENANCE_TTL_MS
       ? known.originClass : null;
     if (originClass === null) {
-      originClass = await classifyPath({ workspaceDir: this.workspace, relativePath }).catch(() => "untrusted");
+      originClass = await classifyPath({ workspaceDir: this.workspace, relativePath,
+        recorded: (_workspace, relative) => this._records.origin(relative, st?.ctimeMs) }).catch(() => "untrusted");
       if (this._origins.size >= PROVENANCE_KEPT) this._origins.clear();
       if (key) this._origins.set(relativePath, { key, at: Date.now(), originClass });
     }

@@ -2,7 +2,7 @@
 // OpenClaw's bootstrap injects), the recall section of the system prompt, the pre-compaction flush plan, and the
 // curated candidates of the trigger lane and the project block (against the fake clawmem).
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -12,7 +12,7 @@ import plugin from "../index.js";
 import { DaemonPool } from "../lib/daemons.js";
 import { ClawmemManager } from "../lib/manager.js";
 import { buildFlushPlan, buildPromptSection, byteSize, timeLine } from "../lib/prompt.js";
-import { classifyPath, classifyWorkspaceMemoryPaths, isWorkspaceMemory } from "../lib/provenance.js";
+import { WriteRecords, classifyPath, classifyWorkspaceMemoryPaths, isWorkspaceMemory } from "../lib/provenance.js";
 import { DEFAULTS, readSettings } from "../lib/settings.js";
 import { createTools } from "../lib/tools.js";
 
@@ -163,6 +163,85 @@ test("a hit's provenance is kept only while its file is unchanged: a file replac
   rmSync(note);
   assert.deepEqual(await manager._provenance("memory/2026-11-30.md", "memory"),
     { originClass: "untrusted", sessionKind: "unknown", observedAt: 0 }); // gone: untrusted, nothing kept
+});
+
+/** OpenClaw's SDK as WriteRecords reads it: `records` (relative path -> origin) as the state worker holds them. */
+function fakeRecords(records, { list = true, failList = false, listed = records } = {}) {
+  const calls = { list: 0, read: 0 };
+  const sdk = {
+    readMemoryArtifactProvenance: async ({ relativePath }) => {
+      calls.read++;
+      return records.has(relativePath) ? { originClass: records.get(relativePath) } : undefined;
+    },
+    ...(list ? { listMemoryArtifactProvenance: async () => {
+      calls.list++;
+      if (failList) throw new Error("the state worker is gone");
+      return [...listed].map(([relativePath, originClass]) => ({ relativePath, provenance: { originClass } }));
+    } } : {}),
+  };
+  return { calls, load: async () => sdk };
+}
+
+test("write records: listed once a workspace and reused for files unchanged since; a file changed since is looked up", async () => {
+  let now = 100_000;
+  const records = new Map([["memory/a.md", "untrusted"]]);
+  const { calls, load } = fakeRecords(records);
+  const wr = new WriteRecords("/w", { load, now: () => now });
+  const before = now - 60_000; // the files' change times, well before the listing
+  assert.equal(await wr.origin("memory/a.md", before), "untrusted");
+  assert.equal(await wr.origin("memory/b.md", before), null);
+  assert.equal(await wr.origin("MEMORY.md", before), null);
+  assert.deepEqual(calls, { list: 1, read: 0 });
+  // OpenClaw records an untrusted write of b.md, then writes it: b.md changed after the listing was asked for.
+  records.set("memory/b.md", "untrusted");
+  now += 1_000;
+  assert.equal(await wr.origin("memory/b.md", now - 10), "untrusted");
+  assert.deepEqual(calls, { list: 1, read: 1 });
+  assert.equal(await wr.origin("memory/b.md", undefined), "untrusted"); // no change time: looked up
+  assert.equal(calls.read, 2);
+  now += 5_000; // the listing is old: listed again, and b.md's record is in it
+  assert.equal(await wr.origin("memory/b.md", now - 60_000), "untrusted");
+  assert.deepEqual(calls, { list: 2, read: 2 });
+});
+
+test("write records: without a listing (an older OpenClaw, or one that fails) every file is looked up alone", async () => {
+  const records = new Map([["USER.md", "untrusted"]]);
+  for (const options of [{ list: false }, { failList: true }]) {
+    const { calls, load } = fakeRecords(records, options);
+    const wr = new WriteRecords("/w", { load });
+    assert.equal(await wr.origin("USER.md", 0), "untrusted");
+    assert.equal(await wr.origin("MEMORY.md", 0), null);
+    assert.equal(calls.read, 2, JSON.stringify(options));
+  }
+  const outside = new WriteRecords("/w", { load: async () => null }); // not inside OpenClaw: no records
+  assert.equal(await outside.origin("USER.md", 0), null);
+});
+
+test("a search's hits read OpenClaw's records in one listing, and a file written since is judged by its own record", async () => {
+  const ws = workspace();
+  for (const day of ["01", "02", "03"]) writeFileSync(path.join(ws, "memory", `2026-11-${day}.md`), `- note ${day}\n`);
+  const records = new Map([["memory/2026-11-02.md", "untrusted"]]);
+  const { calls, load } = fakeRecords(records);
+  const env = { PATH: process.env.PATH, XDG_RUNTIME_DIR: path.join(ws, ".run"), XDG_CACHE_HOME: path.join(ws, ".cache") };
+  const pool = new DaemonPool({ ...DEFAULTS, command: FAKE, env, startTimeoutMs: 5_000, timeoutMs: 5_000 });
+  pools.push(pool);
+  const changed = statSync(path.join(ws, "memory", "2026-11-03.md")).ctimeMs;
+  const manager = new ClawmemManager({ pool, workspace: ws, timeoutMs: 5_000, statusTtlMs: 5_000,
+    records: { load, now: () => changed + 2_000 } }); // the listing is asked for 2 s after the files were written
+  const classes = await Promise.all(["01", "02", "03"].map(async (d) =>
+    (await manager._provenance(`memory/2026-11-${d}.md`, "memory")).originClass));
+  assert.deepEqual(classes, ["agent", "untrusted", "agent"]);
+  assert.deepEqual(calls, { list: 1, read: 0 });
+  // OpenClaw's write tool records 01 as written from untrusted content, then writes it, just after a listing was
+  // asked for (the listing holds the records as they were then).
+  const stale = fakeRecords(records, { listed: new Map(records) });
+  records.set("memory/2026-11-01.md", "untrusted");
+  writeFileSync(path.join(ws, "memory", "2026-11-01.md"), "- note 01, rewritten from a web page\n");
+  const written = statSync(path.join(ws, "memory", "2026-11-01.md")).ctimeMs;
+  const later = new ClawmemManager({ pool, workspace: ws, timeoutMs: 5_000, statusTtlMs: 5_000,
+    records: { load: stale.load, now: () => written - 10 } });
+  assert.equal((await later._provenance("memory/2026-11-01.md", "memory")).originClass, "untrusted");
+  assert.deepEqual(stale.calls, { list: 1, read: 1 });
 });
 
 test("memory_search takes snake_case limits and the repositories being worked in", async () => {
