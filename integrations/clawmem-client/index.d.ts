@@ -13,7 +13,12 @@ export class QueryError extends ClawmemError {}
 export class ProviderError extends ClawmemError {}
 export class IndexUnavailable extends ClawmemError {}
 export class ServerBusy extends IndexUnavailable {}
+export class IndexBusy extends IndexUnavailable {}
+export class IndexCorrupt extends IndexUnavailable {}
+export class DiskFull extends IndexUnavailable {}
 export class DaemonUnreachable extends IndexUnavailable {}
+/** A request past its deadline; its connection was closed, which tells the daemon. */
+export class RequestTimeout extends DaemonUnreachable {}
 export class ProtocolError extends ClawmemError {}
 
 export function errorFrom(error: { code?: number; message?: string; data?: unknown }): ClawmemError;
@@ -47,7 +52,6 @@ export interface SearchResult {
   score: number;
   snippet: string;
   source: string;
-  citation: string;
   [field: string]: unknown;
 }
 
@@ -86,16 +90,25 @@ export interface GetAnswer {
   [field: string]: unknown;
 }
 
+/** A request's own deadline (default: the client's `timeoutMs`) and cancellation. */
+export interface CallOptions {
+  timeoutMs?: number;
+  signal?: AbortSignal;
+}
+
 export class ClawmemClient {
-  constructor(options?: { socketPath?: string; workspace?: string; timeoutMs?: number });
+  /** `maxConnections`: requests in flight at once (each on a connection of its own), 4 by default. */
+  constructor(options?: { socketPath?: string; workspace?: string; timeoutMs?: number; maxConnections?: number });
   readonly socketPath: string;
   timeoutMs: number;
-  request(method: string, params?: Record<string, unknown>, options?: { timeoutMs?: number }): Promise<unknown>;
-  search(query: string, options?: SearchOptions): Promise<SearchAnswer>;
-  get(path: string, options?: { from?: number; lines?: number; maxBytes?: number }): Promise<GetAnswer>;
-  status(): Promise<Record<string, unknown>>;
-  context(query: string, options?: ContextOptions): Promise<{ text: string; tokens: number; [field: string]: unknown }>;
-  curated(options?: { kind?: "triggers" | "projects"; limit?: number; projects?: string[] }): Promise<{ entries: CuratedEntry[]; truncated?: string[] }>;
-  sync(options?: { wait?: boolean }): Promise<Record<string, unknown>>;
+  readonly maxConnections: number;
+  request(method: string, params?: Record<string, unknown>, options?: CallOptions): Promise<unknown>;
+  search(query: string, options?: SearchOptions, call?: CallOptions): Promise<SearchAnswer>;
+  get(path: string, options?: { from?: number; lines?: number; maxBytes?: number }, call?: CallOptions): Promise<GetAnswer>;
+  status(call?: CallOptions): Promise<Record<string, unknown>>;
+  context(query: string, options?: ContextOptions, call?: CallOptions): Promise<{ text: string; tokens: number; [field: string]: unknown }>;
+  curated(options?: { kind?: "triggers" | "projects"; limit?: number; projects?: string[] }, call?: CallOptions): Promise<{ entries: CuratedEntry[]; truncated?: string[] }>;
+  sync(options?: { wait?: boolean }, call?: CallOptions): Promise<Record<string, unknown>>;
+  /** Close every connection (requests still waiting fail); an idle client does not keep the process alive anyway. */
   close(): void;
 }

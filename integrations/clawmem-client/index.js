@@ -1,8 +1,9 @@
 // clawmem's socket API from Node: newline-delimited JSON-RPC 2.0 over the workspace daemon's Unix socket.
 //
-// One connection per client, opened on the first request and kept for the next ones (the daemon
-// answers many requests per connection, in order); each request has a deadline; the daemon's errors
-// arrive as ClawmemError subclasses carrying its message and JSON-RPC code. No dependencies.
+// Each request in flight has a connection of its own (a few per client, kept for the next requests and
+// not holding the process open while idle); each request has a deadline, and a request given up on closes
+// its connection only; the daemon's errors arrive as ClawmemError subclasses carrying its message and
+// JSON-RPC code. No dependencies.
 
 import { createHash } from "node:crypto";
 import { realpathSync } from "node:fs";
@@ -25,7 +26,12 @@ export class QueryError extends ClawmemError {}
 export class ProviderError extends ClawmemError {}
 export class IndexUnavailable extends ClawmemError {}
 export class ServerBusy extends IndexUnavailable {}
+export class IndexBusy extends IndexUnavailable {}
+export class IndexCorrupt extends IndexUnavailable {}
+export class DiskFull extends IndexUnavailable {}
 export class DaemonUnreachable extends IndexUnavailable {}
+/** A request past its deadline (its connection was closed, so the daemon stops on it). */
+export class RequestTimeout extends DaemonUnreachable {}
 export class ProtocolError extends ClawmemError {}
 
 // The daemon's codes (clawmem_index.errors and JSON-RPC 2.0's own).
@@ -42,11 +48,18 @@ const BY_CODE = new Map([
   [-32602, QueryError],
 ]);
 
-/** The error a JSON-RPC error object stands for. */
+// The daemon's error classes by the name it sends in `data.type` (a subclass its code alone does not tell).
+const BY_TYPE = new Map(Object.entries({
+  ConfigError, PathError, QueryError, ProviderError, IndexUnavailable, ServerBusy, IndexBusy, IndexCorrupt, DiskFull,
+  DaemonUnreachable, ProtocolError,
+}));
+
+/** The error a JSON-RPC error object stands for: by the class the daemon names, else by its code. */
 export function errorFrom(error) {
   const code = typeof error?.code === "number" ? error.code : null;
   const message = typeof error?.message === "string" ? error.message : "clawmem answered an error without a message";
-  const Kind = BY_CODE.get(code) ?? ClawmemError;
+  const type = error?.data?.type;
+  const Kind = (typeof type === "string" && BY_TYPE.get(type)) || BY_CODE.get(code) || ClawmemError;
   return new Kind(message, code, error?.data);
 }
 
@@ -106,136 +119,270 @@ function snake(options) {
   return out;
 }
 
-export class ClawmemClient {
-  /**
-   * @param {{socketPath?: string, workspace?: string, timeoutMs?: number}} [options]
-   * `socketPath`, else the socket of `workspace` (default: the current folder) by the CLI's rules.
-   */
-  constructor({ socketPath, workspace = process.cwd(), timeoutMs = 30_000 } = {}) {
-    this.socketPath = socketPath ?? defaultSocketPath(workspace);
-    this.timeoutMs = timeoutMs;
-    this._conn = null;
-    this._connecting = null;
-    this._buffer = "";
-    this._nextId = 1;
-    this._pending = new Map();
+const MAX_REPLY_BYTES = 4 * 1024 * 1024 + 64 * 1024; // the daemon's replies are at most 4 MiB, and a little framing
+const MAX_CONNECTIONS = 4; // requests in flight at once per client; more wait for one to finish
+
+/**
+ * One socket carrying one request at a time: the daemon answers a connection's requests in order, so requests
+ * that share one wait for each other, and a request given up on would leave its answer in the next one's way.
+ * Reply lines are read without a copy of what came before (only new data is scanned for the newline) and no
+ * longer than MAX_REPLY_BYTES. An idle connection does not keep the process alive.
+ */
+class Connection {
+  constructor(socketPath, onClosed = () => {}) {
+    this.socketPath = socketPath;
+    this.onClosed = onClosed;
+    this.socket = null;
+    this.closed = false;
+    this._chunks = [];
+    this._length = 0;
+    this._waiting = null; // { id, resolve, reject }
   }
 
-  /** One JSON-RPC call: its result, or the daemon's error as a ClawmemError. */
-  async request(method, params = undefined, { timeoutMs = this.timeoutMs } = {}) {
-    const conn = await this._connection();
-    const id = this._nextId++;
+  open() {
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
-        this._pending.delete(id);
-        // The answer may still come, on a connection whose order is now unknown to us: start afresh.
-        this._drop(new DaemonUnreachable(`clawmem did not answer ${method} within ${timeoutMs} ms`));
-        reject(new DaemonUnreachable(`clawmem did not answer ${method} within ${timeoutMs} ms`));
-      }, timeoutMs);
-      this._pending.set(id, { resolve, reject, timer });
-      const message = { jsonrpc: "2.0", id, method, ...(params === undefined ? {} : { params }) };
-      conn.write(JSON.stringify(message) + "\n");
+      const socket = net.createConnection(this.socketPath);
+      const failed = (err) => reject(new DaemonUnreachable(`no clawmem daemon answers on ${this.socketPath}: ${err.message}`));
+      socket.once("error", failed);
+      socket.once("connect", () => {
+        socket.off("error", failed);
+        socket.on("error", (err) => this.destroy(new DaemonUnreachable(`the connection to clawmem failed: ${err.message}`)));
+        socket.on("close", () => this.destroy(new DaemonUnreachable("clawmem closed the connection")));
+        socket.on("data", (chunk) => this._receive(chunk));
+        this.socket = socket;
+        resolve(this);
+      });
     });
   }
 
-  search(query, options = {}) {
-    return this.request("search", { query, ...snake(options) });
+  /** Send one request and wait for its answer (the caller bounds the wait: see ClawmemClient.request). */
+  send(id, method, params) {
+    return new Promise((resolve, reject) => {
+      if (this.closed) {
+        reject(new DaemonUnreachable("clawmem closed the connection"));
+        return;
+      }
+      this._waiting = { id, resolve, reject };
+      this.socket.ref();
+      this.socket.write(JSON.stringify({ jsonrpc: "2.0", id, method, ...(params === undefined ? {} : { params }) }) + "\n");
+    });
   }
 
-  get(filePath, { from, lines, maxBytes } = {}) {
+  /** Kept for the next request: it no longer holds the process open. */
+  idle() {
+    this.socket?.unref();
+  }
+
+  destroy(error = new DaemonUnreachable("the client was closed")) {
+    if (this.closed) return;
+    this.closed = true;
+    this.socket?.removeAllListeners("close");
+    this.socket?.destroy();
+    this._chunks = [];
+    const waiting = this._waiting;
+    this._waiting = null;
+    waiting?.reject(error);
+    this.onClosed(this);
+  }
+
+  _receive(chunk) {
+    let end = chunk.indexOf(0x0a);
+    while (end >= 0) {
+      this._chunks.push(chunk.subarray(0, end));
+      const line = Buffer.concat(this._chunks).toString("utf8");
+      this._chunks = [];
+      this._length = 0;
+      this._answer(line);
+      if (this.closed) return;
+      chunk = chunk.subarray(end + 1);
+      end = chunk.indexOf(0x0a);
+    }
+    this._length += chunk.length;
+    if (this._length > MAX_REPLY_BYTES) {
+      this.destroy(new ProtocolError(`clawmem sent a line longer than ${MAX_REPLY_BYTES} bytes: not one of its answers`));
+      return;
+    }
+    if (chunk.length > 0) this._chunks.push(chunk);
+  }
+
+  _answer(line) {
+    let message;
+    try {
+      message = JSON.parse(line);
+    } catch {
+      this.destroy(new ProtocolError("clawmem sent a line that is not JSON"));
+      return;
+    }
+    const waiting = this._waiting;
+    if (message?.id === null && message.error) {
+      // Said to the connection rather than to a request: the daemon turning it away (busy), then closing it.
+      this.destroy(errorFrom(message.error));
+      return;
+    }
+    if (!waiting || message?.id !== waiting.id) return; // not an answer this connection is waiting for
+    this._waiting = null;
+    if (message.error) waiting.reject(errorFrom(message.error));
+    else waiting.resolve(message.result);
+  }
+}
+
+export class ClawmemClient {
+  /**
+   * @param {{socketPath?: string, workspace?: string, timeoutMs?: number, maxConnections?: number}} [options]
+   * `socketPath`, else the socket of `workspace` (default: the current folder) by the CLI's rules.
+   */
+  constructor({ socketPath, workspace = process.cwd(), timeoutMs = 30_000, maxConnections = MAX_CONNECTIONS } = {}) {
+    this.socketPath = socketPath ?? defaultSocketPath(workspace);
+    this.timeoutMs = timeoutMs;
+    this.maxConnections = Math.max(1, maxConnections);
+    this._idle = [];
+    this._open = new Set(); // every connection, idle or carrying a request
+    this._queue = []; // requests waiting for a connection: { take, fail }
+    this._nextId = 1;
+    this._closed = false;
+  }
+
+  /**
+   * One JSON-RPC call on a connection of its own: its result, or the daemon's error as a ClawmemError. Past
+   * `timeoutMs` (waiting for a connection included) or when `signal` aborts, it fails with RequestTimeout (or
+   * DaemonUnreachable) and its connection is closed, which tells the daemon; other requests are not touched.
+   */
+  async request(method, params = undefined, { timeoutMs = this.timeoutMs, signal } = {}) {
+    if (this._closed) throw new DaemonUnreachable("the client was closed");
+    if (signal?.aborted) throw new DaemonUnreachable(`${method} was cancelled`);
+    const id = this._nextId++;
+    let conn = null;
+    let over = false;
+    let timer;
+    let onAbort;
+    let stopWaiting = () => {};
+    const givenUp = new Promise((_, reject) => {
+      const giveUp = (error) => {
+        over = true;
+        stopWaiting();
+        conn?.destroy(error);
+        reject(error);
+      };
+      timer = setTimeout(() => giveUp(new RequestTimeout(`clawmem did not answer ${method} within ${timeoutMs} ms`)),
+        timeoutMs);
+      if (signal) {
+        onAbort = () => giveUp(new DaemonUnreachable(`${method} was cancelled`));
+        signal.addEventListener("abort", onAbort, { once: true });
+      }
+    });
+    const work = (async () => {
+      const got = await this._acquire((cancel) => {
+        stopWaiting = cancel;
+      });
+      if (over) { // given up while connecting: nothing is sent, and the connection serves the next request
+        this._release(got);
+        throw new DaemonUnreachable(`${method} was given up`);
+      }
+      conn = got;
+      return conn.send(id, method, params);
+    })();
+    work.catch(() => {}); // settled through the race below
+    try {
+      return await Promise.race([work, givenUp]);
+    } finally {
+      clearTimeout(timer);
+      if (onAbort) signal.removeEventListener("abort", onAbort);
+      if (conn) this._release(conn);
+    }
+  }
+
+  // Each method's last argument, `call`, is request()'s options: { timeoutMs, signal }.
+  search(query, options = {}, call = {}) {
+    return this.request("search", { query, ...snake(options) }, call);
+  }
+
+  get(filePath, { from, lines, maxBytes } = {}, call = {}) {
     const params = { path: filePath };
     if (from !== undefined) params.from = from;
     if (lines !== undefined) params.lines = lines;
     if (maxBytes !== undefined) params.max_bytes = maxBytes;
-    return this.request("get", params);
+    return this.request("get", params, call);
   }
 
-  status() {
-    return this.request("status");
+  status(call = {}) {
+    return this.request("status", undefined, call);
   }
 
-  context(query, options = {}) {
-    return this.request("context", { query, ...snake(options) });
+  context(query, options = {}, call = {}) {
+    return this.request("context", { query, ...snake(options) }, call);
   }
 
   /** The annotated entries of MEMORY.md and USER.md as the files are now (`kind`: "triggers" or "projects";
    * `projects`: the repositories being worked in, entries scoped elsewhere left out before the limit). */
-  curated({ kind, limit, projects } = {}) {
+  curated({ kind, limit, projects } = {}, call = {}) {
     const params = {};
     if (kind !== undefined) params.kind = kind;
     if (limit !== undefined) params.limit = limit;
     if (projects !== undefined) params.projects = projects;
-    return this.request("curated", params);
+    return this.request("curated", params, call);
   }
 
-  sync({ wait = false } = {}) {
-    return this.request("sync", { wait });
+  sync({ wait = false } = {}, call = {}) {
+    return this.request("sync", { wait }, call);
   }
 
-  /** Close the connection; requests still waiting fail with DaemonUnreachable. */
+  /** Close every connection; requests still waiting fail with DaemonUnreachable. */
   close() {
-    this._drop(new DaemonUnreachable("the client was closed"));
+    this._closed = true;
+    for (const waiter of this._queue.splice(0)) waiter.fail(new DaemonUnreachable("the client was closed"));
+    for (const conn of [...this._open]) conn.destroy(new DaemonUnreachable("the client was closed"));
+    this._open.clear();
+    this._idle = [];
   }
 
-  _connection() {
-    if (this._conn) return Promise.resolve(this._conn);
-    if (!this._connecting) {
-      this._connecting = new Promise((resolve, reject) => {
-        const conn = net.createConnection(this.socketPath);
-        conn.setEncoding("utf8");
-        const failed = (err) => {
-          this._connecting = null;
-          reject(new DaemonUnreachable(`no clawmem daemon answers on ${this.socketPath}: ${err.message}`));
-        };
-        conn.once("error", failed);
-        conn.once("connect", () => {
-          conn.off("error", failed);
-          conn.on("error", (err) => this._drop(new DaemonUnreachable(`the connection to clawmem failed: ${err.message}`)));
-          conn.on("close", () => this._drop(new DaemonUnreachable("clawmem closed the connection")));
-          conn.on("data", (chunk) => this._receive(chunk));
-          this._conn = conn;
-          this._connecting = null;
-          resolve(conn);
-        });
-      });
+  /** An idle connection, a new one while fewer than maxConnections are open, else the next one released. */
+  async _acquire(onQueued) {
+    while (this._idle.length > 0) {
+      const conn = this._idle.pop();
+      if (!conn.closed) return conn;
     }
-    return this._connecting;
-  }
-
-  _receive(chunk) {
-    this._buffer += chunk;
-    let end;
-    while ((end = this._buffer.indexOf("\n")) >= 0) {
-      const line = this._buffer.slice(0, end);
-      this._buffer = this._buffer.slice(end + 1);
-      let message;
+    if (this._open.size < this.maxConnections) {
+      const conn = new Connection(this.socketPath, (closed) => this._forget(closed));
+      this._open.add(conn);
       try {
-        message = JSON.parse(line);
-      } catch {
-        this._drop(new ProtocolError("clawmem sent a line that is not JSON"));
-        return;
+        return await conn.open();
+      } catch (error) {
+        this._open.delete(conn);
+        throw error;
       }
-      const waiting = this._pending.get(message?.id);
-      if (!waiting) continue; // an answer to a request that timed out
-      this._pending.delete(message.id);
-      clearTimeout(waiting.timer);
-      if (message.error) waiting.reject(errorFrom(message.error));
-      else waiting.resolve(message.result);
     }
+    return new Promise((resolve, reject) => {
+      const waiter = { take: resolve, fail: reject };
+      this._queue.push(waiter);
+      onQueued(() => {
+        const at = this._queue.indexOf(waiter);
+        if (at >= 0) this._queue.splice(at, 1);
+      });
+    });
   }
 
-  _drop(error) {
-    const conn = this._conn;
-    this._conn = null;
-    this._buffer = "";
-    if (conn) {
-      conn.removeAllListeners("close");
+  /** A connection that closed (the daemon's side, an error, a request given up): its place goes to a waiting request. */
+  _forget(conn) {
+    this._open.delete(conn);
+    const at = this._idle.indexOf(conn);
+    if (at >= 0) this._idle.splice(at, 1);
+    const waiter = this._closed ? undefined : this._queue.shift();
+    if (waiter) this._acquire(() => {}).then(waiter.take, waiter.fail);
+  }
+
+  /** A connection whose request is over: to the next waiting request, else kept idle (or dropped when closed). */
+  _release(conn) {
+    if (conn.closed) return; // already forgotten
+    if (this._closed) {
       conn.destroy();
+      return;
     }
-    for (const [id, waiting] of this._pending) {
-      clearTimeout(waiting.timer);
-      waiting.reject(error);
-      this._pending.delete(id);
+    const waiter = this._queue.shift();
+    if (waiter) {
+      waiter.take(conn);
+      return;
     }
+    conn.idle();
+    this._idle.push(conn);
   }
 }

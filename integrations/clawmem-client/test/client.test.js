@@ -1,7 +1,9 @@
 // The client against servers that misbehave on purpose (a Unix socket in a temp folder); the real
 // daemon is test/daemon.test.js, run by the Python suite with a daemon serving a workspace.
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync } from "node:fs";
+import { spawn } from "node:child_process";
+import { once } from "node:events";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -10,9 +12,12 @@ import { after, test } from "node:test";
 import {
   ClawmemClient,
   DaemonUnreachable,
+  DiskFull,
+  IndexUnavailable,
   PathError,
   ProtocolError,
   QueryError,
+  RequestTimeout,
   ServerBusy,
   defaultSocketPath,
   workspaceKey,
@@ -67,7 +72,7 @@ const BOUND = { timeout: 10_000 };
 
 const reply = (socket, id, body) => socket.write(JSON.stringify({ jsonrpc: "2.0", id, ...body }) + "\n");
 
-test("requests share one connection and get their own answers, in camelCase-free params", BOUND, async () => {
+test("a client's requests get their own answers, in camelCase-free params, and reuse its connections", BOUND, async () => {
   const seen = [];
   const answer = (request, socket) => {
     seen.push(request);
@@ -82,9 +87,154 @@ test("requests share one connection and get their own answers, in camelCase-free
     assert.deepEqual(search.params, { query: "platypus", max_results: 3, min_score: 0, path_prefix: "memory/", mode: "bm25" });
     assert.equal(status.method, "status");
     assert.deepEqual(got.params, { path: "MEMORY.md", from: 2, lines: 5 });
-    assert.equal(server.connections, 1);
+    assert.equal(server.connections, 2); // two at once, then one of them again
     assert.deepEqual(seen.map((r) => r.jsonrpc), ["2.0", "2.0", "2.0"]);
   });
+});
+
+/** A server that, as the daemon, handles one request per connection at a time; `handle` may take its time. */
+async function serveInOrder(handle) {
+  return serve((() => {
+    const queues = new WeakMap();
+    return (request, socket) => {
+      const before = queues.get(socket) ?? Promise.resolve();
+      queues.set(socket, before.then(() => handle(request, socket)));
+    };
+  })());
+}
+
+test("requests in flight at once each have a connection: none waits behind another", BOUND, async () => {
+  let started = 0;
+  let open;
+  const allStarted = new Promise((resolve) => { open = resolve; });
+  const served = await serveInOrder(async (request, socket) => {
+    if (++started === 4) open();
+    await allStarted; // answered only once four requests are being handled at once
+    reply(socket, request.id, { result: { n: request.params.query } });
+  });
+  const client = new ClawmemClient({ socketPath: served.socketPath, timeoutMs: 5_000 });
+  try {
+    const answers = await Promise.all(["a", "b", "c", "d"].map((q) => client.search(q)));
+    assert.deepEqual(answers.map((a) => a.n), ["a", "b", "c", "d"]);
+    assert.equal(served.server.connections, 4);
+  } finally {
+    client.close();
+    await served.close();
+  }
+});
+
+test("past maxConnections requests wait for a connection, and all are answered", BOUND, async () => {
+  const served = await serveInOrder(async (request, socket) => reply(socket, request.id, { result: request.params.query }));
+  const client = new ClawmemClient({ socketPath: served.socketPath, maxConnections: 2 });
+  try {
+    const queries = Array.from({ length: 9 }, (_, i) => `q${i}`);
+    assert.deepEqual(await Promise.all(queries.map((q) => client.search(q))), queries);
+    assert.ok(served.server.connections <= 2, `${served.server.connections} connections`);
+  } finally {
+    client.close();
+    await served.close();
+  }
+});
+
+test("one request past its deadline fails alone: its connection is closed, the others are answered", BOUND, async () => {
+  let closedOnce;
+  const closedSeen = new Promise((resolve) => { closedOnce = resolve; });
+  let release;
+  const late = new Promise((resolve) => { release = resolve; });
+  const served = await serve((request, socket) => {
+    socket.on("close", closedOnce);
+    if (request.params?.query === "slow") return; // never answered
+    late.then(() => reply(socket, request.id, { result: { fresh: true } }));
+  });
+  const client = new ClawmemClient({ socketPath: served.socketPath, timeoutMs: 5_000 });
+  try {
+    const slow = client.request("search", { query: "slow" }, { timeoutMs: 100 });
+    const status = client.status();
+    await assert.rejects(slow, (e) => e instanceof RequestTimeout && e instanceof DaemonUnreachable && /within 100 ms/.test(e.message));
+    await closedSeen; // the daemon is told: the slow request's connection is gone
+    release();
+    assert.deepEqual(await status, { fresh: true });
+  } finally {
+    client.close();
+    await served.close();
+  }
+});
+
+test("a cancelled request closes its connection and fails at once", BOUND, async () => {
+  const served = await serve(() => {}); // never answers
+  const client = new ClawmemClient({ socketPath: served.socketPath, timeoutMs: 5_000 });
+  try {
+    const controller = new AbortController();
+    const pending = client.request("sync", { wait: true }, { signal: controller.signal });
+    setImmediate(() => controller.abort());
+    await assert.rejects(pending, (e) => e instanceof DaemonUnreachable && /cancelled/.test(e.message));
+  } finally {
+    client.close();
+    await served.close();
+  }
+});
+
+test("a busy daemon's turn-away is ServerBusy, not 'unreachable'", BOUND, async () => {
+  const socketPath = path.join(dir, `busy${serial++}.sock`);
+  const sockets = [];
+  const server = net.createServer((socket) => {
+    sockets.push(socket);
+    socket.on("error", () => {});
+    socket.end(JSON.stringify({ jsonrpc: "2.0", id: null, error: { code: -32001, message: "too many connections: try again later" } }) + "\n");
+  });
+  await new Promise((resolve) => server.listen(socketPath, resolve));
+  const client = new ClawmemClient({ socketPath, timeoutMs: 5_000 });
+  try {
+    await assert.rejects(client.status(), (e) => e instanceof ServerBusy && /too many connections/.test(e.message));
+  } finally {
+    client.close();
+    for (const socket of sockets) socket.destroy();
+    await new Promise((resolve) => server.close(resolve));
+  }
+});
+
+test("reply lines are read whole across many chunks, and one longer than any answer fails the request", BOUND, async () => {
+  const big = "x".repeat(1_000_000);
+  const answer = (request, socket) => {
+    if (request.method === "status") {
+      const line = JSON.stringify({ jsonrpc: "2.0", id: request.id, result: { big } }) + "\n";
+      for (let at = 0; at < line.length; at += 4096) socket.write(line.slice(at, at + 4096));
+    } else {
+      const chunk = "y".repeat(1 << 20);
+      for (let i = 0; i < 6; i++) socket.write(chunk); // 6 MiB and no newline
+    }
+  };
+  await withServer(answer, { timeoutMs: 5_000 }, async (client) => {
+    assert.equal((await client.status()).big.length, big.length);
+    await assert.rejects(client.search("x"), (e) => e instanceof ProtocolError && /longer than/.test(e.message));
+  });
+});
+
+test("the daemon's error classes arrive by the name it sends, beyond what the code tells", BOUND, async () => {
+  const answer = (request, socket) => reply(socket, request.id, {
+    error: { code: -32030, message: "no space left on the index's disk", data: { type: "DiskFull" } } });
+  await withServer(answer, {}, async (client) => {
+    await assert.rejects(client.status(), (e) => e instanceof DiskFull && e instanceof IndexUnavailable);
+  });
+});
+
+test("a client not closed does not keep its process alive once its requests are answered", BOUND, async () => {
+  const served = await serve((request, socket) => reply(socket, request.id, { result: { fresh: true } }));
+  const script = path.join(dir, `forgetful${serial++}.mjs`);
+  writeFileSync(script, `import { ClawmemClient } from ${JSON.stringify(new URL("../index.js", import.meta.url).href)};
+const client = new ClawmemClient({ socketPath: ${JSON.stringify(served.socketPath)} });
+console.log(JSON.stringify(await client.status())); // and no close()
+`);
+  try {
+    const child = spawn(process.execPath, [script], { stdio: ["ignore", "pipe", "inherit"] });
+    let out = "";
+    child.stdout.on("data", (d) => { out += d; });
+    const [code] = await once(child, "exit"); // the test's own timeout bounds this
+    assert.equal(code, 0);
+    assert.deepEqual(JSON.parse(out), { fresh: true });
+  } finally {
+    await served.close();
+  }
 });
 
 test("the daemon's errors arrive as classes with its message and code", BOUND, async () => {

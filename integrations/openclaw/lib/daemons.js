@@ -76,8 +76,8 @@ export class Daemon {
     this.statusAt = 0;
   }
 
-  async refresh(timeoutMs) {
-    const status = await this.client.request("status", undefined, { timeoutMs });
+  async refresh(timeoutMs, signal) {
+    const status = await this.client.request("status", undefined, { timeoutMs, signal });
     this.status = status;
     this.statusAt = Date.now();
     return status;

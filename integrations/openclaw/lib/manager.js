@@ -2,7 +2,7 @@
 import { stat } from "node:fs/promises";
 import path from "node:path";
 
-import { DaemonUnreachable, PathError, QueryError } from "clawmem-client";
+import { DaemonUnreachable, PathError, QueryError, RequestTimeout } from "clawmem-client";
 
 import { BACKEND, curatedHit, freshnessOf, projectKeys, providerStatus, searchParams, toHit } from "./answers.js";
 import { classifyPath, WriteRecords } from "./provenance.js";
@@ -11,6 +11,7 @@ const TRIGGER_LIMIT = 512; // memory-core's most trigger candidates
 const PROJECT_LIMIT = 48; // ... and project candidates, by default
 const PROVENANCE_TTL_MS = 5_000; // how long a file's unchanged provenance class is reused
 const PROVENANCE_KEPT = 4096; // files whose class is kept at most
+const BACKSTOP_MS = 1_000; // the client's deadline past the call's
 const WRITE_TIMEOUT_MS = 30 * 60_000; // a sync or rebuild asked for (OpenClaw's CLI, `memory index`) may take long
 
 /** Run `work` with a deadline (and the caller's `signal`); past it, a DaemonUnreachable saying what did not answer. */
@@ -59,18 +60,29 @@ export class ClawmemManager {
     this._records = new WriteRecords(workspace, records);
   }
 
-  /** The daemon, reached (or started) within the deadline; a daemon that stopped is looked for again. */
+  /** The daemon, reached (or started) within the deadline; a daemon that stopped is looked for again. `request`
+   * gets the client and the call's options ({timeoutMs, signal}): past the deadline, or cancelled by OpenClaw,
+   * the request's connection is closed (the daemon stops on it) and it is never sent again. */
   async _call(what, request, signal, timeoutMs = this.timeoutMs) {
+    const deadline = Date.now() + timeoutMs;
+    const over = new AbortController();
     return withDeadline(timeoutMs, what, async () => {
       for (let attempt = 1; ; attempt++) {
         this.daemon = await this.pool.daemonFor(this.workspace);
+        if (over.signal.aborted) throw new DaemonUnreachable(`${what} was given up`);
         try {
-          const answer = await request(this.daemon.client);
+          // The call's deadline ends the request (through `over`) and says so in the caller's terms; the client's
+          // own deadline, a little later, is a backstop.
+          const answer = await request(this.daemon.client,
+            { signal: over.signal, timeoutMs: Math.max(1, deadline - Date.now()) + BACKSTOP_MS });
           this.lastError = null;
           return answer;
         } catch (error) {
-          if (!(error instanceof DaemonUnreachable)) throw error;
-          // A daemon that stopped since the last request: look for it (or start it) once more.
+          // A daemon that stopped since the last request: look for it (or start it) once more. One that is slow
+          // is not asked again: the caller has been told it did not answer.
+          if (!(error instanceof DaemonUnreachable) || error instanceof RequestTimeout || over.signal.aborted) {
+            throw error;
+          }
           this.pool.forget(this.daemon);
           if (attempt >= 2) throw error;
         }
@@ -78,7 +90,7 @@ export class ClawmemManager {
     }, signal).catch((error) => {
       this.lastError = error.message;
       throw error;
-    });
+    }).finally(() => over.abort());
   }
 
   /** clawmem's answer as it came (results, provider, mode, index) plus the hits in OpenClaw's shape, each with
@@ -87,15 +99,15 @@ export class ClawmemManager {
    * lines, still sees them; no other hit carries triggers (a chunk holds many entries: only the entry is shown). */
   async searchAnswer(query, opts = {}) {
     const params = searchParams(opts);
-    const answer = await this._call("search", async (client) => {
+    const answer = await this._call("search", async (client, call) => {
       try {
-        return await client.search(query, params);
+        return await client.search(query, params, call);
       } catch (error) {
         // A daemon of an older clawmem (started before an upgrade, still serving) takes no repositories.
         if (!(error instanceof QueryError && params.projects && /'projects'/.test(error.message))) throw error;
         this._older("searches are not weighed by the repositories being worked in");
         const { projects: _, ...without } = params;
-        return client.search(query, without);
+        return client.search(query, without, call);
       }
     }, opts.signal);
     const entries = opts.lexicalOnly
@@ -142,9 +154,9 @@ export class ClawmemManager {
 
   async _entries(kind, activeProjectKeys, signal, limit = TRIGGER_LIMIT) {
     const projects = projectKeys(activeProjectKeys);
-    const answer = await this._call("curated", async (client) => {
+    const answer = await this._call("curated", async (client, call) => {
       try {
-        return await client.curated({ kind, limit, projects });
+        return await client.curated({ kind, limit, projects }, call);
       } catch (error) {
         if (error?.code !== -32601) throw error; // an older clawmem has no curated entries to list
         this._older("trigger recall and the project block have no entries");
@@ -185,7 +197,7 @@ export class ClawmemManager {
 
   async readFile({ relPath, from, lines }) {
     try {
-      const answer = await this._call("get", (client) => client.get(relPath, { from, lines }));
+      const answer = await this._call("get", (client, call) => client.get(relPath, { from, lines }, call));
       const out = { status: "ok", text: answer.text, path: answer.path, from: answer.from, lines: answer.lines };
       if (answer.truncated) {
         out.truncated = true;
@@ -216,17 +228,17 @@ export class ClawmemManager {
 
   /** Fetch a current status (for status-purpose managers, before OpenClaw reads `status()`). */
   async refreshStatus() {
-    return this._call("status", async () => this.daemon.refresh(this.timeoutMs));
+    return this._call("status", async (_client, call) => this.daemon.refresh(call.timeoutMs, call.signal));
   }
 
   /** Bring the index in step with the files (`wait`: until the pass is done, within `timeoutMs`). */
   async sync({ timeoutMs = WRITE_TIMEOUT_MS } = {}) {
-    await this._call("sync", (client) => client.request("sync", { wait: true }, { timeoutMs }), undefined, timeoutMs);
+    await this._call("sync", (client, call) => client.request("sync", { wait: true }, call), undefined, timeoutMs);
   }
 
   /** Rebuild the index from the files; the old one answers until the new one is complete. */
   async reindex({ timeoutMs = WRITE_TIMEOUT_MS } = {}) {
-    await this._call("reindex", (client) => client.request("reindex", { wait: true }, { timeoutMs }), undefined,
+    await this._call("reindex", (client, call) => client.request("reindex", { wait: true }, call), undefined,
       timeoutMs);
   }
 

@@ -254,6 +254,24 @@ test("memory_search takes snake_case limits and the repositories being worked in
   assert.deepEqual(sent, [{ query: "release", max_results: 2, min_score: 0.5, source: "memory", projects: ["github.com/acme/app"] }]);
 });
 
+test("a sync past its deadline closes its connection and is never sent again", async () => {
+  const ws = workspace();
+  const { manager, env } = managerFor(ws, { FAKE_CLAWMEM_HANG: "sync" });
+  await assert.rejects(manager.sync({ timeoutMs: 200 }), /did not answer sync within 200 ms/);
+  const logged = () => {
+    try {
+      return readFileSync(env.FAKE_CLAWMEM_LOG, "utf8").trim().split("\n").map((l) => JSON.parse(l));
+    } catch {
+      return [];
+    }
+  };
+  for (const stop = Date.now() + 5_000; !logged().some((e) => e.closed) && Date.now() < stop;) {
+    await new Promise((resolve) => setTimeout(resolve, 20)); // a deadline poll: the fake's log is another process's
+  }
+  await manager.search("after"); // anything sent again would be logged before this
+  assert.deepEqual(logged().map((e) => e.method ?? (e.closed ? "closed" : "search")), ["sync", "closed", "search"]);
+});
+
 test("a cancelled search stops at once with a message, instead of waiting for the deadline", async () => {
   const ws = workspace();
   const { manager } = managerFor(ws);
