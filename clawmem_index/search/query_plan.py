@@ -46,10 +46,15 @@ def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int] | None]
     found = [m for m in find_dates(query, today) if not any(a <= m.span[0] < b for a, b in quoted)] \
         if today is not None else []
     days: dict[tuple[dt.date, dt.date], DateMention] = {}  # each range of days once, at most MAX_DATES
+    undated: set[tuple[dt.date, dt.date]] = set()  # ranges the index has no note near: asked once each
     for mention in found:
         key = (mention.first, mention.last)
-        if key not in days and len(days) < MAX_DATES and (dated is None or dated(mention)):
+        if key in days or key in undated or len(days) >= MAX_DATES:
+            continue
+        if dated is None or dated(mention):
             days[key] = mention
+        else:
+            undated.add(key)
     dates = tuple(days.values())
     words = without_dates(query, [m for m in found if (m.first, m.last) in days]) if dates else query
     terms = query_terms(words)

@@ -24,9 +24,14 @@ from dataclasses import dataclass
 from clawmem_index.text.spelling import NEIGHBOURS, correctable, edits, letters_for
 from clawmem_index.text.stemming import stem, stems
 
-__all__ = ["MAX_MEANT", "Correction", "correct"]
+__all__ = ["MAX_BLOCKS", "MAX_MEANT", "MAX_TYPOS", "Correction", "correct"]
 
 MAX_MEANT = 2  # words a typo is read as, at most
+# What one query's reading may cost, whatever its length: words looked for as typos (each stems ~500 one-edit
+# candidates) and vocabulary blocks read (each a range scan of the index's vocabulary, a round trip on a shared
+# index). A word past either budget is left as typed.
+MAX_TYPOS = 4
+MAX_BLOCKS = 64
 
 @dataclass(frozen=True)
 class Correction:
@@ -46,11 +51,14 @@ def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int] 
     asked = {s for s in map(stem, words) if s}
     read: dict[str, Mapping[str, int] | None] = {}
 
-    def held(term: str, shortest: int = 2) -> int:
-        """How many chunks hold `term`, from the shortest block of the vocabulary small enough to read."""
+    def held(term: str, shortest: int = 2) -> int | None:
+        """How many chunks hold `term`, from the shortest block of the vocabulary small enough to read; None when
+        the query's MAX_BLOCKS are spent before it could be told."""
         for length in range(shortest, len(term) + 1):
             prefix = term[:length]
             if prefix not in read:
+                if len(read) >= MAX_BLOCKS:
+                    return None
                 read[prefix] = vocabulary(prefix)
             block = read[prefix]
             if block is not None:
@@ -58,24 +66,28 @@ def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int] 
         return 0
 
     found: list[Correction] = []
+    looked = 0
     for word in words:
+        if looked >= MAX_TYPOS or len(read) >= MAX_BLOCKS:
+            break
         own = stem(word) if correctable(word) else None
-        if own is None or len(own) < 2 or held(own) > 0:
+        if own is None or len(own) < 2 or held(own) != 0:
             continue
+        looked += 1
         blocks = _blocks(own)
         best: dict[str, tuple[int, int, str]] = {}  # stem -> (chunks holding it, letters shared in front, word)
         candidates = edits(word)
         for candidate, meant in zip(candidates, stems(candidates), strict=True):
             if meant is None or meant in asked or meant[:2] not in blocks:
                 continue
-            chunks = held(meant)
+            chunks = held(meant) or 0
             shared = _shared_start(word, candidate)
             if chunks > 0 and (meant not in best or shared > best[meant][1]):
                 best[meant] = (chunks, shared, candidate)  # shown as the word nearest the typed one's start
         if not best:  # a second letter dropped ("mntors"): put back, read three letters at a time (~26 small blocks)
             inserted = [word[0] + c + word[1:] for c in letters_for(word)]
             for candidate, meant in zip(inserted, stems(inserted), strict=True):
-                chunks = held(meant, 3) if meant is not None and len(meant) >= 3 and meant not in asked else 0
+                chunks = (held(meant, 3) or 0) if meant is not None and len(meant) >= 3 and meant not in asked else 0
                 if chunks > 0 and (meant not in best or chunks > best[meant][0]):
                     best[meant] = (chunks, 1, candidate)
         if best:

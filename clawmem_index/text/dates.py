@@ -13,6 +13,7 @@ a day or a year, or after "in", "during", "since", "until", "early", "late", "mi
 
 from __future__ import annotations
 
+import bisect
 import calendar
 import datetime as dt
 import re
@@ -22,6 +23,9 @@ from dataclasses import dataclass, field
 __all__ = ["ENGLISH", "LEXICONS", "DateMention", "Lexicon", "find_dates"]
 
 NEXT_WITHIN_DAYS = 31  # a day named without its year is the coming one when at most this far ahead, else the last
+# Dates read from one query at most: a search pulls toward a few ranges of days (query_plan.MAX_DATES), and a
+# query of thousands of "yesterday"s must cost a scan of its text, not a date each (the rest stay words).
+MAX_MENTIONS = 32
 
 
 @dataclass(frozen=True)
@@ -96,14 +100,20 @@ ENGLISH = Lexicon(
 LEXICONS = {"en": ENGLISH}
 
 
-def find_dates(query: str, today: dt.date, lexicon: Lexicon = ENGLISH) -> list[DateMention]:
-    """The dates `query` names, in the order they appear (overlapping readings: the longest wins)."""
+def find_dates(query: str, today: dt.date, lexicon: Lexicon = ENGLISH,
+               limit: int = MAX_MENTIONS) -> list[DateMention]:
+    """The dates `query` names, in the order they appear (overlapping readings: the longest wins), at most
+    `limit` of them: each reader scans the text once, and reading stops at the limit."""
     found: list[DateMention] = []
-    taken: list[tuple[int, int]] = []
+    starts: list[int] = []  # the spans taken so far, disjoint, in order: an overlap is one bisect away
+    ends: list[int] = []
     for reader in _readers(lexicon):
+        if len(found) >= limit:
+            break
         for match in reader.pattern.finditer(query):
             span = match.span()
-            if any(span[0] < end and start < span[1] for start, end in taken):
+            at = bisect.bisect_left(starts, span[1])  # taken spans that start before this one ends: [:at]
+            if at and ends[at - 1] > span[0]:
                 continue
             try:
                 days = reader.read(match, today)
@@ -113,8 +123,11 @@ def find_dates(query: str, today: dt.date, lexicon: Lexicon = ENGLISH) -> list[D
                 continue
             if days is None:
                 continue
-            taken.append(span)
+            starts.insert(at, span[0])
+            ends.insert(at, span[1])
             found.append(DateMention(match.group().strip(), days[0], days[1], span))
+            if len(found) >= limit:
+                break
     return sorted(found, key=lambda m: m.span)
 
 

@@ -94,3 +94,28 @@ def test_a_dropped_second_letter_is_put_back_when_nothing_else_is_near() -> None
         [("mntors", ("mentors",)), ("cildren", ("children",))]
     near = Vocabulary({"finds": 4, "friends": 9})
     assert correct(["fiends"], near)[0].meant == ("finds",), "a word one ordinary typo away comes first"
+
+
+def test_a_query_of_many_unknown_words_reads_a_bounded_part_of_the_vocabulary() -> None:
+    """64 words the index lacks: at most MAX_TYPOS are looked for as typos and MAX_BLOCKS blocks are read; a word past
+    the budget is left as typed."""
+    from clawmem_index.search.spelling import MAX_BLOCKS, MAX_TYPOS
+
+    vocabulary = Vocabulary({"adoption": 8, "caroline": 69, "pottery": 8, "staging": 30})
+    unknown = [f"{a}{b}xqzv" for a in "bdfghjklmnprstvw" for b in "aeiou"][:64]
+    found = correct(["carolne", "adoptiom", *unknown, "potery", "stagng"], vocabulary)
+    assert [c.word for c in found] == ["carolne", "adoptiom"]  # the first words read; the last two past the budget
+    assert len(vocabulary.asked) <= MAX_BLOCKS and len(found) <= MAX_TYPOS
+
+
+def test_a_date_the_index_has_no_note_near_is_asked_about_once() -> None:
+    import datetime as dt
+
+    asked = []
+
+    def dated(mention: object) -> bool:
+        asked.append(mention)
+        return False
+
+    plan = plan_query("March 3 " * 20 + "yesterday", None, dt.date(2026, 11, 28), dated)
+    assert plan.dates == () and len(asked) == 2  # March 3 once, yesterday once

@@ -107,3 +107,22 @@ def test_letters_that_only_match_without_case_and_days_out_of_range_are_no_dates
     assert find_dates("notes from Frıday, ſunday, FRİDAY, tonıght", TODAY) == []
     assert [m.text for m in find_dates("yesterday and next week", dt.date(1, 1, 1))] == ["next week"]
     assert find_dates("tomorrow", dt.date(9999, 12, 31)) == []
+
+
+def test_a_query_of_many_dates_reads_at_most_a_few_dozen_and_the_rest_stay_words() -> None:
+    """Each reader scans the text once and reading stops at MAX_MENTIONS: a query of thousands of dates costs a
+    scan of its text, not a check of each against every one already read."""
+    from clawmem_index.text.dates import MAX_MENTIONS
+
+    many = find_dates("yesterday and March 3, " * 2000, TODAY)
+    assert len(many) == MAX_MENTIONS
+    assert [m.span for m in many] == sorted(m.span for m in many)
+    assert len(find_dates("yesterday " * 10, TODAY, limit=3)) == 3
+
+
+def test_readings_that_overlap_one_already_taken_are_skipped_wherever_they_fall() -> None:
+    """The overlap check (a bisect over the spans taken): a shorter reading inside, across or beside a longer one."""
+    query = "the week before May 3 and on May 3 and 3 May 2025 and 2025-05-03 and in May and last Monday"
+    assert days(query) == [("the week before May 3", "2026-04-26", "2026-05-02"), ("May 3", "2026-05-03", "2026-05-03"),
+                           ("3 May 2025", "2025-05-03", "2025-05-03"), ("2025-05-03", "2025-05-03", "2025-05-03"),
+                           ("in May", "2026-05-01", "2026-05-31"), ("last Monday", "2026-11-23", "2026-11-23")]
