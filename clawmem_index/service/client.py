@@ -8,6 +8,7 @@ prints the same message and exits with the same code as it would in-process.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -54,22 +55,42 @@ def error_for(error: dict[str, Any]) -> ClawmemError:
     return cls(message)
 
 
+MAX_CONNECTIONS = 4  # calls in flight at once per client (the daemon answers a connection's calls one at a time)
+
+
+class _Connection:
+    """One socket and its reader: carries one call at a time."""
+
+    def __init__(self, sock: socket.socket, generation: int) -> None:
+        self.sock = sock
+        self.file: Any = sock.makefile("rb")
+        self.generation = generation  # the client's close() count when it was made
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.file.close()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
 class DaemonClient:
-    """One connection to a daemon, reused for many calls (thread-safe: calls are serialised)."""
+    """Connections to a daemon, reused for many calls. Thread-safe: each call in flight has a connection of its own
+    (at most `max_connections`; more wait for one), since the daemon answers a connection's calls in order and
+    `clawmem mcp`'s tool threads share one client."""
 
     def __init__(self, path: str | os.PathLike[str], *, timeout: float | None = CALL_TIMEOUT,
-                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
+                 connect_timeout: float = CONNECT_TIMEOUT, max_connections: int = MAX_CONNECTIONS) -> None:
         self.path = Path(path)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
-        self._sock: socket.socket | None = None
-        self._file: Any = None
+        self.max_connections = max(1, max_connections)
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
+        self._idle: list[_Connection] = []
+        self._open = 0  # connections idle or carrying a call
+        self._closes = 0  # close() calls so far: a connection made before the last one is not kept
+        self._free = threading.Condition()
 
-    def connect(self) -> Self:
-        if self._sock is not None:
-            return self
+    def _dial(self) -> _Connection:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.connect_timeout)
         try:
@@ -80,16 +101,56 @@ class DaemonClient:
         except OSError as exc:
             sock.close()
             raise DaemonUnreachable(f"cannot connect to the clawmem daemon at {self.path}: {exc}") from None
-        self._sock = sock
-        self._file = sock.makefile("rb")
+        return _Connection(sock, self._closes)
+
+    def connect(self) -> Self:
+        """Make sure a daemon answers the socket (a connection is opened and kept for the next call)."""
+        with self._free:
+            if self._idle:
+                return self
+        conn = self._take()
+        self._give_back(conn)
         return self
 
+    def _take(self) -> _Connection:
+        """An idle connection, a new one while fewer than max_connections are open, else the next one freed."""
+        with self._free:
+            while not self._idle and self._open >= self.max_connections:
+                self._free.wait()
+            if self._idle:
+                return self._idle.pop()
+            self._open += 1
+        try:
+            return self._dial()
+        except BaseException:
+            self._drop(None)
+            raise
+
+    def _give_back(self, conn: _Connection) -> None:
+        with self._free:
+            if conn.generation == self._closes:
+                self._idle.append(conn)
+                self._free.notify()
+                return
+        self._drop(conn)  # its client was closed while it carried a call
+
+    def _drop(self, conn: _Connection | None) -> None:
+        """A connection that failed (or was never made): closed, and its place freed."""
+        if conn is not None:
+            conn.close()
+        with self._free:
+            self._open -= 1
+            self._free.notify()
+
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        if self._sock is not None:
-            self._sock.close()
-        self._sock = self._file = None
+        """Close the idle connections (one carrying a call is closed when its call ends)."""
+        with self._free:
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+            self._closes += 1
+            self._free.notify_all()
+        for conn in idle:
+            conn.close()
 
     def __enter__(self) -> Self:
         return self.connect()
@@ -100,39 +161,39 @@ class DaemonClient:
     def call(self, method: str, params: dict[str, Any] | None = None, *,
              timeout: float | None = CALL_TIMEOUT) -> Any:
         """Send one request and return its result, or raise the error the daemon answered with."""
-        request = {"jsonrpc": "2.0", "id": 0, "method": method, "params": params or {}}
-        with self._lock:
-            self.connect()
-            assert self._sock is not None
-            request["id"] = next(self._ids)
-            try:
-                # ASCII escapes: a lone surrogate (from a non-UTF-8 argument) reaches the daemon's
-                # parameter check as such, instead of failing to encode here.
-                payload = json.dumps(request, allow_nan=False).encode("ascii") + b"\n"
-            except ValueError as exc:
-                raise QueryError(f"cannot send {method!r}: {exc}") from None
-            try:
-                self._sock.settimeout(timeout)
-                self._sock.sendall(payload)
-                line = self._file.readline()
-            except TimeoutError:
-                self.close()
-                raise DaemonUnreachable(f"the clawmem daemon did not answer {method!r} within {timeout:g}s") from None
-            except OSError as exc:
-                self.close()
-                raise DaemonUnreachable(f"lost the connection to the clawmem daemon: {exc}") from None
-            if not line:
-                self.close()
-                raise DaemonUnreachable("the clawmem daemon closed the connection")
+        request = {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params or {}}
+        try:
+            # ASCII escapes: a lone surrogate (from a non-UTF-8 argument) reaches the daemon's
+            # parameter check as such, instead of failing to encode here.
+            payload = json.dumps(request, allow_nan=False).encode("ascii") + b"\n"
+        except ValueError as exc:
+            raise QueryError(f"cannot send {method!r}: {exc}") from None
+        conn = self._take()
+        try:
+            conn.sock.settimeout(timeout)
+            conn.sock.sendall(payload)
+            line = conn.file.readline()
+        except TimeoutError:
+            self._drop(conn)
+            raise DaemonUnreachable(f"the clawmem daemon did not answer {method!r} within {timeout:g}s") from None
+        except OSError as exc:
+            self._drop(conn)
+            raise DaemonUnreachable(f"lost the connection to the clawmem daemon: {exc}") from None
+        if not line:
+            self._drop(conn)
+            raise DaemonUnreachable("the clawmem daemon closed the connection")
         try:
             answer = json.loads(line)
         except json.JSONDecodeError as exc:
+            self._drop(conn)
             raise ProtocolError(f"the daemon sent a line that is not JSON: {exc}") from None
         if isinstance(answer, dict) and answer.get("id") is None and isinstance(answer.get("error"), dict):
-            self.close()  # an answer to no request: the daemon turned this connection away
+            self._drop(conn)  # an answer to no request: the daemon turned this connection away
             raise error_for(answer["error"])
         if not isinstance(answer, dict) or answer.get("id") != request["id"]:
+            self._drop(conn)
             raise ProtocolError("the daemon's answer does not match the request")
+        self._give_back(conn)
         if "error" in answer:
             raise error_for(answer["error"] if isinstance(answer["error"], dict) else {})
         return answer.get("result")

@@ -315,3 +315,47 @@ def test_a_non_utf8_argument_through_the_daemon_is_a_clean_answer(live: Settings
                          env={**os.environ, "CLAWMEM_PROVIDER": "none"})
     assert out.returncode == 1 and b"Traceback" not in out.stderr
     assert b"no such memory file: 'memory/nope\\xff.md'" in out.stderr
+
+
+class GatedBackend(ScriptedBackend):
+    """A search answers only once `n` searches are being answered at once (else it fails after a while)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.gate = threading.Barrier(n, timeout=10)
+
+    def search(self, request: SearchRequest) -> dict[str, object]:
+        self.gate.wait()
+        return super().search(request)
+
+
+def test_calls_from_many_threads_each_have_a_connection(sock_dir: Path) -> None:
+    """`clawmem mcp`'s tool threads share a client: four calls at once are four requests at once at the daemon, not
+    four in a row on one connection; past max_connections a call waits for one."""
+    backend = GatedBackend(4)
+    path = sock_dir / "g.sock"
+    server = RpcServer(backend, bind_unix_socket(path), path=path)
+    server.start()
+    client = DaemonClient(path, timeout=20)
+    try:
+        answers: list[Any] = []
+        threads = [threading.Thread(target=lambda q=q: answers.append(client.search(SearchRequest(q))))
+                   for q in "abcd"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(answers) == 4 and all(a["mode"] == "bm25" for a in answers)
+        assert sorted(call[1].query for call in backend.calls) == list("abcd")
+        few = DaemonClient(path, timeout=20, max_connections=2)
+        backend.gate = threading.Barrier(2, timeout=10)
+        threads = [threading.Thread(target=lambda q=q: answers.append(few.search(SearchRequest(q)))) for q in "efgh"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(answers) == 8 and few._open <= 2
+        few.close()
+    finally:
+        client.close()
+        server.close()
