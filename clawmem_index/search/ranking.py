@@ -24,8 +24,8 @@ from clawmem_index.text.annotations import Annotations, strip_annotations
 from clawmem_index.text.dates import DateMention
 from clawmem_index.text.keywords import build_prefix_match
 
-__all__ = ["Candidate", "SearchOutcome", "SearchRequest", "SearchResult", "decay_factor", "fuse_rrf", "iso_date",
-           "mmr", "run_search"]
+__all__ = ["MAX_QUERY_CHARS", "Candidate", "SearchOutcome", "SearchRequest", "SearchResult", "decay_factor",
+           "fuse_rrf", "iso_date", "mmr", "run_search"]
 
 Mode = Literal["hybrid", "bm25", "vector"]
 
@@ -121,6 +121,9 @@ def decay_factor(date: str | None, half_life_days: float, reference: dt.date, fl
 
 
 _WORDS = re.compile(r"\w+", re.UNICODE)
+# Characters of a query that are read (its dates, keywords, typos) and embedded; the rest of a longer one is left
+# out, so no query costs more than a page of text does, whatever a client sends (up to the socket's 1 MiB line).
+MAX_QUERY_CHARS = 8192
 
 
 def mmr(ranked: list[Candidate], lam: float, pool: int, floor: float) -> list[Candidate]:
@@ -232,6 +235,9 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
     query = request.query.strip() if isinstance(request.query, str) else ""
     if not query:
         raise QueryError("the query is empty: give some words to search for")
+    cut = len(query) > MAX_QUERY_CHARS
+    if cut:  # read, matched and embedded as its beginning; the answer says so
+        query = query[:MAX_QUERY_CHARS]
     mode = asked = request.mode or settings.mode
     if mode not in ("hybrid", "bm25", "vector"):
         raise QueryError(f"unknown search mode {mode!r}: use hybrid, bm25 or vector")
@@ -342,6 +348,8 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         for place, c in enumerate(ranked, start=1)
     ]
     read = plan.as_dict()
+    if cut:
+        read["read_chars"] = MAX_QUERY_CHARS
     return SearchOutcome(results, effective, degraded, {"query": read} if read else {})
 
 

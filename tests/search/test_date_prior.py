@@ -161,3 +161,15 @@ def test_the_first_k_do_not_depend_on_n_when_the_days_named_hold_more_than_a_rea
     assert first(1) == first(3)[:1] == first(6)[:1]
     assert first(1)[0][0] == "memory/2026-03-15.md"
     index.close()
+
+
+def test_a_query_is_read_as_its_first_pages_and_the_answer_says_so(daily: MemoryIndex) -> None:
+    """A client may send a query of a megabyte: its beginning is read (dates, words, typos) and embedded, no more."""
+    from clawmem_index.search.ranking import MAX_QUERY_CHARS
+
+    filler = "the deploy " * (MAX_QUERY_CHARS // 11 + 10)
+    long_answer = daily.search(SearchRequest(filler + "yesterday budget owner Dana", mode="bm25", now=NOW))
+    assert long_answer["query"] == {"read_chars": MAX_QUERY_CHARS}  # the date past the cut is not read
+    assert "MEMORY.md" not in [r["path"] for r in long_answer["results"]]  # nor the words
+    short = daily.search(SearchRequest("the deploy yesterday", mode="bm25", now=NOW))
+    assert "read_chars" not in short["query"]
