@@ -35,6 +35,7 @@ def import_openclaw(openclaw_config: Path | None, agent: str | None, workspace: 
         from clawmem_index.cli.openclaw_settings import (
             agent_workspace,
             import_settings,
+            includes,
             memory_search_settings,
             read_openclaw_config,
         )
@@ -43,6 +44,9 @@ def import_openclaw(openclaw_config: Path | None, agent: str | None, workspace: 
         path = openclaw_config or _default_config(env)
         config = read_openclaw_config(path)
         imported = import_settings(memory_search_settings(config, agent), env)
+        for where in includes(config):
+            imported.notes.append(f"$include at {where} is not followed: settings in the files it names are not "
+                                  "read; copy any memory-search settings from them by hand")
         text = imported.toml()
         target = (workspace or agent_workspace(config, agent, env)) / "clawmem.toml"
         click.echo(text, nl=False)

@@ -9,7 +9,9 @@ never copied into a file: clawmem reads them from the provider's environment var
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +35,7 @@ PROVIDERS: dict[str, tuple[str, str]] = {
 }
 NEEDS_BASE_URL = {"openai-compatible", "ollama", "lmstudio", "mistral", "deepinfra"}
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -66,18 +69,86 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a TOML basic string
 
 
+MAX_CONFIG_BYTES = 256 * 1024  # an OpenClaw config is a few KB; JSON5 parses ~13 us a byte, so this is ~3 s at most
+
+
 def read_openclaw_config(path: Path) -> dict[str, Any]:
+    """OpenClaw's JSON5 config as a dict; any file that is not one (a FIFO, a device, a huge or deeply nested file,
+    text that is not Unicode) is a ConfigError saying so, never a hang or a traceback."""
     import json5
 
+    where = repr(str(path))
     try:
-        data = json5.loads(path.read_text(encoding="utf-8"))
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; what is opened is checked before it is read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise ConfigError(f"cannot read OpenClaw's config {str(path)!r}: {exc.strerror or exc}") from None
+        raise ConfigError(f"cannot read OpenClaw's config {where}: {exc.strerror or exc}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ConfigError(f"OpenClaw's config {where} is not a regular file: give its openclaw.json")
+    with os.fdopen(fd, "rb") as handle:
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"OpenClaw's config {where} is {info.st_size:,} bytes: more than an OpenClaw config "
+                              f"holds ({MAX_CONFIG_BYTES:,} at most); give its openclaw.json")
+        try:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"cannot read OpenClaw's config {where}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"OpenClaw's config {where} grew past {MAX_CONFIG_BYTES:,} bytes while it was read")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"OpenClaw's config {where} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        try:
+            data = json.loads(text)  # most configs are plain JSON: C-fast, and the same value JSON5 would give
+        except ValueError:
+            data = json5.loads(text)
+    except RecursionError:
+        raise ConfigError(f"OpenClaw's config {where} is nested too deeply to be a config") from None
     except ValueError as exc:
-        raise ConfigError(f"OpenClaw's config {str(path)!r} is not valid JSON5: {exc}") from None
+        raise ConfigError(f"OpenClaw's config {where} is not valid JSON5: {exc}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"OpenClaw's config {str(path)!r} is not an object")
+        raise ConfigError(f"OpenClaw's config {where} is not an object")
+    bad = _not_text(data)
+    if bad is not None:
+        raise ConfigError(f"OpenClaw's config {where} has a string that is not text at {bad} (an unpaired "
+                          "surrogate escape): fix it there")
     return data
+
+
+def _not_text(data: Any) -> str | None:
+    """The path of the first key or string holding a lone surrogate (text no file or terminal can hold), or None.
+    Iterative: a config's depth is the parser's limit, not this walk's."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return where or "the top"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    return f"{where}.{key!a}".lstrip(".")
+                stack.append((f"{where}.{key}".lstrip("."), item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+    return None
+
+
+def includes(config: Mapping[str, Any]) -> list[str]:
+    """Where the config uses OpenClaw's `$include` (not followed by clawmem: those files' settings are not read)."""
+    found = []
+    stack: list[tuple[str, Any]] = [("", config)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            if "$include" in value:
+                found.append(where or "the top level")
+            stack.extend((f"{where}.{key}".lstrip("."), item) for key, item in value.items() if key != "$include")
+    return sorted(found)
 
 
 def _dict(value: Any) -> dict[str, Any]:

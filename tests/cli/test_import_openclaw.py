@@ -83,14 +83,54 @@ def test_an_existing_clawmem_toml_is_never_overwritten(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text, message", [
     ("{ memory: { search: ", "is not valid JSON5"),
     ("[1, 2]", "is not an object"),
+    ('{"memory": {"search": {"remote": {"headers": {"X-A": "\\ud800"}}}}}', "not text at memory.search.remote"),
+    ('{a: 1, /* JSON5 */ "b": "\\udfff"}', "not text at b"),
+    ("{a:" * 10_000 + "1" + "}" * 10_000, "nested too deeply"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("{" + ",".join(f"k{i}: {i}" for i in range(200_000)) + "}", "more than an OpenClaw config holds"),
+    ("// " + "x" * (21 << 20) + "\n{}", "more than an OpenClaw config holds"),
+    (b"{\"a\": \"\xff\"}", "is not UTF-8 text"),
 ])
-def test_a_broken_config_is_one_line(tmp_path: Path, text: str, message: str) -> None:
+def test_a_broken_config_is_one_line(tmp_path: Path, text: str | bytes, message: str) -> None:
     path = tmp_path / "openclaw.json"
-    path.write_text(text)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
     out = subprocess.run([sys.executable, "-m", "clawmem_index", "import-openclaw", "--openclaw-config", str(path)],
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode != 0 and message in out.stderr
+    assert out.returncode != 0 and message in out.stderr, out.stderr[-2000:]
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_config_that_is_not_a_regular_file_is_refused_without_reading_it(tmp_path: Path, kind: str) -> None:
+    """A FIFO with no writer, /dev/zero or a folder: one line at once, where reading would hang or never end."""
+    import os
+
+    path = tmp_path / "openclaw.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path = Path("/dev/zero")
+    else:
+        path.mkdir()
+    env = {**os.environ, "OPENCLAW_CONFIG_PATH": str(path)}
+    out = subprocess.run([sys.executable, "-m", "clawmem_index", "import-openclaw"], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "is not a regular file" in out.stderr or "cannot read OpenClaw's config" in out.stderr
+
+
+def test_an_include_is_named_as_not_followed(tmp_path: Path) -> None:
+    config = tmp_path / "openclaw.json"
+    config.write_text('{"$include": "./more.json5", "memory": {"search": {"provider": "openai", '
+                      '"$include": "./search.json5"}}}')
+    out = CliRunner().invoke(cli, ["import-openclaw", "--openclaw-config", str(config)])
+    assert out.exit_code == 0, out.output
+    assert "$include at the top level is not followed" in out.stderr
+    assert "$include at memory.search is not followed" in out.stderr
 
 
 def test_a_missing_config_names_it(tmp_path: Path) -> None:
