@@ -20,7 +20,7 @@ from clawmem_index.text.annotations import embedding_text
 if TYPE_CHECKING:
     from clawmem_index.engine.sync import Progress
 
-__all__ = ["EMBED_BATCH", "FIRST_BATCH", "embed_pending"]
+__all__ = ["EMBEDDING_ERROR", "EMBED_BATCH", "FIRST_BATCH", "embed_pending"]
 
 EMBED_BATCH = 64  # chunks per provider call and per vector transaction (progress moves once per batch)
 # The first batch of a pass is small: its vectors (MEMORY.md's, the latest day's) land and the pass
@@ -125,9 +125,27 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entrie
                 progress(done, total)
     except ProviderError as exc:
         error = str(exc)
+    if not cache_only and (error is not None or not (should_stop and should_stop())):
+        _record_failure(store, error, fingerprint)  # a pass stopped short (the daemon stopping) says nothing
     if not (should_stop and should_stop()):
         store.index_vectors(index_progress)  # a backend that indexes vectors whole (pgvector's HNSW) does it now
     if cache_max_entries:
         with store.transaction():
             store.prune_cache(cache_max_entries)
     return done, error
+
+
+EMBEDDING_ERROR = "embedding_error"  # meta: why the last pass that called the provider stopped (absent: it did not)
+
+
+def _record_failure(store: Store, error: str | None, fingerprint: str | None) -> None:
+    """Keep the provider's last failure in the index, so that an answer missing vectors can say why (a key the
+    provider refuses never 'still being made'); a pass that reached the provider's end clears it."""
+    with store.transaction():
+        if fingerprint is not None and store.get_meta("fingerprint") != fingerprint:
+            return  # the index was replaced meanwhile: this pass's outcome is not about it
+        if error is None:
+            if store.get_meta(EMBEDDING_ERROR) is not None:
+                store.delete_meta(EMBEDDING_ERROR)
+        elif store.get_meta(EMBEDDING_ERROR) != error:
+            store.set_meta(EMBEDDING_ERROR, error)

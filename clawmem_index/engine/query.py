@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from clawmem_index.config import MAX_CONTEXT_BUDGET, workspace_id
 from clawmem_index.embeddings.base import EmbeddingProvider
+from clawmem_index.engine.embed import EMBEDDING_ERROR
 from clawmem_index.engine.status import built_otherwise, has_vectors
 from clawmem_index.errors import PathError, ProviderError, QueryError
 from clawmem_index.index.store import Store
 from clawmem_index.search.query_cache import QueryCache
-from clawmem_index.search.ranking import SearchOutcome, SearchRequest, run_search
+from clawmem_index.search.ranking import NO_VECTORS, SearchOutcome, SearchRequest, run_search
 from clawmem_index.sources.files import GET_MAX_BYTES, Window, count_lines, read_window
 from clawmem_index.sources.paths import PROFILE_FILE, open_memory_file, reads_annotations
 from clawmem_index.text.annotations import INVALID_PROJECTS, Entry, curated_entries
@@ -80,13 +81,32 @@ class Queries:
         if index.fallback_used:
             answer["fallback"] = True
             answer["fallback_reason"] = index.provider_note
-        if note or outcome.degraded:
-            answer["warning"] = note or outcome.degraded
+        warning = note or outcome.degraded
+        failed = self._embedding_failure(store, mode, outcome, answer)
+        if failed is not None:
+            answer["embedding_error"] = failed
+            warning = (f"no vectors: the embedding provider failed ({failed}): keyword results only"
+                       if outcome.degraded == NO_VECTORS else
+                       "; ".join(filter(None, [warning, f"chunks without a vector wait on a failed embedding "
+                                                         f"provider ({failed})"])))
+        if warning:
+            answer["warning"] = warning
         if unseen:
             answer["unreadable_workspaces"] = unseen
         if outcome.extra.get("query"):
             answer["query"] = outcome.extra["query"]  # how the query was read (typos, dates), when not as typed
         return answer
+
+    @staticmethod
+    def _embedding_failure(store: Store, mode: str, outcome: SearchOutcome, answer: dict[str, object]) -> str | None:
+        """Why vectors a meaning search needed are missing, when it is the provider's last failure: the answer must
+        not say they are still being made when nothing can make them (a refused key)."""
+        if mode == "bm25":
+            return None
+        waiting = answer["index"]["pending_embeddings"]  # type: ignore[index]
+        if not waiting and outcome.degraded != NO_VECTORS:
+            return None
+        return store.get_meta(EMBEDDING_ERROR)
 
     def _scope(self, store: Store, request: SearchRequest) -> list[str]:
         """Point a shared index's reader at the workspaces asked for; those it cannot see (absent or not granted)."""

@@ -24,7 +24,7 @@ from clawmem_index.text.annotations import Annotations, strip_annotations
 from clawmem_index.text.dates import DateMention
 from clawmem_index.text.keywords import build_prefix_match
 
-__all__ = ["MAX_QUERY_CHARS", "Candidate", "SearchOutcome", "SearchRequest", "SearchResult", "decay_factor",
+__all__ = ["MAX_QUERY_CHARS", "NO_VECTORS", "Candidate", "SearchOutcome", "SearchRequest", "SearchResult", "decay_factor",
            "fuse_rrf", "iso_date", "mmr", "run_search"]
 
 Mode = Literal["hybrid", "bm25", "vector"]
@@ -124,6 +124,7 @@ _WORDS = re.compile(r"\w+", re.UNICODE)
 # Characters of a query that are read (its dates, keywords, typos) and embedded; the rest of a longer one is left
 # out, so no query costs more than a page of text does, whatever a client sends (up to the socket's 1 MiB line).
 MAX_QUERY_CHARS = 8192
+NO_VECTORS = "no vectors stored yet (still being made, or none made so far): keyword results only"
 
 
 def mmr(ranked: list[Candidate], lam: float, pool: int, floor: float) -> list[Candidate]:
@@ -270,7 +271,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         if provider is None:
             degraded = "no embedding provider: keyword results only"
         elif not store.vec_table_exists():
-            degraded = "no vectors stored yet (still being made, or none made so far): keyword results only"
+            degraded = NO_VECTORS
         else:
             try:
                 vec = unit(provider.embed_query(query))  # as typed: embedding the typos' readings gained nothing

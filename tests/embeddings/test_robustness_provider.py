@@ -187,3 +187,41 @@ def test_a_five_megabyte_line_is_indexed_searchable_and_readable(workspace: Path
     got = index.get("memory/dump.md")
     assert got["truncated"] is True and len(str(got["text"]).encode()) <= 256 * 1024
     index.close()
+
+
+def test_answers_missing_vectors_say_the_provider_refused_the_key_until_it_answers(
+        workspace: Path, tmp_path: Path, fake_server: FakeServer) -> None:
+    """A refused key makes no vector ever: an answer must say so, not that vectors are 'still being made'; once the
+    provider answers and the vectors are made, the reason is gone. The same through a daemon's socket."""
+    notes(workspace)
+    refused = {"error": {"message": "Incorrect API key provided: sk-t****", "type": "invalid_request_error"}}
+    fake_server.default = lambda request: Reply(status=401, json=refused)
+    settings = load_settings(workspace=workspace, overrides={"index": str(tmp_path / "i.sqlite"),
+                                                             **openai_settings(fake_server.url)})
+    index = MemoryIndex(settings)
+    report = index.sync()
+    assert report.embedded == 0 and "401" in str(report.embed_error)
+    answer = index.search(SearchRequest("staging server", min_score=0.0))
+    assert answer["mode"] == "bm25" and "401" in str(answer["embedding_error"])
+    assert "the embedding provider failed" in str(answer["warning"]) and "still being made" not in answer["warning"]
+    assert "embedding_error" not in index.search(SearchRequest("staging server", mode="bm25"))  # keywords asked
+    index.close()
+
+    fake_server.default = openai_reply  # the key is fixed
+    index = MemoryIndex(settings)
+    assert index.sync().embedded == 2
+    answer = index.search(SearchRequest("staging server", min_score=0.0))
+    assert "embedding_error" not in answer and "warning" not in answer
+    index.close()
+
+
+def test_a_daemons_answers_say_why_vectors_are_missing(workspace: Path, tmp_path: Path, sock_dir: Path,
+                                                      fake_server: FakeServer) -> None:
+    notes(workspace)
+    fake_server.default = lambda request: Reply(status=401, json={"error": {"message": "Incorrect API key"}})
+    settings = daemon_settings(workspace, tmp_path, sock_dir, **openai_settings(fake_server.url))
+    with running_daemon(settings) as daemon:
+        wait_until(lambda: daemon.embedder.state()["last_error"], message="the embedding pass to fail")
+        with RawClient(settings.socket_path, timeout=BOUND) as client:
+            answer = client.call("search", {"query": "wombat"})["result"]
+        assert "401" in answer["embedding_error"] and "the embedding provider failed" in answer["warning"]
