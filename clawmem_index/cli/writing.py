@@ -100,6 +100,10 @@ def grant(role: str, workspace_name: str, writable: bool, url: str | None) -> No
         name = workspace_id(workspace_name)
         if not name:
             raise ConfigError(f"workspace {workspace_name!r} holds no letter or digit")
+        if name != workspace_name:  # never grant a folded name: it may be another tenant's
+            raise ConfigError(f"{workspace_name!r} is not a workspace name (lower-case ASCII letters, digits, '-', '_' "
+                              f"and '.', at most 63): the shared index would read it as {name!r}; give that name if "
+                              "it is the workspace meant")
         conn = connect(target)
         try:
             migrate(conn)

@@ -324,3 +324,13 @@ def test_an_interrupt_says_whether_the_index_in_use_changed(settings: Settings, 
         index.sync(progress=ctrl_c)
     assert not index.rebuilding and "clawmem: " + _where_it_stopped(index.rebuilding, force=False) == RESUMES
     index.close()
+
+
+@pytest.mark.parametrize(("asked", "folded"), [("ALPHA", "alpha"), ("ünï-名前", "n"), (" alpha", "alpha"),
+                                               ("a" * 64, "a" * 63), ("my notes", "my-notes")])
+def test_grant_refuses_a_name_the_index_would_fold_and_says_what_it_would_be(asked: str, folded: str) -> None:
+    """`grant beta ALPHA` granted tenant 'alpha', and 'ünï-名前' became 'n': a name is granted only as written."""
+    out = clawmem("grant", "beta", asked, "--url", "postgresql://nobody@127.0.0.1:1/none")  # never connected to
+    assert out.returncode == 1, out.stderr
+    assert "is not a workspace name" in out.stderr and repr(folded) in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
