@@ -98,6 +98,9 @@ class Freshness:
         """
         if self.watched_pending is not None:
             return {"pending_files": self.watched_pending()}
+        held = self.backend.files_held_by(store)
+        if held is not None:  # the files are the writer's, elsewhere: none here to compare (0 is a lower bound)
+            return {"pending_files": 0, "pending_files_complete": False, "files_held_by": held}
         deadline = time.monotonic() + PENDING_CHECK_SECONDS
         memory, sessions = source_scope(self.settings)
         pending = present = 0
@@ -169,9 +172,12 @@ def status(index: MemoryIndex, *, last_error: str | None = None) -> dict[str, ob
         store = index.reader()
         files, chunks = store.counts()
         meta = store.all_meta()
+        held = None
         if freshness.watched_pending is not None:
             pending_files = freshness.watched_pending()
             on_disk = freshness.watched_on_disk() if freshness.watched_on_disk else files
+        elif (held := index.backend.files_held_by(store)) is not None:
+            on_disk, pending_files = files, 0  # the writer's folder holds them: it says what changed, not this one
         else:
             on_disk, pending_files = freshness.disk_state(store)
         pending_embeddings = store.pending_embeddings() if has_vectors(store) else 0
@@ -219,6 +225,8 @@ def status(index: MemoryIndex, *, last_error: str | None = None) -> dict[str, ob
         stale_reasons=reasons,
         schema_version=int(meta.get("schema_version", "0")),
     )
+    if held is not None:
+        data["files_held_by"] = held
     if index.provider_note:
         data["provider_note"] = index.provider_note
     return data

@@ -52,6 +52,7 @@ class Backend(Protocol):
     def swap_in(self, fresh: AnyStore) -> None: ...
     def status(self) -> dict[str, object]: ...
     def memory(self) -> dict[str, object]: ...
+    def files_held_by(self, store: AnyStore) -> str | None: ...
 
 
 def writer_identity(state: Path) -> str:
@@ -205,6 +206,10 @@ class SqliteBackend:
         return {"keyword_postings": self._postings.held, "keyword_postings_max": SHARED_POSTINGS,
                 "vector_cells_bytes": self._cells.held, "vector_cells_max_bytes": SHARED_BYTES}
 
+    def files_held_by(self, store: Store) -> str | None:
+        """An index file is its folder's: the files it is compared with are here."""
+        return None
+
 
 class PostgresBackend:
     """This workspace's rows in a shared PostgreSQL; a rebuild writes a new generation and switches to it."""
@@ -282,6 +287,27 @@ class PostgresBackend:
             yield
         finally:
             conn.close()
+
+    def files_held_by(self, store: PgStore) -> str | None:
+        """The host of the folder that writes this workspace when it is not this one (a reader elsewhere, a
+        dashboard): its files are there, so this folder cannot tell which changed. None when this folder writes
+        it, or none does yet. Reads this folder's writer id without making one (a reader never writes)."""
+        import psycopg
+
+        try:
+            row = store.conn.execute("SELECT writer, writer_host FROM cm_workspaces WHERE workspace = %s",
+                                     (store.workspace,)).fetchone()
+        except psycopg.Error:
+            return None  # unreadable: the files here are compared, as before
+        if row is None or row[0] is None:
+            return None
+        state = self.settings.index_path.parent / "writer-id"
+        with contextlib.suppress(OSError):
+            if state.read_text(encoding="ascii", errors="replace").strip() == row[0]:
+                return None
+        if row[0] == former_writer_identity(self.settings.workspace):
+            return None
+        return str(row[1] or "another host")
 
     @functools.cached_property
     def _writer(self) -> tuple[str, str]:

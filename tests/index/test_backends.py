@@ -746,3 +746,36 @@ def test_the_last_character_of_a_prefix_bounds_its_range() -> None:
     from clawmem_index.index.filters import prefix_upper
 
     assert prefix_upper("de") == "df" and prefix_upper("a\ud7ff") == "a\ue000" and prefix_upper("x\U0010ffff") is None
+
+
+def test_a_reader_in_another_folder_does_not_claim_the_writers_files_changed(tmp_path: Path, pg_url: str,
+                                                                            pg_role) -> None:  # type: ignore[no-untyped-def]
+    """A dashboard's role reads workspace alpha from a folder of its own (no memory files): comparing that folder
+    with alpha's index said '1 file(s) changed' and fresh: false. The files are the writer's: it says so instead."""
+    writer_ws, reader_ws = tmp_path / "alpha", tmp_path / "dashboard"
+    (writer_ws / "memory").mkdir(parents=True)
+    (writer_ws / "memory" / "plan.md").write_text("the alpha launch plan\n")
+    (reader_ws / "memory").mkdir(parents=True)
+    MemoryIndex(settings_for(writer_ws, {"index_backend": "postgres", "index_url": pg_url,
+                                         "workspace_name": "alpha"})).sync()
+    reader, reader_url = pg_role("dashboard")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        grant_workspace(conn, reader, "alpha")
+    dashboard = MemoryIndex(settings_for(reader_ws, {"index_backend": "postgres", "index_url": reader_url,
+                                                     "workspace_name": "alpha"}), read_only=True)
+    writer = MemoryIndex(settings_for(writer_ws, {"index_backend": "postgres", "index_url": pg_url,
+                                                  "workspace_name": "alpha"}), read_only=True)
+    try:
+        answer = dashboard.search(SearchRequest("launch plan", mode="bm25"))
+        assert [r["path"] for r in answer["results"]] == ["memory/plan.md"]
+        assert answer["index"]["pending_files"] == 0 and answer["index"]["files_held_by"]
+        status = dashboard.status()
+        assert status["pending_files"] == 0 and status["fresh"] is True, status["stale_reasons"]
+        assert status["files_held_by"] and status["files_on_disk"] == 1
+        # The writer's own folder is still compared with the index: an edit there is pending.
+        (writer_ws / "memory" / "plan.md").write_text("the alpha launch plan, moved to Friday\n")
+        assert writer.search(SearchRequest("launch plan", mode="bm25"))["index"]["pending_files"] == 1
+        assert "files_held_by" not in writer.status()
+    finally:
+        dashboard.close()
+        writer.close()
