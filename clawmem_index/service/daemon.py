@@ -40,7 +40,7 @@ from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ClawmemError, ConfigError, IndexUnavailable
 from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.service.embedder import Embedder
-from clawmem_index.service.process import IdleWatch, resident_bytes
+from clawmem_index.service.process import IdleWatch, end_now, resident_bytes
 from clawmem_index.service.lock import InstanceLock
 from clawmem_index.service.server import RpcServer, bind_unix_socket, ensure_private_dir
 from clawmem_index.service.systemd import Notifier, listen_fds
@@ -91,6 +91,7 @@ class Daemon:
         self.socket_activated = False
         self._lock: InstanceLock | None = None
         self._stopped = threading.Event()
+        self.abandoned = False  # stopped with queries still running (see stop)
         self._first_build = threading.Event()  # a query may be answered: the first index has a file in it
         self._first_pass = True  # ... until its whole first pass is done, answers say they are partial
         self._started_at = time.monotonic()
@@ -187,10 +188,14 @@ class Daemon:
             self.log.warning("writer_still_running", action="exiting anyway; the index stays consistent")
         if not self.embedder.stop(STOP_TIMEOUT / 4):
             self.log.warning("provider_call_in_flight", action="exiting anyway; pending vectors stay pending")
-        if self.server is not None:
-            self.server.close()
-        for index in (*self._retired, self.index):
-            index.close()
+        if self.server is not None and not self.server.close():
+            # A query still waits (on a provider that does not answer): its index stays open under it, and the
+            # process ends without waiting for it (run_daemon). It only reads: nothing is lost.
+            self.abandoned = True
+            self.log.warning("queries_still_running", action="exiting anyway; they only read the index")
+        if not self.abandoned:
+            for index in (*self._retired, self.index):
+                index.close()
         if self._lock is not None:
             self._lock.release()
         self.notifier.close()
@@ -502,4 +507,8 @@ def run_daemon(settings: Settings, reload_settings: Callable[[], Settings] | Non
     # watchdog warns (from its reader thread) when nested folders appear faster than it adds their
     # watches; it copes, but under `-W error` that warning would kill the thread and stop watching.
     warnings.filterwarnings("ignore", message="Callback with id", category=RuntimeWarning)
-    return Daemon(settings, reload_settings=reload_settings).serve_forever()
+    daemon = Daemon(settings, reload_settings=reload_settings)
+    status = daemon.serve_forever()
+    if daemon.abandoned:
+        end_now(status)
+    return status

@@ -1,4 +1,4 @@
-"""The daemon's process: the memory it holds, and when one started on demand exits.
+"""The daemon's process: the memory it holds, when one started on demand exits, and how it ends.
 
 A daemon exits after `daemon.exit_when_idle` seconds without a request, a connection or work, as socket
 activation would: the OpenClaw plugin starts a daemon for a workspace it is asked about, and the next
@@ -7,13 +7,15 @@ request after the daemon left starts one again, so daemons do not pile up across
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["IdleWatch", "resident_bytes"]
+__all__ = ["IdleWatch", "end_now", "resident_bytes"]
 
 
 def resident_bytes() -> int | None:
@@ -22,6 +24,15 @@ def resident_bytes() -> int | None:
         return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def end_now(status: int) -> None:
+    """End the process with `status` without joining its threads: the interpreter's exit would wait for query
+    threads still blocked on a provider that does not answer, past any stop deadline (they only read)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 class IdleWatch:

@@ -138,12 +138,24 @@ class RpcServer:
         self._connections: dict[socket.socket, _Connection] = {}
         self._accept_thread: threading.Thread | None = None
         self._closed = False
+        self._running = 0  # pooled calls under way
+        self._quiet = threading.Condition()
         self.served = 0
         self.evictions = 0
 
     def _run_pooled(self, fn: Callable[[], Any]) -> Any:
+        def counted() -> Any:
+            with self._quiet:
+                self._running += 1
+            try:
+                return fn()
+            finally:
+                with self._quiet:
+                    self._running -= 1
+                    self._quiet.notify_all()
+
         try:
-            return self._pool.submit(fn).result()
+            return self._pool.submit(counted).result()
         except (CancelledError, RuntimeError) as exc:
             if isinstance(exc, RuntimeError) and "shutdown" not in str(exc):
                 raise
@@ -173,8 +185,11 @@ class RpcServer:
         os.close(self._wake_r)
         os.close(self._wake_w)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop listening, end every connection (after its request in flight) and the query pool."""
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stop listening, end every connection (after its request in flight) and the query pool, within `timeout`.
+
+        False when calls were still running then (a query waiting on a provider that does not answer): they are
+        left to the process's exit, which must not wait for them (`run_daemon`)."""
         self.stop_listening()
         with self._lock:
             connections = list(self._connections.values())
@@ -184,7 +199,9 @@ class RpcServer:
         deadline = time.monotonic() + timeout
         for conn in connections:
             conn.thread.join(max(0.0, deadline - time.monotonic()))
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._quiet:
+            return self._quiet.wait_for(lambda: self._running == 0, max(0.0, deadline - time.monotonic()))
 
     def connection_count(self) -> int:
         """Connections being served (evicted ones on their way out are not counted)."""

@@ -6,6 +6,7 @@ and never answers (a hung provider), or to a port nobody listens on (a provider 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -225,3 +226,48 @@ def test_a_daemons_answers_say_why_vectors_are_missing(workspace: Path, tmp_path
         with RawClient(settings.socket_path, timeout=BOUND) as client:
             answer = client.call("search", {"query": "wombat"})["result"]
         assert "401" in answer["embedding_error"] and "the embedding provider failed" in answer["warning"]
+
+
+def test_sigterm_ends_the_daemon_while_searches_wait_on_a_hung_provider(workspace: Path, tmp_path: Path,
+                                                                        sock_dir: Path, fake_server: FakeServer) -> None:
+    """The query threads wait (here up to 600 s) for a provider that never answers: SIGTERM still ends the daemon
+    within its stop deadline, exit 0, instead of waiting for them (the index is only read by them)."""
+    import signal
+
+    from daemon_helpers import spawn_daemon, stop_process, wait_listening
+
+    notes(workspace)
+    fake_server.default = openai_reply
+    (workspace / "clawmem.toml").write_text(
+        f'[embedding]\nprovider = "openai"\nbase_url = "{fake_server.url}/v1"\napi_key = "sk-test"\ndimensions = 8\n'
+        'max_retries = 0\n[search]\nquery_timeout = 600\nfirst_query_timeout = 600\n'
+        '[daemon]\ndebounce = 0.05\nmax_delay = 0.5\nrescan_interval = 0\n')
+    socket_path = sock_dir / "d.sock"
+    proc = spawn_daemon(workspace, socket_path, tmp_path / "idx" / "index.sqlite",
+                        env={"CLAWMEM_PROVIDER": "openai", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"})
+    waiting: list[threading.Thread] = []
+    try:
+        wait_listening(socket_path, proc)
+        with RawClient(socket_path, timeout=BOUND) as client:
+            def made() -> bool:
+                status = client.call("status")["result"]
+                return status.get("chunks_indexed") == 2 and status.get("pending_embeddings") == 0
+            wait_until(lambda: len(fake_server.requests) >= 1 and made(), timeout=BOUND, message="the vectors made")
+        fake_server.default = lambda request: Reply(delay=3600)  # from now on the provider hangs
+        asked = len(fake_server.requests)
+
+        def search(query: str) -> None:
+            # the daemon ends these connections as it stops: no answer, a closed connection
+            with contextlib.suppress(OSError, AssertionError), RawClient(socket_path, timeout=BOUND) as c:
+                c.call("search", {"query": query, "mode": "vector"})
+
+        waiting = [threading.Thread(target=search, args=(q,), daemon=True) for q in ("wombat", "staging server")]
+        for thread in waiting:
+            thread.start()
+        wait_until(lambda: len(fake_server.requests) >= asked + 2, timeout=BOUND, message="both query vectors asked for")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0  # TimeoutExpired (a failure) when the daemon waits on its query threads
+    finally:
+        stop_process(proc)
+        for thread in waiting:
+            thread.join(BOUND)
