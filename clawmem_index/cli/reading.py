@@ -238,7 +238,7 @@ def freshness_code(data: dict[str, Any]) -> int:
     if not data.get("index_exists", True):
         return CHECK_NO_INDEX
     daemon = data.get("daemon") or {}
-    if (data.get("configured_provider") == "unavailable" or data.get("last_error")
+    if (data.get("configured_provider") == "unavailable" or data.get("last_error") or data.get("embedding_error")
             or daemon.get("last_error") or daemon.get("embedding_error")):
         return CHECK_BROKEN
     return CHECK_FRESH if data.get("fresh") else CHECK_STALE

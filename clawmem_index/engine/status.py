@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from clawmem_index import __version__
 from clawmem_index.config import Settings
+from clawmem_index.engine.embed import EMBEDDING_ERROR
 from clawmem_index.errors import ClawmemError, IndexUnavailable, ProviderError
 from clawmem_index.index.store import Store
 from clawmem_index.sources.workspace import scan, source_scope
@@ -198,6 +199,9 @@ def status(index: MemoryIndex, *, last_error: str | None = None) -> dict[str, ob
         reasons.append(f"{pending_files} file{'s' if pending_files != 1 else ''} changed since the last sync")
     if pending_embeddings:
         reasons.append(f"{pending_embeddings} chunk{'s' if pending_embeddings != 1 else ''} wait for a vector")
+    embedding_error = meta.get(EMBEDDING_ERROR) if pending_embeddings else None
+    if embedding_error:
+        reasons.append(f"embedding failed: {embedding_error}")
     if mismatch:
         reasons.append(mismatch)
     if last_error:
@@ -227,6 +231,8 @@ def status(index: MemoryIndex, *, last_error: str | None = None) -> dict[str, ob
     )
     if held is not None:
         data["files_held_by"] = held
+    if embedding_error:
+        data["embedding_error"] = embedding_error  # the provider's last failure, kept by the pass that met it
     if index.provider_note:
         data["provider_note"] = index.provider_note
     return data

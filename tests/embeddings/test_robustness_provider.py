@@ -22,6 +22,7 @@ import pytest
 from daemon_helpers import BOUND, RawClient, daemon_settings, running_daemon, short_dir, wait_until
 from fake_http import FakeServer, Reply, fake_server, no_proxy, openai_reply
 
+from clawmem_index.cli.reading import freshness_code
 from clawmem_index.config import Settings, load_settings
 from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.search.ranking import SearchRequest
@@ -206,6 +207,9 @@ def test_answers_missing_vectors_say_the_provider_refused_the_key_until_it_answe
     assert answer["mode"] == "bm25" and "401" in str(answer["embedding_error"])
     assert "the embedding provider failed" in str(answer["warning"]) and "still being made" not in answer["warning"]
     assert "embedding_error" not in index.search(SearchRequest("staging server", mode="bm25"))  # keywords asked
+    status = index.status()
+    assert "401" in status["embedding_error"] and any("embedding failed" in r for r in status["stale_reasons"])
+    assert freshness_code(status) == 5  # cannot catch up by itself: as a daemon's `status --check` says
     index.close()
 
     fake_server.default = openai_reply  # the key is fixed
@@ -213,6 +217,7 @@ def test_answers_missing_vectors_say_the_provider_refused_the_key_until_it_answe
     assert index.sync().embedded == 2
     answer = index.search(SearchRequest("staging server", min_score=0.0))
     assert "embedding_error" not in answer and "warning" not in answer
+    assert "embedding_error" not in index.status() and freshness_code(index.status()) == 0
     index.close()
 
 

@@ -35,7 +35,7 @@ def test_fresh_means_nothing_waits_and_every_reason_is_named(settings: Settings,
     assert report.embed_error is not None
     status = index.status()
     assert status["fresh"] is False and status["pending_embeddings"] == 1
-    assert status["stale_reasons"] == ["1 chunk wait for a vector"]
+    assert status["stale_reasons"] == ["1 chunk wait for a vector", "embedding failed: fake provider is down"]
     provider.fail = False
     index.sync()
     status = index.status()
