@@ -33,6 +33,8 @@ FIXED_TEXTS: dict[str, str] = {
     "crlf and cr": "one\r\ntwo\rthree",
     "huge line": "word " * 200_000,
     "huge number text": "9" * 5_000,
+    "date flood": "March 3 and yesterday, " * 2_000,  # read quadratically once (issue 48)
+    "unknown word flood": " ".join(f"{a}{b}qzxv{c}" for a in "bdfgklmnprst" for b in "aeiou" for c in "aeiou"),
     "cjk": "日本語のメモ 中文笔记 한국어",
     "empty": "",
     "whitespace only": " \t\n\n ",
