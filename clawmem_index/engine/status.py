@@ -99,11 +99,12 @@ class Freshness:
         """
         if self.watched_pending is not None:
             return {"pending_files": self.watched_pending()}
+        memory, sessions = source_scope(self.settings)
         held = self.backend.files_held_by(store)
-        if held is not None:  # the files are the writer's, elsewhere: none here to compare (0 is a lower bound)
+        if held is not None and not self.holds_memory_files():
+            # a reader elsewhere: the files are the writer's, none here to compare (0 is a lower bound)
             return {"pending_files": 0, "pending_files_complete": False, "files_held_by": held}
         deadline = time.monotonic() + PENDING_CHECK_SECONDS
-        memory, sessions = source_scope(self.settings)
         pending = present = 0
         # A file's row is a lookup in SQLite, a round trip to a shared index: that one is read whole, once.
         stat_of = store.file_stats().get if self.backend.name == "postgres" else store.file_stat
@@ -120,6 +121,13 @@ class Freshness:
             present += row is not None
             checked += 1
         return {"pending_files": pending + store.counts()[0] - present}
+
+    def holds_memory_files(self) -> bool:
+        """Whether this folder has a memory file at all (the scan stops at the first)."""
+        memory, sessions = source_scope(self.settings)
+        found = scan(self.settings.workspace, self.settings.extra_paths, **self._scan_rules(), memory=memory,
+                     sessions=sessions, newest_first=True)
+        return next(iter(found), None) is not None
 
     def _scan_rules(self) -> dict[str, Any]:
         """What a scan leaves out, as a sync's does: a file a sync skips is never pending."""
@@ -177,10 +185,15 @@ def status(index: MemoryIndex, *, last_error: str | None = None) -> dict[str, ob
         if freshness.watched_pending is not None:
             pending_files = freshness.watched_pending()
             on_disk = freshness.watched_on_disk() if freshness.watched_on_disk else files
-        elif (held := index.backend.files_held_by(store)) is not None:
-            on_disk, pending_files = files, 0  # the writer's folder holds them: it says what changed, not this one
         else:
             on_disk, pending_files = freshness.disk_state(store)
+            held = index.backend.files_held_by(store)
+            if held is not None and on_disk == 0:  # a reader elsewhere: the writer's folder says what changed
+                on_disk, pending_files = files, 0
+            elif held is not None:  # files here, and another folder writes the workspace: they are not in it
+                reasons.append(f"another folder (host {held}) writes this workspace of the shared index: this"
+                               " folder's files are not in it (`clawmem take-over` moves it here)")
+                held = None
         pending_embeddings = store.pending_embeddings() if has_vectors(store) else 0
         damage, batch_jobs, vector_search = store.damage(chunks), store.job_count(), store.vector_method()
     except IndexUnavailable as exc:

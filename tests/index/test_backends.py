@@ -479,6 +479,8 @@ def test_two_folders_of_one_workspace_name_cannot_both_write_it(tmp_path: Path, 
     assert found(second) == ["memory/harbour.md"]
     status = json.loads(clawmem(first, "status", "--json").stdout)
     assert status["fresh"] is False  # the index does not hold this folder's files, and says so
+    assert any("writes this workspace" in reason and "take-over" in reason for reason in status["stale_reasons"])
+    assert "files_held_by" not in status  # a folder with files of its own is no reader
     sqlite = subprocess.run([sys.executable, "-m", "clawmem_index", "take-over", "--workspace", str(first)],
                             env={**env, "CLAWMEM_INDEX_BACKEND": "sqlite"}, capture_output=True, text=True)
     assert sqlite.returncode == 1 and "shared index" in sqlite.stderr
