@@ -20,6 +20,10 @@ from openclaw_host import PLUGIN, installed_openclaw, plugin_dependencies, runni
 
 from clawmem_index.config import Settings
 
+# Each Gateway waits for its own readiness (up to 240 s) and npm for its installs: on a loaded machine one module's
+# Gateways took longer together than pytest's per-test 300 s, though each step was within its own bound.
+pytestmark = pytest.mark.timeout(1800)
+
 CLAWMEM = Path(sys.executable).with_name("clawmem")
 
 

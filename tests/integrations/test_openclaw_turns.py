@@ -36,6 +36,10 @@ from openclaw_host import (
     stop_started_daemons,
 )
 
+# Each Gateway waits for its own readiness (up to 240 s) and npm for its installs: on a loaded machine one module's
+# Gateways took longer together than pytest's per-test 300 s, though each step was within its own bound.
+pytestmark = pytest.mark.timeout(1800)
+
 README = ROOT / "README.md"
 MEMORY_MD = """# Memory
 
