@@ -1,7 +1,7 @@
 """What reading one query costs against its length, up to the socket's longest line (issue 48, items 1-2).
 
     python bench/bench_query_cost.py [--files 20000] [--workspace DIR] [--index PATH] [--rounds 3]
-                                     [--give-up 2] [--out bench/out/query_cost.json]
+                                     [--give-up 2] [--postgres] [--out bench/out/query_cost.json]
 
 A generated workspace (bench/generate.py, flat layout), indexed keyword-only, searched in-process by one
 long-lived reader as a daemon's query thread is, with the defaults (typos read, dates read). Query shapes,
@@ -10,6 +10,7 @@ each repeated to a length of 100 B, 1 KB, 10 KB, 100 KB and 1 MB (the daemon's l
 5-9 letters, then repeated: every one a candidate typo), and prose from the corpus's own words. Reported per
 shape and length: the search's CPU seconds (this thread) and wall seconds, median of --rounds. A shape stops
 growing once one query took more than --give-up seconds (the code before issue 48 is quadratic in dates).
+--postgres: the same on the shared index, a PostgreSQL started from its PyPI package (a database of its own).
 """
 
 from __future__ import annotations
@@ -57,13 +58,25 @@ def main() -> None:
     parser.add_argument("--index", type=Path, default=Path("/tmp/clawmem-query-cost.sqlite"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--give-up", type=float, default=2.0)
+    parser.add_argument("--postgres", action="store_true", help="the shared index (PostgreSQL) instead of SQLite")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "query_cost.json")
     args = parser.parse_args()
     if not (args.workspace / "memory").is_dir():
         subprocess.run([sys.executable, str(ROOT / "bench" / "generate.py"), str(args.workspace), str(args.files),
                         "--layout", "flat"], check=True)
-    settings = load_settings(workspace=args.workspace, overrides={"index": str(args.index),
-                                                                  "embedding.provider": "none"}, environ={})
+    server = None
+    where: dict[str, str] = {"index": str(args.index)}
+    if args.postgres:  # the shared index: a PostgreSQL started from its PyPI package (as the tests start it)
+        sys.path.insert(0, str(ROOT / "tests"))
+        import pg_server
+
+        import psycopg
+
+        server = pg_server.start(shared_buffers="128MB")
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE query_cost")
+        where = {"index_backend": "postgres", "index_url": server.url("query_cost")}
+    settings = load_settings(workspace=args.workspace, overrides={**where, "embedding.provider": "none"}, environ={})
     index = MemoryIndex(settings, long_lived=True, pending_files=lambda: 0)
     index.sync()
     store = index.reader()
@@ -88,6 +101,8 @@ def main() -> None:
             if max(wall) > args.give_up:
                 break
     index.close()
+    if server is not None:
+        server.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
 
