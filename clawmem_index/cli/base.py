@@ -89,11 +89,29 @@ def ctx_of(kwargs: dict[str, Any]) -> Context:
 
 
 def fail(exc: ClawmemError) -> NoReturn:
-    click.echo(f"clawmem: error: {exc}", err=True)
+    _say(f"clawmem: error: {exc}")
     sys.exit(exc.exit_code)
 
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command a Ctrl-C stopped
+
+
+def _own_stderr() -> int | None:
+    try:
+        return os.dup(2)  # taken at start: llama-cpp-python points fd 2 (and sys.stderr) at /dev/null as it loads
+    except OSError:
+        return None
+
+
+_STDERR = _own_stderr()
+
+
+def _say(line: str) -> None:
+    """A last line on stderr, also while another thread's model load has silenced it (a Ctrl-C then said nothing)."""
+    if getattr(sys.stderr, "name", None) == os.devnull and _STDERR is not None:
+        os.write(_STDERR, (line + "\n").encode("utf-8", "replace"))
+    else:
+        click.echo(line, err=True)
 
 
 def interrupted(message: str) -> NoReturn:
@@ -103,7 +121,7 @@ def interrupted(message: str) -> NoReturn:
     waited for) is ignored: it would end it with a traceback, or under that decode (a crash).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    click.echo(f"clawmem: {message}", err=True)
+    _say(f"clawmem: {message}")
     sys.exit(EXIT_INTERRUPTED)
 
 

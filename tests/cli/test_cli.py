@@ -334,3 +334,17 @@ def test_grant_refuses_a_name_the_index_would_fold_and_says_what_it_would_be(ask
     assert out.returncode == 1, out.stderr
     assert "is not a workspace name" in out.stderr and repr(folded) in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_ctrl_c_while_a_model_load_has_silenced_stderr_still_says_what_it_kept() -> None:
+    """llama-cpp-python points fd 2 and sys.stderr at /dev/null while a model loads (on the embedding thread during
+    `clawmem index`): a Ctrl-C then exited 130 with no message, one run in 8. The line goes to the stderr taken at
+    start."""
+    pytest.importorskip("llama_cpp")
+    program = ("from llama_cpp._utils import suppress_stdout_stderr\n"
+               "from clawmem_index.cli.base import interrupted\n"
+               "suppress_stdout_stderr(disable=False).__enter__()  # a load in flight on another thread\n"
+               "interrupted('interrupted: the files and vectors indexed so far are kept')\n")
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 130
+    assert out.stderr == "clawmem: interrupted: the files and vectors indexed so far are kept\n"
