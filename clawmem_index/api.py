@@ -144,7 +144,7 @@ class Client:
 
     def context(self, query: str, *, budget: int | None = None, max_results: int | None = None,
                 min_score: float | None = None, mode: str | None = None, path_prefix: str | None = None,
-                since: str | None = None, before: str | None = None,
+                source: str | None = None, since: str | None = None, before: str | None = None,
                 workspaces: Sequence[str] | None = None, now: str | None = None) -> dict[str, Any]:
         """The prompt block for `query`: whole lines of the best hits, grouped by file, in `budget` tokens.
 
@@ -158,7 +158,7 @@ class Client:
         """
         return self._ask("context", {"query": query, "budget": budget, "max_results": max_results,
                                      "min_score": min_score, "mode": mode, "path_prefix": path_prefix,
-                                     "since": since, "before": before,
+                                     "source": source, "since": since, "before": before,
                                      "workspaces": list(workspaces) if workspaces else None, "now": now})
 
     def curated(self, kind: str | None = None, *, limit: int | None = None,

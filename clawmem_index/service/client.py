@@ -65,6 +65,7 @@ class _Connection:
         self.sock = sock
         self.file: Any = sock.makefile("rb")
         self.generation = generation  # the client's close() count when it was made
+        self.reused = False  # taken from the idle ones
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -112,14 +113,23 @@ class DaemonClient:
         self._give_back(conn)
         return self
 
-    def _take(self) -> _Connection:
-        """An idle connection, a new one while fewer than max_connections are open, else the next one freed."""
+    def _take(self, *, fresh: bool = False) -> _Connection:
+        """An idle connection, a new one while fewer than max_connections are open, else the next one freed
+        (`fresh`: a new one in any case, its place taken from an idle one if need be)."""
+        stale = None
         with self._free:
             while not self._idle and self._open >= self.max_connections:
                 self._free.wait()
-            if self._idle:
-                return self._idle.pop()
-            self._open += 1
+            if self._idle and not fresh:
+                conn = self._idle.pop()
+                conn.reused = True
+                return conn
+            if self._idle and self._open >= self.max_connections:
+                stale = self._idle.pop()  # its place goes to the new one
+            else:
+                self._open += 1
+        if stale is not None:
+            stale.close()
         try:
             return self._dial()
         except BaseException:
@@ -169,19 +179,26 @@ class DaemonClient:
         except ValueError as exc:
             raise QueryError(f"cannot send {method!r}: {exc}") from None
         conn = self._take()
-        try:
-            conn.sock.settimeout(timeout)
-            conn.sock.sendall(payload)
-            line = conn.file.readline()
-        except TimeoutError:
+        for attempt in (1, 2):
+            try:
+                conn.sock.settimeout(timeout)
+                conn.sock.sendall(payload)
+                line = conn.file.readline()
+            except TimeoutError:
+                self._drop(conn)
+                raise DaemonUnreachable(f"the clawmem daemon did not answer {method!r} within {timeout:g}s") from None
+            except OSError as exc:
+                line, failure = b"", f"lost the connection to the clawmem daemon: {exc}"
+            else:
+                failure = "the clawmem daemon closed the connection"
+            if line:
+                break
             self._drop(conn)
-            raise DaemonUnreachable(f"the clawmem daemon did not answer {method!r} within {timeout:g}s") from None
-        except OSError as exc:
-            self._drop(conn)
-            raise DaemonUnreachable(f"lost the connection to the clawmem daemon: {exc}") from None
-        if not line:
-            self._drop(conn)
-            raise DaemonUnreachable("the clawmem daemon closed the connection")
+            if not conn.reused or attempt == 2:
+                raise DaemonUnreachable(failure)
+            # An idle connection the daemon closed meanwhile (its idle limit, or making room): nothing of an
+            # answer came, so the call goes once more, on a new connection.
+            conn = self._take(fresh=True)
         try:
             answer = json.loads(line)
         except json.JSONDecodeError as exc:

@@ -134,6 +134,8 @@ class Connection {
     this.onClosed = onClosed;
     this.socket = null;
     this.closed = false;
+    this.reused = false; // taken from the idle ones for this request
+    this.heard = false; // some of this request's answer came
     this._chunks = [];
     this._length = 0;
     this._waiting = null; // { id, resolve, reject }
@@ -163,6 +165,7 @@ class Connection {
         return;
       }
       this._waiting = { id, resolve, reject };
+      this.heard = false;
       this.socket.ref();
       this.socket.write(JSON.stringify({ jsonrpc: "2.0", id, method, ...(params === undefined ? {} : { params }) }) + "\n");
     });
@@ -186,6 +189,7 @@ class Connection {
   }
 
   _receive(chunk) {
+    if (chunk.length > 0) this.heard = true;
     let end = chunk.indexOf(0x0a);
     while (end >= 0) {
       this._chunks.push(chunk.subarray(0, end));
@@ -271,15 +275,25 @@ export class ClawmemClient {
       }
     });
     const work = (async () => {
-      const got = await this._acquire((cancel) => {
-        stopWaiting = cancel;
-      });
-      if (over) { // given up while connecting: nothing is sent, and the connection serves the next request
-        this._release(got);
-        throw new DaemonUnreachable(`${method} was given up`);
+      for (let attempt = 1; ; attempt++) {
+        const got = await this._acquire((cancel) => {
+          stopWaiting = cancel;
+        });
+        if (over) { // given up while connecting: nothing is sent, and the connection serves the next request
+          this._release(got);
+          throw new DaemonUnreachable(`${method} was given up`);
+        }
+        conn = got;
+        try {
+          return await conn.send(id, method, params);
+        } catch (error) {
+          // An idle connection the daemon had closed meanwhile (its idle limit, or making room) fails before any
+          // answer: the request never reached a daemon that would answer it there, so it goes once more, anew.
+          const stale = got.reused && !got.heard && !over && error instanceof DaemonUnreachable;
+          if (!stale || attempt > 1) throw error;
+          conn = null;
+        }
       }
-      conn = got;
-      return conn.send(id, method, params);
     })();
     work.catch(() => {}); // settled through the race below
     try {
@@ -339,10 +353,13 @@ export class ClawmemClient {
   async _acquire(onQueued) {
     while (this._idle.length > 0) {
       const conn = this._idle.pop();
-      if (!conn.closed) return conn;
+      if (!conn.closed) {
+        conn.reused = true;
+        return conn;
+      }
     }
     if (this._open.size < this.maxConnections) {
-      const conn = new Connection(this.socketPath, (closed) => this._forget(closed));
+      const conn = new Connection(this.socketPath, (closed) => this._forget(closed)); // reused: false
       this._open.add(conn);
       try {
         return await conn.open();
@@ -379,6 +396,7 @@ export class ClawmemClient {
     }
     const waiter = this._queue.shift();
     if (waiter) {
+      conn.reused = true;
       waiter.take(conn);
       return;
     }

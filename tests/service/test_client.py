@@ -359,3 +359,31 @@ def test_calls_from_many_threads_each_have_a_connection(sock_dir: Path) -> None:
     finally:
         client.close()
         server.close()
+
+
+def test_an_idle_connection_the_daemon_closed_meanwhile_is_replaced_not_reported(sock_dir: Path) -> None:
+    """The daemon closes an idle connection at its idle limit or to make room: the next call goes on a new one."""
+    path = sock_dir / "once.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(4)
+    listener.settimeout(10)
+
+    def answer_once_each() -> None:
+        for _ in range(3):
+            conn, _ = listener.accept()
+            with conn, conn.makefile("rwb") as f:
+                request = json.loads(f.readline())
+                f.write(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": {"n": request["id"]}}).encode()
+                        + b"\n")
+                f.flush()
+
+    server = threading.Thread(target=answer_once_each, daemon=True)
+    server.start()
+    client = DaemonClient(path, timeout=10)
+    try:
+        assert [client.status()["n"] for _ in range(3)] == [1, 2, 3]
+    finally:
+        client.close()
+        server.join(10)
+        listener.close()

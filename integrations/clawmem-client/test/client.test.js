@@ -218,6 +218,22 @@ test("the daemon's error classes arrive by the name it sends, beyond what the co
   });
 });
 
+test("an idle connection the daemon closed meanwhile costs nothing: the next request goes on a new one", BOUND,
+  async () => {
+  // Each connection answers one request, then is closed by the server (as a daemon's idle limit or eviction does).
+  const served = await serve((request, socket) => {
+    socket.end(JSON.stringify({ jsonrpc: "2.0", id: request.id, result: { n: request.params.query } }) + "\n");
+  });
+  const client = new ClawmemClient({ socketPath: served.socketPath, timeoutMs: 5_000 });
+  try {
+    for (const q of ["a", "b", "c"]) assert.deepEqual(await client.search(q), { n: q });
+    assert.equal(served.server.connections, 3);
+  } finally {
+    client.close();
+    await served.close();
+  }
+});
+
 test("a client not closed does not keep its process alive once its requests are answered", BOUND, async () => {
   const served = await serve((request, socket) => reply(socket, request.id, { result: { fresh: true } }));
   const script = path.join(dir, `forgetful${serial++}.mjs`);
