@@ -67,6 +67,7 @@ class MemoryIndex:
         the index in use is still the one before it (a sync, or embedding, commits each file or batch as done)."""
         self._local = threading.local()
         self._stores: list[Store] = []
+        self._by_thread: dict[int, Store] = {}  # thread ident -> its reader (see interrupt)
         self._stores_lock = threading.Lock()
         self._provider_lock = threading.Lock()
         self.freshness = Freshness(settings, self.backend, read_only=read_only, pending_files=pending_files,
@@ -141,9 +142,17 @@ class MemoryIndex:
             self._local.store = store
             with self._stores_lock:
                 self._stores.append(store)
+                self._by_thread[threading.get_ident()] = store
         else:
             self.backend.refresh(store)
         return store
+
+    def interrupt(self, thread: int) -> None:
+        """End the statement the reader of thread `thread` runs now (its query's client has gone)."""
+        with self._stores_lock:
+            store = self._by_thread.get(thread)
+        if store is not None:
+            store.interrupt()
 
     def has_been_built(self) -> bool:
         """Whether a sync ever completed into this index: until one has, a new daemon's queries wait."""
@@ -155,6 +164,7 @@ class MemoryIndex:
                 with contextlib.suppress(Exception):
                     store.close()
             self._stores.clear()
+            self._by_thread.clear()
         self._local = threading.local()
         self._queries.answers.clear()
         self.release_model()

@@ -37,6 +37,10 @@ class IndexStore(Protocol):
     def close(self) -> None:
         ...
 
+    def interrupt(self) -> None:
+        """End the statement running on this store's connection now, from any thread (its client has gone)."""
+        ...
+
     def transaction(self) -> contextlib.AbstractContextManager[None]:
         """BEGIN IMMEDIATE at the outer level, SAVEPOINT inside; rollback never masks the error."""
         ...

@@ -83,6 +83,10 @@ class Store:
     def close(self) -> None:
         self.conn.close()
 
+    def interrupt(self) -> None:
+        """End the statement running on this connection now (from any thread): it fails with InterruptError."""
+        self.conn.interrupt()
+
     # -- transactions -------------------------------------------------------------------------
 
     @contextlib.contextmanager

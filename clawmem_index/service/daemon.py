@@ -405,6 +405,10 @@ class Daemon:
         self._await_first_build()
         return self._partial(self.index.search(request))
 
+    def interrupt(self, thread: int) -> None:
+        """The client of the query running on `thread` has gone: end its statement (the server asks)."""
+        self.index.interrupt(thread)
+
     def context(self, request: SearchRequest, budget: int | None = None) -> dict[str, object]:
         self._await_first_build()
         return self._partial(self.index.context(request, budget))

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import selectors
 import socket
 import stat
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import CancelledError, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,7 @@ __all__ = ["MAX_CONNECTIONS", "MAX_LINE", "SEND_TIMEOUT", "LineReader", "RpcServ
 MAX_LINE = 1 << 20
 MAX_CONNECTIONS = 256
 SEND_TIMEOUT = 30.0
+HANGUP_POLL = 0.05  # how often a call's client is looked at while the call runs (an answer is not delayed by it)
 STALLED_SEND = 2.0  # a local reader takes milliseconds for 4 MiB: longer means it is not reading
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 16 << 20
@@ -140,11 +143,15 @@ class RpcServer:
         self._closed = False
         self._running = 0  # pooled calls under way
         self._quiet = threading.Condition()
+        self._here = threading.local()  # the connection thread's socket (see _run_pooled)
         self.served = 0
         self.evictions = 0
 
     def _run_pooled(self, fn: Callable[[], Any]) -> Any:
+        ran: list[int] = []  # the pool thread that runs it, once it does
+
         def counted() -> Any:
+            ran.append(threading.get_ident())
             with self._quiet:
                 self._running += 1
             try:
@@ -155,11 +162,29 @@ class RpcServer:
                     self._quiet.notify_all()
 
         try:
-            return self._pool.submit(counted).result()
+            future = self._pool.submit(counted)
+            sock = getattr(self._here, "sock", None)
+            return future.result() if sock is None else self._unless_gone(future, sock, ran)
         except (CancelledError, RuntimeError) as exc:
             if isinstance(exc, RuntimeError) and "shutdown" not in str(exc):
                 raise
             raise IndexUnavailable("the daemon is shutting down") from None
+
+    def _unless_gone(self, future: Future[Any], sock: socket.socket, ran: list[int]) -> Any:
+        """The call's result; if its client hangs up meanwhile (closes its end: a half-close still waits for the
+        answer), the backend is asked to end the statement the call runs, so abandoned work stops."""
+        poller = select.poll()
+        poller.register(sock, 0)  # POLLHUP and POLLERR only: a full close of the client's end
+        while True:
+            try:
+                return future.result(timeout=HANGUP_POLL)
+            except FuturesTimeout:
+                pass
+            if ran and poller.poll(0):
+                stop = getattr(self.dispatcher.backend, "interrupt", None)
+                if stop is not None:
+                    stop(ran[0])
+                return future.result()
 
     def start(self) -> None:
         self.listener.setblocking(False)
@@ -308,6 +333,7 @@ class RpcServer:
     def _converse(self, sock: socket.socket) -> None:
         with self._lock:
             conn = self._connections[sock]
+        self._here.sock = sock
         reader = LineReader(sock, self.max_line, self.idle_timeout, self.budget)
         try:
             while True:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import apsw
 import pytest
+from daemon_helpers import wait_until
 
 from clawmem_index.config import Settings, load_settings
 from clawmem_index.engine.core import MemoryIndex
@@ -334,3 +335,29 @@ def test_a_bounded_pending_check_looks_at_the_newest_daily_logs_first(settings: 
     monkeypatch.setattr(status_module, "PENDING_CHECK_SECONDS", 0.0)
     assert index.search(SearchRequest("tomatoes"))["index"] == {
         "pending_files": 1, "pending_files_complete": False, "pending_embeddings": 0}
+
+
+def test_interrupting_a_threads_reader_ends_the_statement_it_runs(settings: Settings, write) -> None:
+    """What the daemon does when a query's client hangs up: that thread's SQLite statement fails at once."""
+    write("memory/a.md", "# A\nalpha\n")
+    index = MemoryIndex(settings)
+    index.sync()
+    started, outcome = threading.Event(), []
+
+    def endless() -> None:
+        store = index.reader()
+        started.set()
+        try:
+            store.conn.execute("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+                               "SELECT count(*) FROM c").fetchall()
+        except apsw.InterruptError:
+            outcome.append("interrupted")
+
+    worker = threading.Thread(target=endless)
+    worker.start()
+    assert started.wait(10)
+    wait_until(lambda: (index.interrupt(worker.ident or 0), not worker.is_alive())[1], timeout=10,
+               message="the statement to end")  # asked again until the statement is running and ends
+    assert outcome == ["interrupted"]
+    index.interrupt(12345)  # a thread with no reader: nothing to do
+    index.close()

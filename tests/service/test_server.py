@@ -1005,3 +1005,59 @@ def test_a_batch_reply_is_capped_on_a_socket(serve_fake: Any) -> None:
         assert answers[-1]["error"]["code"] == -32002
         assert client.call("status")["result"] == {"ok": True}
     wait_until(lambda: server.budget.held == 0, message="the reply to be released")
+
+
+class Stoppable(FakeBackend):
+    """A search that runs until the server asks the backend to interrupt its thread (or 20 s pass)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+        self.stopped = threading.Event()
+        self.interrupted: list[int] = []
+        self.search_thread = 0
+
+    runs_for = 20.0  # seconds a search runs unless interrupted
+
+    def search(self, request: SearchRequest) -> dict[str, object]:
+        self.search_thread = threading.get_ident()
+        self.started.set()
+        return {"results": [], "interrupted": self.stopped.wait(self.runs_for)}
+
+    def interrupt(self, thread: int) -> None:
+        self.interrupted.append(thread)
+        self.stopped.set()
+
+
+def test_a_query_whose_client_hangs_up_is_interrupted_and_one_that_half_closes_is_answered(sock_dir: Path) -> None:
+    """Abandoned work stops: a client that closes its end while its search runs gets the backend asked to end that
+    search's statement, on the thread running it. A client that only half-closes (socat, `nc -N`: done writing,
+    still reading) is no client gone: it gets its answer."""
+    backend = Stoppable()
+    path = sock_dir / "s.sock"
+    server = RpcServer(backend, bind_unix_socket(path), path=path)
+    server.start()
+    try:
+        gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        gone.connect(str(path))
+        gone.sendall(b'{"jsonrpc":"2.0","id":1,"method":"search","params":{"query":"x"}}\n')
+        assert backend.started.wait(10)
+        gone.close()
+        wait_until(lambda: backend.interrupted, message="the backend asked to interrupt the abandoned search")
+        assert backend.interrupted == [backend.search_thread]
+
+        backend.started.clear()
+        backend.stopped.clear()
+        backend.runs_for = 0.5  # ten times the server's look at the client: long enough to be taken for gone
+        half = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        half.connect(str(path))
+        half.sendall(b'{"jsonrpc":"2.0","id":2,"method":"search","params":{"query":"y"}}\n')
+        half.shutdown(socket.SHUT_WR)
+        half.settimeout(10)
+        answer = json.loads(half.makefile("rb").readline())
+        assert answer["id"] == 2 and answer["result"] == {"results": [], "interrupted": False}
+        assert len(backend.interrupted) == 1  # the first search's only
+        half.close()
+    finally:
+        backend.stopped.set()
+        server.close()

@@ -106,6 +106,14 @@ class PgStore:
     def close(self) -> None:
         self.conn.close()
 
+    def interrupt(self) -> None:
+        """Ask the server to cancel the statement running on this connection (from any thread)."""
+        raw = self.conn.raw
+        if raw is not None and not raw.closed:
+            cancel = getattr(raw, "cancel_safe", None) or raw.cancel
+            with contextlib.suppress(psycopg.Error):
+                cancel()
+
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         """A transaction at the outer level, a savepoint inside; the workspace's version moves on commit.
