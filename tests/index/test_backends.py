@@ -781,3 +781,31 @@ def test_a_reader_in_another_folder_does_not_claim_the_writers_files_changed(tmp
     finally:
         dashboard.close()
         writer.close()
+
+
+def test_interrupting_a_threads_shared_index_reader_cancels_its_statement(workspace: Path, write, pg_url: str) -> None:
+    """On the shared index, a query whose client has gone is cancelled by the server, as SQLite's is interrupted."""
+    import threading
+
+    from daemon_helpers import wait_until
+
+    write("memory/a.md", "# A\nalpha\n")
+    index = MemoryIndex(settings_for(workspace, {"index_backend": "postgres", "index_url": pg_url}))
+    index.sync()
+    started, outcome = threading.Event(), []
+
+    def endless() -> None:
+        store = index.reader()
+        started.set()
+        try:
+            store.conn.execute("SELECT pg_sleep(120)")
+        except IndexUnavailable as exc:  # the store's words for a statement the server cancelled
+            outcome.append("cancelled" if "canceling statement" in str(exc) else str(exc))
+
+    worker = threading.Thread(target=endless)
+    worker.start()
+    assert started.wait(10)
+    wait_until(lambda: (index.interrupt(worker.ident or 0), not worker.is_alive())[1], timeout=30,
+               message="the statement to be cancelled")
+    assert outcome == ["cancelled"]
+    index.close()
