@@ -119,6 +119,15 @@ class _Connection:
     evicted: bool = False
 
 
+class _Call:
+    """A pooled call: the thread running it, and whether it is over (`gate` orders the two with an interrupt)."""
+
+    def __init__(self) -> None:
+        self.thread = 0
+        self.done = False
+        self.gate = threading.Lock()
+
+
 class RpcServer:
     """Serves a Dispatcher on a listening Unix socket, one thread per connection."""
 
@@ -148,15 +157,17 @@ class RpcServer:
         self.evictions = 0
 
     def _run_pooled(self, fn: Callable[[], Any]) -> Any:
-        ran: list[int] = []  # the pool thread that runs it, once it does
+        call = _Call()
 
         def counted() -> Any:
-            ran.append(threading.get_ident())
+            call.thread = threading.get_ident()
             with self._quiet:
                 self._running += 1
             try:
                 return fn()
             finally:
+                with call.gate:
+                    call.done = True  # from here on its thread may run another call: it is not interrupted
                 with self._quiet:
                     self._running -= 1
                     self._quiet.notify_all()
@@ -164,27 +175,30 @@ class RpcServer:
         try:
             future = self._pool.submit(counted)
             sock = getattr(self._here, "sock", None)
-            return future.result() if sock is None else self._unless_gone(future, sock, ran)
+            return future.result() if sock is None else self._unless_gone(future, sock, call)
         except (CancelledError, RuntimeError) as exc:
             if isinstance(exc, RuntimeError) and "shutdown" not in str(exc):
                 raise
             raise IndexUnavailable("the daemon is shutting down") from None
 
-    def _unless_gone(self, future: Future[Any], sock: socket.socket, ran: list[int]) -> Any:
+    def _unless_gone(self, future: Future[Any], sock: socket.socket, call: _Call) -> Any:
         """The call's result; if its client hangs up meanwhile (closes its end: a half-close still waits for the
-        answer), the backend is asked to end the statement the call runs, so abandoned work stops."""
+        answer), the backend is asked, until the call ends, to end the statement its thread runs: abandoned work
+        stops (a statement started after the first ask is ended too)."""
         poller = select.poll()
         poller.register(sock, 0)  # POLLHUP and POLLERR only: a full close of the client's end
+        stop = getattr(self.dispatcher.backend, "interrupt", None)
+        gone = False
         while True:
             try:
                 return future.result(timeout=HANGUP_POLL)
             except FuturesTimeout:
                 pass
-            if ran and poller.poll(0):
-                stop = getattr(self.dispatcher.backend, "interrupt", None)
-                if stop is not None:
-                    stop(ran[0])
-                return future.result()
+            gone = gone or bool(poller.poll(0))
+            if gone and stop is not None:
+                with call.gate:
+                    if call.thread and not call.done:
+                        stop(call.thread)
 
     def start(self) -> None:
         self.listener.setblocking(False)
