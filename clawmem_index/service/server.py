@@ -23,20 +23,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import selectors
 import socket
 import stat
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FuturesTimeout
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clawmem_index.errors import ConfigError, IndexUnavailable
+from clawmem_index.service.hangup import Call, result_unless_gone
 from clawmem_index.service.protocol import Backend, Dispatcher, safe_log
 from clawmem_index.service.replies import (
     INVALID_REQUEST,
@@ -55,7 +54,6 @@ __all__ = ["MAX_CONNECTIONS", "MAX_LINE", "SEND_TIMEOUT", "LineReader", "RpcServ
 MAX_LINE = 1 << 20
 MAX_CONNECTIONS = 256
 SEND_TIMEOUT = 30.0
-HANGUP_POLL = 0.05  # how often a call's client is looked at while the call runs (an answer is not delayed by it)
 STALLED_SEND = 2.0  # a local reader takes milliseconds for 4 MiB: longer means it is not reading
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 16 << 20
@@ -119,15 +117,6 @@ class _Connection:
     evicted: bool = False
 
 
-class _Call:
-    """A pooled call: the thread running it, and whether it is over (`gate` orders the two with an interrupt)."""
-
-    def __init__(self) -> None:
-        self.thread = 0
-        self.done = False
-        self.gate = threading.Lock()
-
-
 class RpcServer:
     """Serves a Dispatcher on a listening Unix socket, one thread per connection."""
 
@@ -157,17 +146,16 @@ class RpcServer:
         self.evictions = 0
 
     def _run_pooled(self, fn: Callable[[], Any]) -> Any:
-        call = _Call()
+        call = Call()
 
         def counted() -> Any:
-            call.thread = threading.get_ident()
+            call.started()
             with self._quiet:
                 self._running += 1
             try:
                 return fn()
             finally:
-                with call.gate:
-                    call.done = True  # from here on its thread may run another call: it is not interrupted
+                call.ended()  # from here on its thread may run another call: it is not interrupted
                 with self._quiet:
                     self._running -= 1
                     self._quiet.notify_all()
@@ -175,30 +163,13 @@ class RpcServer:
         try:
             future = self._pool.submit(counted)
             sock = getattr(self._here, "sock", None)
-            return future.result() if sock is None else self._unless_gone(future, sock, call)
+            if sock is None:
+                return future.result()
+            return result_unless_gone(future, sock, call, getattr(self.dispatcher.backend, "interrupt", None))
         except (CancelledError, RuntimeError) as exc:
             if isinstance(exc, RuntimeError) and "shutdown" not in str(exc):
                 raise
             raise IndexUnavailable("the daemon is shutting down") from None
-
-    def _unless_gone(self, future: Future[Any], sock: socket.socket, call: _Call) -> Any:
-        """The call's result; if its client hangs up meanwhile (closes its end: a half-close still waits for the
-        answer), the backend is asked, until the call ends, to end the statement its thread runs: abandoned work
-        stops (a statement started after the first ask is ended too)."""
-        poller = select.poll()
-        poller.register(sock, 0)  # POLLHUP and POLLERR only: a full close of the client's end
-        stop = getattr(self.dispatcher.backend, "interrupt", None)
-        gone = False
-        while True:
-            try:
-                return future.result(timeout=HANGUP_POLL)
-            except FuturesTimeout:
-                pass
-            gone = gone or bool(poller.poll(0))
-            if gone and stop is not None:
-                with call.gate:
-                    if call.thread and not call.done:
-                        stop(call.thread)
 
     def start(self) -> None:
         self.listener.setblocking(False)
