@@ -155,7 +155,8 @@ def main() -> None:
         script = run / "node_client.mjs"
         script.write_text(NODE % {"client": json.dumps(str(ROOT / "integrations" / "clawmem-client" / "index.js"))})
         search_mode = "hybrid" if provider is not None else "bm25"
-        out: dict[str, Any] = {"files": args.files, "provider_delay": args.provider_delay, "search_mode": search_mode, "concurrency": args.concurrency, "batches": args.batches,
+        out: dict[str, Any] = {"files": args.files, "provider_delay": args.provider_delay, "search_mode": search_mode,
+                               "concurrency": args.concurrency, "batches": args.batches,
                                "rows": []}
         for round_ in range(args.rounds):
             for mode in (("shared", "per-request") if round_ % 2 == 0 else ("per-request", "shared")):

@@ -140,7 +140,10 @@ EMBEDDING_ERROR = "embedding_error"  # meta: why the last pass that called the p
 
 def _record_failure(store: Store, error: str | None, fingerprint: str | None) -> None:
     """Keep the provider's last failure in the index, so that an answer missing vectors can say why (a key the
-    provider refuses never 'still being made'); a pass that reached the provider's end clears it."""
+    provider refuses never 'still being made'); a pass that reached the provider's end clears it. Read first: a
+    pass with nothing to change (the usual one) takes no write transaction."""
+    if store.get_meta(EMBEDDING_ERROR) == error:
+        return
     with store.transaction():
         if fingerprint is not None and store.get_meta("fingerprint") != fingerprint:
             return  # the index was replaced meanwhile: this pass's outcome is not about it

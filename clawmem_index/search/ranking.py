@@ -24,8 +24,8 @@ from clawmem_index.text.annotations import Annotations, strip_annotations
 from clawmem_index.text.dates import DateMention
 from clawmem_index.text.keywords import build_prefix_match
 
-__all__ = ["MAX_QUERY_CHARS", "NO_VECTORS", "Candidate", "SearchOutcome", "SearchRequest", "SearchResult", "decay_factor",
-           "fuse_rrf", "iso_date", "mmr", "run_search"]
+__all__ = ["MAX_QUERY_CHARS", "NO_VECTORS", "Candidate", "SearchOutcome", "SearchRequest", "SearchResult",
+           "decay_factor", "fuse_rrf", "iso_date", "mmr", "run_search"]
 
 Mode = Literal["hybrid", "bm25", "vector"]
 

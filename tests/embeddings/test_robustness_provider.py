@@ -269,7 +269,8 @@ def test_sigterm_ends_the_daemon_while_searches_wait_on_a_hung_provider(workspac
         waiting = [threading.Thread(target=search, args=(q,), daemon=True) for q in ("wombat", "staging server")]
         for thread in waiting:
             thread.start()
-        wait_until(lambda: len(fake_server.requests) >= asked + 2, timeout=BOUND, message="both query vectors asked for")
+        wait_until(lambda: len(fake_server.requests) >= asked + 2, timeout=BOUND,
+                   message="both query vectors asked for")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0  # TimeoutExpired (a failure) when the daemon waits on its query threads
     finally:
