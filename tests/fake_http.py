@@ -35,6 +35,7 @@ __all__ = [
     "gemini_reply",
     "no_proxy",
     "openai_reply",
+    "query_route",
     "vector_for",
     "voyage_reply",
 ]
@@ -193,6 +194,17 @@ class FakeServer:
 def fake_server() -> Iterator[FakeServer]:
     with FakeServer() as server:
         yield server
+
+
+@pytest.fixture(params=["one request", "sdk"])
+def query_route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test twice: queries sent as one plain request (the route a query fits), then through the SDK (the
+    route of a query too long for one input, and of every document), so both keep the same behaviour."""
+    if request.param == "sdk":
+        from clawmem_index.embeddings.remote import RemoteProvider
+
+        monkeypatch.setattr(RemoteProvider, "embed_query", lambda self, text: self._embed([text], "query")[0])
+    return str(request.param)
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -44,6 +45,7 @@ def search(query: tuple[str, ...], as_json: bool, max_results: int | None, mode:
     memory/2026/11/25.md) and of transcripts; a date bound leaves undated ones (MEMORY.md) out.
     """
     ctx = ctx_of(kwargs)
+    _one_blas_thread()
 
     def action() -> None:
         prefix = argument_text(path_prefix) if path_prefix is not None else None
@@ -188,6 +190,7 @@ def context(query: tuple[str, ...], budget: int | None, as_json: bool, max_resul
     goes to stderr) when nothing matches or nothing fits.
     """
     ctx = ctx_of(kwargs)
+    _one_blas_thread()
 
     def action() -> None:
         answer = ctx.client().context(" ".join(map(argument_text, query)), budget=budget, max_results=max_results,
@@ -268,3 +271,10 @@ def _plain(value: Any) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k} {_plain(v)}" for k, v in value.items())
     return str(value)
+
+
+def _one_blas_thread() -> None:
+    """A search answered here multiplies one query vector by a few thousand at most: the thread pool numpy's
+    OpenBLAS starts at its import cost a search ~0.1 s of CPU, more than the vector search. Unless the user
+    set it, one thread (before numpy is imported; a daemon answering instead imports nothing)."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")

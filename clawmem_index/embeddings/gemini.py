@@ -17,12 +17,14 @@ import json
 import os
 import re
 import time
+import urllib.parse
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from clawmem_index.config import EmbeddingSettings
 from clawmem_index.embeddings.jobs import JobState, Submitted, assemble, job_capacity, pack_job
+from clawmem_index.embeddings.query_http import HTTPCall
 from clawmem_index.embeddings.remote import (
     InputKind,
     Limits,
@@ -105,6 +107,20 @@ class GeminiProvider(RemoteProvider):
         response = self._client.models.embed_content(model=self._model, contents=contents, config=config)
         embeddings = response.embeddings or []
         return [list(item.values or []) for item in embeddings]
+
+    def _query_call(self, text: str) -> HTTPCall:
+        """`batchEmbedContents` with one request, as the SDK sends `embed_content` (its model named `models/...`)."""
+        api_key, base_url, api_version, headers = self._connection
+        model = self._model if self._model.startswith(("models/", "tunedModels/")) else f"models/{self._model}"
+        request: dict[str, Any] = {"content": {"parts": [{"text": text}], "role": "user"},
+                                   "taskType": _TASK_TYPES["query"], "model": model}
+        if self._settings.dimensions:
+            request["outputDimensionality"] = self._settings.dimensions
+        url = f"{base_url}/{api_version}/{urllib.parse.quote(model, safe='/')}:batchEmbedContents"
+        return HTTPCall(url, {"x-goog-api-key": api_key, **headers}, {"requests": [request]})
+
+    def _query_vector(self, payload: Any) -> Any:
+        return list(payload["embeddings"][0].get("values") or [])
 
     @property
     def max_batch_items(self) -> int:

@@ -11,7 +11,6 @@ output and error files are read back when it completes.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import json
@@ -22,6 +21,7 @@ from typing import Any, ClassVar
 
 from clawmem_index.config import EmbeddingSettings
 from clawmem_index.embeddings.jobs import JobState, Submitted, assemble, job_capacity, pack_job
+from clawmem_index.embeddings.query_http import HTTPCall, decode_vector
 from clawmem_index.embeddings.remote import (
     InputKind,
     Limits,
@@ -69,6 +69,8 @@ class OpenAIProvider(RemoteProvider):
         self.official_endpoint = base_url == DEFAULT_BASE_URL  # batch jobs: OpenAI has them, compatible servers rarely
         super().__init__(settings, model=model, endpoint=describe_endpoint(base_url, headers), limits=_LIMITS,
                          secrets=[api_key, *secret_values(headers)], sleep=sleep)
+        # The SDK would read the organization and project from the environment: both paths take them from here.
+        self._account = (first_set(environ, "OPENAI_ORG_ID") or None, first_set(environ, "OPENAI_PROJECT_ID") or None)
         self._connection = (api_key or "no-key", base_url, headers)
         self._submitted: dict[str, Submitted] = {}
 
@@ -76,8 +78,26 @@ class OpenAIProvider(RemoteProvider):
         import openai
 
         api_key, base_url, headers = self._connection
-        return openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=self._settings.timeout,
-                             default_headers=headers)
+        organization, project = self._account
+        return openai.OpenAI(api_key=api_key, organization=organization, project=project, base_url=base_url,
+                             max_retries=0, timeout=self._settings.timeout, default_headers=headers)
+
+    def _body(self, inputs: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self._model, "input": inputs, "encoding_format": "base64"}
+        if self._settings.dimensions:
+            body["dimensions"] = self._settings.dimensions
+        return body
+
+    def _query_call(self, text: str) -> HTTPCall:
+        api_key, base_url, headers = self._connection
+        organization, project = self._account
+        account = {name: value for name, value in (("OpenAI-Organization", organization), ("OpenAI-Project", project))
+                   if value}
+        return HTTPCall(f"{base_url}/embeddings", {"Authorization": f"Bearer {api_key}", **account, **headers},
+                        self._body([text]))
+
+    def _query_vector(self, payload: Any) -> Any:
+        return decode_vector(min(payload["data"], key=lambda item: item["index"])["embedding"])
 
     def _request(self, inputs: list[str], kind: InputKind) -> list[Any]:
         """One request through the SDK's client (auth, headers, errors), its answer read as plain JSON.
@@ -88,12 +108,9 @@ class OpenAIProvider(RemoteProvider):
         """
         import httpx
 
-        body: dict[str, Any] = {"model": self._model, "input": inputs, "encoding_format": "base64"}
-        if self._settings.dimensions:
-            body["dimensions"] = self._settings.dimensions
-        payload = self._client.post("/embeddings", body=body, cast_to=httpx.Response).json()
+        payload = self._client.post("/embeddings", body=self._body(inputs), cast_to=httpx.Response).json()
         data = sorted(payload["data"], key=lambda item: item["index"])
-        return [_floats(item["embedding"]) for item in data]
+        return [decode_vector(item["embedding"]) for item in data]
 
     @property
     def max_batch_items(self) -> int:
@@ -150,9 +167,7 @@ class OpenAIProvider(RemoteProvider):
                 raise
 
     def _job_line(self, key: str, text: str) -> tuple[bytes, int]:
-        body: dict[str, Any] = {"model": self._model, "input": text, "encoding_format": "base64"}
-        if self._settings.dimensions:
-            body["dimensions"] = self._settings.dimensions
+        body = self._body(text)
         line = json.dumps({"custom_id": key, "method": "POST", "url": "/v1/embeddings", "body": body}).encode() + b"\n"
         return line, len(line)
 
@@ -179,7 +194,7 @@ class OpenAIProvider(RemoteProvider):
                 vector = None
                 if not record.get("error") and answer.get("status_code") == 200:
                     with contextlib.suppress(KeyError, IndexError, TypeError, ValueError):
-                        vector = _floats(answer["body"]["data"][0]["embedding"])
+                        vector = decode_vector(answer["body"]["data"][0]["embedding"])
                 if vector is None:
                     failed.append(key)
                 else:
@@ -200,17 +215,6 @@ class OpenAIProvider(RemoteProvider):
         if isinstance(exc, openai.OpenAIError):
             return Failure(Kind.REJECTED, str(exc))
         return None
-
-
-def _floats(embedding: object) -> Any:
-    """A vector as the server sent it: base64 little-endian float32 (asked for), or a JSON list (some servers)."""
-    import numpy as np
-
-    if isinstance(embedding, str):
-        return np.frombuffer(base64.b64decode(embedding, validate=True), dtype="<f4")
-    if isinstance(embedding, list):
-        return np.asarray(embedding, dtype=np.float64)
-    raise ValueError(f"an embedding of type {type(embedding).__name__}")
 
 
 def _batch_detail(batch: Any) -> str:

@@ -1,10 +1,12 @@
 """What the OpenAI, Gemini and Voyage providers share: planning, retries, checks, identity.
 
-A subclass implements three methods: `_make_client` builds its SDK client (called on first use
+A subclass implements five methods: `_make_client` builds its SDK client (called on first use
 only: importing an SDK costs up to a second, which a command that embeds nothing must not pay),
-`_request` makes exactly one HTTP call for a list of inputs, and `_classify` maps the SDK's
-exceptions to a `retry.Failure`. Everything else, from splitting over-limit inputs to
-refusing zero vectors, lives here once.
+`_request` makes exactly one HTTP call for a list of inputs, `_classify` maps the SDK's
+exceptions to a `retry.Failure`, and `_query_call` / `_query_vector` describe the one request a
+query is, as the SDK would send it, and read its answer: a query is sent without the SDK
+(`clawmem_index.embeddings.query_http`; connections are not kept, as the SDKs keep theirs 5 s at most).
+Everything else, from splitting over-limit inputs to refusing zero vectors, lives here once.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from clawmem_index.config import EmbeddingSettings
 from clawmem_index.embeddings.base import ProviderInfo
-from clawmem_index.embeddings.batching import embed_planned, plan_batches
+from clawmem_index.embeddings.batching import Piece, Plan, combine, embed_planned, plan_batches
+from clawmem_index.embeddings.query_http import HTTPCall, failure_of, post_json
 from clawmem_index.embeddings.retry import (
     Failure,
     Kind,
@@ -122,8 +125,7 @@ class RemoteProvider(abc.ABC):
         return self._sdk_client
 
     def warm(self) -> None:
-        """Import the SDK and build the client now (the daemon does, off the query path)."""
-        self._client  # noqa: B018
+        """Nothing to load before a query: it is one plain request (the SDK comes with the first documents)."""
 
     def close(self) -> None:
         """Close the SDK client's connections, if one was ever made."""
@@ -154,7 +156,21 @@ class RemoteProvider(abc.ABC):
         return self._embed(texts, "document")
 
     def embed_query(self, text: str) -> list[float]:
-        return self._embed([text], "query")[0]
+        """One request without the SDK, unless the text needs splitting (see `embed_documents`).
+
+        A text of at most `_split_tokens` bytes is within every limit (a token is at least a byte).
+        """
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > self._split_tokens:
+            return self._embed([text], "query")[0]
+        sent = text or " "  # as `plan_batches` sends an empty text: the APIs refuse empty inputs
+        call = self._query_call(sent)
+        vectors = call_with_retries(lambda: [self._query_vector(post_json(call, timeout=self._settings.timeout))],
+                                    self._classify_any, self._policy,
+                                    what=f"{self.name} embeddings request ({self._model})", secrets=self._secrets,
+                                    pause=self._pause)
+        self._check_dims(vectors)
+        return combine(Plan((Piece(sent, max(size, 1), 0),), ((0,),), 1), vectors)[0]  # checked and made unit
 
     def _embed(self, texts: Sequence[str], kind: InputKind) -> list[list[float]]:
         if not texts:
@@ -205,10 +221,10 @@ class RemoteProvider(abc.ABC):
         return min(self._max_input_tokens, self._batch_tokens)
 
     def _classify_any(self, exc: Exception) -> Failure | None:
-        failure = self._classify(exc)
+        failure = failure_of(exc) or self._classify(exc)
         if failure is None:
             failure = _transport_failure(exc)
-        if failure is None and isinstance(exc, (ValueError, KeyError, TypeError, AttributeError)):
+        if failure is None and isinstance(exc, (ValueError, LookupError, TypeError, AttributeError)):
             failure = Failure(Kind.BAD_RESPONSE, f"{type(exc).__name__}: {exc}")
         if failure is not None:
             failure = Failure(failure.kind, redact(failure.detail, self._secrets), failure.status,
@@ -229,6 +245,14 @@ class RemoteProvider(abc.ABC):
     @abc.abstractmethod
     def _classify(self, exc: Exception) -> Failure | None:
         """Map an SDK exception to a Failure, or None to let the shared rules decide."""
+
+    @abc.abstractmethod
+    def _query_call(self, text: str) -> HTTPCall:
+        """The request the SDK would send to embed `text` as a query (the same URL, credentials and body)."""
+
+    @abc.abstractmethod
+    def _query_vector(self, payload: Any) -> Any:
+        """The vector in the answer to `_query_call` (raises KeyError, IndexError, TypeError or ValueError)."""
 
 
 def _transport_failure(exc: Exception) -> Failure | None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from clawmem_index.config import EmbeddingSettings
+from clawmem_index.embeddings.query_http import HTTPCall, decode_vector
 from clawmem_index.embeddings.remote import InputKind, Limits, RemoteProvider, describe_endpoint, first_set
 from clawmem_index.embeddings.retry import Failure, Kind
 from clawmem_index.errors import ConfigError, ProviderError
@@ -66,6 +67,16 @@ class VoyageProvider(RemoteProvider):
         result = self._client.embed(list(inputs), model=self._model, input_type=kind, truncation=True,
                                     output_dimension=self._settings.dimensions or None)
         return [list(map(float, vector)) for vector in result.embeddings]
+
+    def _query_call(self, text: str) -> HTTPCall:
+        """The body the SDK sends for `embed([text], input_type="query")`: base64 float32 vectors."""
+        api_key, base_url = self._connection
+        body = {"input": [text], "model": self._model, "input_type": "query", "truncation": True, "output_dtype": None,
+                "output_dimension": self._settings.dimensions or None, "encoding_format": "base64"}
+        return HTTPCall(f"{base_url}/embeddings", {"Authorization": f"Bearer {api_key}"}, body)
+
+    def _query_vector(self, payload: Any) -> Any:
+        return decode_vector(min(payload["data"], key=lambda item: item["index"])["embedding"])
 
     def _classify(self, exc: Exception) -> Failure | None:
         from voyageai import error

@@ -10,18 +10,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_http import FakeServer, Recorded, Reply, assert_unit, fake_server, gemini_reply, no_proxy, vector_for
+from fake_http import (
+    FakeServer,
+    Recorded,
+    Reply,
+    assert_unit,
+    fake_server,
+    gemini_reply,
+    no_proxy,
+    query_route,
+    vector_for,
+)
 
 from clawmem_index.config import EmbeddingSettings
 from clawmem_index.embeddings.base import normalize
 from clawmem_index.embeddings.gemini import GeminiProvider, split_base_url
 from clawmem_index.errors import AuthError, ProviderError, ProviderTimeout, RateLimited
 
-__all__ = ["fake_server", "no_proxy"]
+__all__ = ["fake_server", "no_proxy", "query_route"]
 
 KEY = "AIza-test-0123456789-SECRET"
 PATH = "/v1beta/models/gemini-embedding-001:batchEmbedContents"
-pytestmark = pytest.mark.usefixtures("no_proxy")
+pytestmark = pytest.mark.usefixtures("no_proxy", "query_route")
 
 
 @pytest.fixture

@@ -72,10 +72,14 @@ def test_openai_sdk_is_imported_only_by_commands_that_embed(notes: Path, tmp_pat
         assert imported == [], command
     assert len(fake_server.requests) == requests
 
-    out, imported = run("search", "--json", "which server is staging", env=env)  # hybrid: the query is embedded
+    # Hybrid: the query is embedded by one plain request, without the SDK (~0.5 s of CPU) or httpx.
+    out, imported = run("search", "--json", "which server is staging", env=env, modules=(*SDK_MODULES, "httpx"))
     assert out.returncode == 0, out.stderr
-    assert imported == ["openai"]
-    assert json.loads(out.stdout)["results"][0]["path"] == "MEMORY.md"
+    assert imported == []
+    assert [r.body["input"] for r in fake_server.requests[requests:]] == [["which server is staging"]]
+    answer = json.loads(out.stdout)
+    assert answer["results"][0]["path"] == "MEMORY.md"
+    assert answer["results"][0]["vector_score"] is not None
 
 
 def test_local_model_is_loaded_only_by_commands_that_embed(notes: Path, tmp_path: Path) -> None:
@@ -151,3 +155,31 @@ print(info.provider, info.dims > 0, bool(info.endpoint), before, "{sdk}" in sys.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[1:] == ["True", "True", "False", "True"]
+
+
+_THREADS_PROBE = """
+import atexit, os, sys, threading
+def native() -> None:
+    tasks = len(os.listdir("/proc/self/task"))
+    print(f"NUMPY {'numpy' in sys.modules} NATIVE {tasks - threading.active_count()}", file=sys.stderr)
+atexit.register(native)
+sys.argv = ["clawmem", *sys.argv[1:]]
+from clawmem_index.cli import main
+main()
+"""
+
+
+@pytest.mark.usefixtures("no_proxy")
+@pytest.mark.skipif((os.cpu_count() or 1) < 2 or not Path("/proc/self/task").is_dir(),
+                    reason="a BLAS thread pool needs two cores to start, and /proc to be counted")
+def test_a_hybrid_search_starts_no_blas_threads(notes: Path, tmp_path: Path, fake_server: FakeServer) -> None:
+    """numpy's OpenBLAS starts a thread per core at import (~0.1 s of CPU), for one query vector's products."""
+    fake_server.default = lambda request: openai_reply(request, dims=1536)
+    env = {**{k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"},
+           **remote_env(notes, tmp_path, fake_server)}
+    assert subprocess.run([sys.executable, "-m", "clawmem_index", "index"], env=env, capture_output=True,
+                          timeout=120).returncode == 0
+    out = subprocess.run([sys.executable, "-c", _THREADS_PROBE, "search", "--json", "which server is staging"],
+                         env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    assert "NUMPY True NATIVE 0" in out.stderr  # numpy did its work, on this thread alone

@@ -14,17 +14,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_http import FakeServer, Recorded, Reply, assert_unit, fake_server, no_proxy, openai_reply, vector_for
+from fake_http import (
+    FakeServer,
+    Recorded,
+    Reply,
+    assert_unit,
+    fake_server,
+    no_proxy,
+    openai_reply,
+    query_route,
+    vector_for,
+)
 
 from clawmem_index.config import EmbeddingSettings
 from clawmem_index.embeddings.base import normalize
 from clawmem_index.embeddings.openai import OpenAIProvider
 from clawmem_index.errors import AuthError, ProviderError, ProviderTimeout, RateLimited
 
-__all__ = ["fake_server", "no_proxy"]
+__all__ = ["fake_server", "no_proxy", "query_route"]
 
 KEY = "sk-test-0123456789-SECRET"
-pytestmark = pytest.mark.usefixtures("no_proxy")
+pytestmark = pytest.mark.usefixtures("no_proxy", "query_route")
 
 
 @pytest.fixture

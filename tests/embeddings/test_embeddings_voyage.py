@@ -10,17 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_http import FakeServer, Reply, assert_unit, fake_server, no_proxy, vector_for, voyage_reply
+from fake_http import FakeServer, Reply, assert_unit, fake_server, no_proxy, query_route, vector_for, voyage_reply
 
 from clawmem_index.config import EmbeddingSettings
 from clawmem_index.embeddings.base import normalize
 from clawmem_index.embeddings.voyage import VoyageProvider
 from clawmem_index.errors import AuthError, ConfigError, ProviderError, ProviderTimeout, RateLimited
 
-__all__ = ["fake_server", "no_proxy"]
+__all__ = ["fake_server", "no_proxy", "query_route"]
 
 KEY = "pa-test-0123456789-SECRET"
-pytestmark = pytest.mark.usefixtures("no_proxy")
+pytestmark = pytest.mark.usefixtures("no_proxy", "query_route")
 
 
 @pytest.fixture
