@@ -8,11 +8,12 @@ watcher and `get`.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import itertools
 import os
 import stat
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -296,13 +297,16 @@ def _walk(anchor: str, names: tuple[str, ...], key: str, note: Note, suffix: str
     while stack:
         dir_names, dir_key = stack.pop()
         folder = os.path.join(anchor, *dir_names)
-        listed = _list_dir(folder, dir_key, note, suffix, stat_files=not newest_first)
-        siblings = {name for name, _, _ in listed}
-        entries: Iterable[_Entry] = listed
+        entries: Iterable[_Entry]
+        siblings: Collection[str]  # looked in only for a name that is not its own key (rare)
         if newest_first:  # dated names (they start with a digit) first, the latest first
-            listed.sort(reverse=True)  # by name: a folder's names are unique (a key function took 45 ms at 20,000)
-            dated = [entry for entry in listed if entry[0][:1].isdigit()]
-            entries = _stat_as_reached(folder, dir_key, dated + [e for e in listed if not e[0][:1].isdigit()], note)
+            found_names = _names(folder, dir_key, note)
+            entries = _stat_as_reached(folder, dir_key, _newest_first(found_names), note, suffix)
+            siblings = found_names
+        else:
+            listed = _list_dir(folder, dir_key, note, suffix)
+            siblings = {name for name, _, _ in listed}
+            entries = listed
         subfolders: list[tuple[tuple[str, ...], str]] = []
         for name, kind, st in entries:
             name_key = path_key(name)
@@ -327,15 +331,13 @@ _Entry = tuple[str, str, os.stat_result | OSError | None]
 _STAT_BATCH = 256  # files lstat'ed per opening of their folder when stats are taken as reached
 
 
-def _stat_as_reached(path: str, key: str, entries: list[_Entry], note: Note) -> Iterator[_Entry]:
-    """`entries` in their order, each file with its lstat, taken through the folder (opened O_NOFOLLOW again) a
-    batch at a time: the first comes without waiting for the last. A file gone meanwhile is not yielded; a
-    folder that cannot be opened again is noted and ends the listing."""
-    for start in range(0, len(entries), _STAT_BATCH):
-        batch = entries[start:start + _STAT_BATCH]
-        if all(kind != "file" for _, kind, _ in batch):
-            yield from batch
-            continue
+def _stat_as_reached(path: str, key: str, names: list[str], note: Note, suffix: str) -> Iterator[_Entry]:
+    """`_list_dir`'s entries for `names`, in their order, each lstat'ed through the folder (opened O_NOFOLLOW
+    again) a batch at a time: the first comes without waiting for the last. The lstat tells a folder or a
+    symlink from a file, so the names come from one `os.listdir` (a fifth of the CPU of a `scandir` of a
+    flat folder of 20,000 notes, looked at entry by entry). A file gone meanwhile is not yielded; a folder
+    that cannot be opened again is noted and ends the listing."""
+    for start in range(0, len(names), _STAT_BATCH):
         try:
             fd = os.open(path, _LIST_FLAGS)
         except OSError as exc:
@@ -343,18 +345,55 @@ def _stat_as_reached(path: str, key: str, entries: list[_Entry], note: Note) -> 
             return
         done: list[_Entry] = []
         try:
-            for name, kind, st in batch:
-                if kind == "file":
-                    try:
-                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue  # deleted since the listing: as if listed a moment later
-                    except OSError as exc:
-                        st = exc
-                done.append((name, kind, st))
+            for name in names[start:start + _STAT_BATCH]:
+                if name.startswith("."):
+                    continue
+                candidate = name.lower().endswith(suffix)
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # deleted since the listing: as if listed a moment later
+                except OSError as exc:
+                    if candidate:
+                        done.append((name, "file", exc))
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    done.append((name, "link", None))
+                elif stat.S_ISDIR(st.st_mode):
+                    if name not in SKIPPED_DIRS:
+                        done.append((name, "dir", None))
+                elif candidate:
+                    done.append((name, "file", st))
         finally:
             os.close(fd)
         yield from done
+
+
+def _newest_first(names: list[str]) -> list[str]:
+    """Names that start with a digit 0-9 (dates), then the others, each in descending order.
+
+    Sorted once (a folder's names are unique; a key function took 45 ms at 20,000), the names that
+    start with a digit are one run, found by bisection rather than by looking at every name.
+    """
+    names.sort()
+    low, high = bisect.bisect_left(names, "0"), bisect.bisect_left(names, ":")
+    return names[low:high][::-1] + names[high:][::-1] + names[:low][::-1]
+
+
+def _names(path: str, key: str, note: Note) -> list[str]:
+    """The names in a folder (hidden ones are left out as they are reached, see `_stat_as_reached`)."""
+    try:
+        fd = os.open(path, _LIST_FLAGS)
+    except OSError as exc:
+        _note_error(note, key or ".", exc)
+        return []
+    try:
+        return os.listdir(fd)
+    except OSError as exc:
+        _note_error(note, key or ".", exc)
+        return []
+    finally:
+        os.close(fd)
 
 
 def _list_dir(path: str, key: str, note: Note, suffix: str = MEMORY_SUFFIX, *,
@@ -395,7 +434,7 @@ def _list_dir(path: str, key: str, note: Note, suffix: str = MEMORY_SUFFIX, *,
     return entries
 
 
-def _name_problem(name: str, siblings: set[str]) -> str | None:
+def _name_problem(name: str, siblings: Collection[str]) -> str | None:
     """Why a name cannot have its own key: every key must open exactly the file it was given to."""
     key = path_key(name)
     if key == name:

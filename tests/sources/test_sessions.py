@@ -477,12 +477,15 @@ def test_a_transcript_line_over_max_file_bytes_is_skipped_unheld_and_appends_sti
     skipped, its bytes never held (a 50 MB line took the daemon to 344 MB), the messages around it indexed."""
     import tracemalloc
 
+    from clawmem_index.text.tokens import get_encoding
+
     settings = _bounded(ssettings, 100_000)
     huge = message("assistant", "blob " * 1_000_000)
     path = write(KEY, jsonl(header(), message("user", "where is the wombat runbook"), huge,
                             message("assistant", "the wombat runbook is in the wiki")))
     index = MemoryIndex(settings)
     try:
+        get_encoding("cl100k_base")  # the tokenizer's tables (~20 MB), loaded once per process: not the line's bytes
         tracemalloc.start()
         report = index.sync()
         _, peak = tracemalloc.get_traced_memory()

@@ -340,3 +340,36 @@ def test_the_watcher_keys_events_as_the_scanner_does(workspace: Path) -> None:
     assert watcher.affected(FileCreatedEvent(os.fsdecode(raw))) == {"memory/b\\xff.md"}
     moved = FileMovedEvent(os.fsdecode(raw), f"{workspace}/memory/c.md")
     assert watcher.affected(moved) == {"memory/b\\xff.md", "memory/c.md"}
+
+
+@pytest.mark.timeout(30)
+def test_newest_first_finds_and_refuses_exactly_what_a_whole_scan_does(workspace: Path, write, tmp_path: Path) -> None:
+    """The newest-first walk learns each entry's kind from its lstat, not from the listing: on a folder of every
+    odd thing it must find the same files and give the same reasons as the walk that lists entry by entry."""
+    import socket
+
+    memory = workspace / "memory"
+    for rel in ("MEMORY.md", "memory/2026-03-01.md", "memory/2026-02-28.md", "memory/Zeta.MD", "memory/notes.txt",
+                "memory/.hidden.md", "memory/.git/x.md", "memory/node_modules/y.md", "memory/2026/03/02.md",
+                "memory/dir.md/inside.md", "memory/b\\xff.md", "memory/0-first.md", "memory/ä-umlaut.md"):
+        write(rel, "x")
+    (tmp_path / "t.md").write_text("x")
+    os.symlink(tmp_path / "t.md", memory / "link.md")
+    os.symlink(tmp_path, memory / "2026-link")
+    os.symlink(tmp_path, memory / "node_modules-link")
+    os.mkfifo(memory / "pipe.md")
+    byte_file(memory, b"b\xff.md", b"bytes")
+    byte_file(memory, b"\xff\\x80.md")
+    make_long_path(memory)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(memory / "sock.md"))
+    try:
+        whole, newest = [], []
+        found = {f.path for f in scan(workspace, (), whole)}
+        found_newest = [f.path for f in scan(workspace, (), newest, newest_first=True)]
+    finally:
+        sock.close()
+    assert found == set(found_newest) and len(found_newest) == len(found)
+    assert found >= {"memory/2026-03-01.md", "memory/Zeta.MD", "memory/dir.md/inside.md", "memory/2026/03/02.md"}
+    assert sorted((s.path, s.reason) for s in newest) == sorted((s.path, s.reason) for s in whole)
+    assert len(whole) >= 6
