@@ -98,8 +98,10 @@ def hybrid_against_keyword(notes: int, rounds: int, dims: int, work: Path, port:
         rng.shuffle(modes)
         measured = {mode: run([*CLAWMEM, "search", "-w", str(workspace), "--mode", mode, query], env)
                     for mode in modes}
-        rows.append({"round": round_, "query": query, "load": os.getloadavg()[0],
-                     **{f"{mode}_{what}": measured[mode][i] for mode in modes for i, what in enumerate(("wall", "cpu"))}})
+        row: dict[str, Any] = {"round": round_, "query": query, "load": os.getloadavg()[0]}
+        for mode in modes:
+            row[f"{mode}_wall"], row[f"{mode}_cpu"] = measured[mode]
+        rows.append(row)
     ratios = [r["hybrid_cpu"] / r["bm25_cpu"] for r in rows]
     low, high = median_interval(ratios)
     return {"notes": notes, "rounds": rounds, "dims": dims,
