@@ -157,11 +157,15 @@ print(info.provider, info.dims > 0, bool(info.endpoint), before, "{sdk}" in sys.
     assert out.stdout.split()[1:] == ["True", "True", "False", "True"]
 
 
+# A Python thread that has finished (the pending check's, the query deadline's) leaves `threading`'s count a
+# moment before its OS thread leaves /proc: the count is polled until a deadline. A BLAS pool's threads never leave.
 _THREADS_PROBE = """
-import atexit, os, sys, threading
+import atexit, os, sys, threading, time
 def native() -> None:
-    tasks = len(os.listdir("/proc/self/task"))
-    print(f"NUMPY {'numpy' in sys.modules} NATIVE {tasks - threading.active_count()}", file=sys.stderr)
+    deadline = time.monotonic() + 5
+    while (extra := len(os.listdir("/proc/self/task")) - threading.active_count()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print(f"NUMPY {'numpy' in sys.modules} NATIVE {extra}", file=sys.stderr)
 atexit.register(native)
 sys.argv = ["clawmem", *sys.argv[1:]]
 from clawmem_index.cli import main
