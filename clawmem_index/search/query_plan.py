@@ -18,6 +18,9 @@ from clawmem_index.text.keywords import match_of, query_terms, quoted_spans
 __all__ = ["MAX_DATES", "QueryPlan", "plan_query"]
 
 MAX_DATES = 4  # ranges of days a query's prior pulls toward (a query of 500 "yesterday"s reads one window)
+# The first part of a contraction ("hadn't", "they'll", "I'd"): a word the language makes, not a typo, though the
+# index may not hold it ("hadn" is not "had" or "hand"). A possessive ("Carolne's") is a word and may be one.
+_CONTRACTED = re.compile(r"(\w+)['\u2019](?:t|ll|re|ve|d|m)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,11 @@ def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int] | None]
     dates = tuple(days.values())
     words = without_dates(query, [m for m in found if (m.first, m.last) in days]) if dates else query
     terms = query_terms(words)
-    # Taken as typed: words in quotes, and words with a capital past their first letter (ids, acronyms, gene
-    # names: "DLNs", "PPARy", "RUNX" are not typos of "dls", "ppar", "run"; "Carolne" may be one)
+    # Taken as typed: words in quotes, contractions' first parts, and words with a capital past their first letter
+    # (ids, acronyms, gene names: "DLNs", "PPARy", "RUNX" are not typos of "dls", "ppar", "run"; "Carolne" may be one)
     as_typed = {t for a, b in quoted for t in query_terms(query[a:b].strip("\"\u201c\u201d"))} | \
-        {w.lower() for w in re.findall(r"\w+", query) if any(c.isupper() for c in w[1:])}
+        {w.lower() for w in re.findall(r"\w+", query) if any(c.isupper() for c in w[1:])} | \
+        {m.group(1).lower() for m in _CONTRACTED.finditer(query)}
     corrections = tuple(correct([t for t in terms if t not in as_typed], vocabulary)) \
         if vocabulary is not None else ()
     if corrections:

@@ -88,6 +88,15 @@ def test_acronyms_and_ids_typed_with_capitals_inside_are_taken_as_typed() -> Non
     assert plan_query("Carolne", vocabulary).corrections[0].meant == ("caroline",)  # a name's capital is its first
 
 
+def test_the_first_part_of_a_contraction_is_not_read_as_a_typo() -> None:
+    """"hadn't" is split into "hadn" and "t": "hadn" is a word the language makes, not "had" or "hand" mistyped."""
+    vocabulary = Vocabulary({"had": 9, "hand": 4, "couldn": 2, "carolines": 3})
+    for query in ("why hadn't she moved", "why hadn\u2019t she moved", "Why HADN'T she moved"):
+        assert plan_query(query, vocabulary).corrections == (), query
+    assert plan_query("why hadn she moved", vocabulary).corrections[0].meant == ("had", "hand")  # no apostrophe
+    assert plan_query("what's Carolne's plan", vocabulary).corrections[0].word == "carolne"  # a possessive may be one
+
+
 def test_a_dropped_second_letter_is_put_back_when_nothing_else_is_near() -> None:
     vocabulary = Vocabulary({"mentors": 3, "children": 5})
     assert [(c.word, c.meant) for c in correct(["mntors", "cildren"], vocabulary)] == \
