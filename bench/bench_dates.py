@@ -6,8 +6,9 @@ A workspace of one daily note a day (memory/YYYY-MM-DD.md) for `--days` days bef
 same template about one of five topics in turn, so every topic is written up on many days and only
 the date says which. Each note is asked about in every way a person names its day that applies:
 "yesterday", "the day before yesterday", "N days ago" (digits and words), "last <weekday>" (within
-the last week), "on <Month> <day>", "<day> <Month> <year>", and the ISO date, as "what did we say
-about the <topic> <date>?" with `now` = NOW. Measured: the share of questions whose first result is
+the last week), "a fortnight ago", "on the <Nth>" (the last month's days), "the week of <Month> <day>"
+(the week's Monday named, asked only where the topic comes once that week), "on <Month> <day>",
+"<day> <Month> <year>", and the ISO date, as "what did we say about the <topic> <date>?" with `now` = NOW. Measured: the share of questions whose first result is
 that day's note, per way of naming it and overall, in keyword and hybrid search (the default local
 model), with the date prior at its default weight and off (`date_weight` 0: the date is words).
 Latency: each search's time, p50 / p95 (query embedding excluded).
@@ -69,7 +70,11 @@ def workspace(root: Path, days: int) -> dict[dt.date, str]:
     return topics
 
 
-def namings(day: dt.date) -> dict[str, str]:
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def namings(day: dt.date, topics: dict[dt.date, str]) -> dict[str, str]:
     """Each way of naming `day` from NOW that applies to it."""
     back = (NOW - day).days
     out = {"month day": f"on {day:%B} {day.day}", "day month year": f"on {day.day} {day:%B} {day.year}",
@@ -84,6 +89,14 @@ def namings(day: dt.date) -> dict[str, str]:
         out["N days ago (words)"] = f"{NUMBERS[back]} days ago"
     if 1 <= back <= 7:
         out["last weekday"] = f"last {WEEKDAYS[day.weekday()]}"
+    if back == 14:
+        out["a fortnight ago"] = "a fortnight ago"
+    if (day.year, day.month) == (NOW.year, NOW.month) or (day.day > NOW.day and back < 31):
+        out["on the Nth"] = f"on the {ordinal(day.day)}"
+    monday = day - dt.timedelta(days=day.weekday())
+    week = [monday + dt.timedelta(days=i) for i in range(7)]
+    if sum(topics.get(d) == topics[day] for d in week) == 1:
+        out["the week of"] = f"the week of {monday:%B} {monday.day}"
     return out
 
 
@@ -97,7 +110,7 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="clawmem-dates-"))
     topics = workspace(work / "ws", args.days)
     questions = [(kind, f"what did we say about the {topic} {named}?", day)
-                 for day, topic in sorted(topics.items()) for kind, named in namings(day).items()]
+                 for day, topic in sorted(topics.items()) for kind, named in namings(day, topics).items()]
     out: dict[str, Any] = {"days": args.days, "questions": len(questions), "now": NOW.isoformat()}
     for mode in ("bm25", "hybrid"):
         overrides: dict[str, Any] = {"index": str(work / f"{mode}.sqlite"),

@@ -1,4 +1,5 @@
-"""Dates in a query: "yesterday", "three days ago", "last Monday", "March 3", "2026-03-02", "in May 2023".
+"""Dates in a query: "yesterday", "a fortnight ago", "last Monday", "March 3", "on the 10th", "2026-03-02",
+"the week of May 4", "in May 2023".
 
 Each date found becomes a `DateMention`: the words that said it and the days it means (a day, or a
 range such as a week or a month), resolved against `today` (the day the query is asked, or a `now`
@@ -19,6 +20,8 @@ import datetime as dt
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from clawmem_index.text.keywords import STOPWORDS
 
 __all__ = ["ENGLISH", "LEXICONS", "DateMention", "Lexicon", "find_dates"]
 
@@ -65,6 +68,9 @@ class Lexicon:
     ordinals: dict[str, int] = field(default_factory=dict)  # "the second week of May": 2 ("last": -1)
     week: str = ""  # the word for a week, in "the first week of May", "the week before May 3"
     before: str = ""  # "the week before May 3"
+    the: str = ""  # the article of "on the 10th" (a day of this month, or of the last when it has not come yet)
+    # Words that may follow "the 10th" when it is a date ("on the 10th we met"), not an ordinal ("the 4th floor")
+    function_words: frozenset[str] = field(default_factory=frozenset)
 
 
 _MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
@@ -76,8 +82,8 @@ ENGLISH = Lexicon(
                                           "sunday"])},
     numbers={"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
              "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "a couple of": 2, "a few": 3},
-    units={"day": "day", "days": "day", "week": "week", "weeks": "week", "month": "month", "months": "month",
-           "year": "year", "years": "year"},
+    units={"day": "day", "days": "day", "week": "week", "weeks": "week", "fortnight": "fortnight",
+           "fortnights": "fortnight", "month": "month", "months": "month", "year": "year", "years": "year"},
     days={"today": 0, "tonight": 0, "yesterday": -1, "tomorrow": 1},
     day_before_yesterday="the day before yesterday",
     ago="ago",
@@ -96,6 +102,8 @@ ENGLISH = Lexicon(
     ordinals={"first": 1, "second": 2, "third": 3, "fourth": 4, "last": -1},
     week="week",
     before="before",
+    the="the",
+    function_words=STOPWORDS,
 )
 LEXICONS = {"en": ENGLISH}
 
@@ -228,10 +236,25 @@ def _readers(lx: Lexicon) -> list[_Reader]:
             return None
         return dt.date(y, month, end - span + 1), dt.date(y, month, end)
 
-    def week_before(m: re.Match[str], today: dt.date) -> Days | None:
-        """"the week before August 3, 2023": the seven days before that day."""
+    def week_around(m: re.Match[str], today: dt.date) -> Days | None:
+        """"the week before August 3, 2023": the seven days before that day; "the week of September 7": the
+        week that day begins (a Monday, or a Sunday where weeks begin on Sundays) or falls in."""
         days = month_day(m, today)
-        return None if days is None else (days[0] - dt.timedelta(days=7), days[0] - dt.timedelta(days=1))
+        if days is None:
+            return None
+        if m.group("rel").lower() == lx.before:
+            return days[0] - dt.timedelta(days=7), days[0] - dt.timedelta(days=1)
+        start = days[0] - dt.timedelta(days=days[0].weekday() if days[0].weekday() < 6 else 0)
+        return start, start + dt.timedelta(days=6)
+
+    def day_of_month(m: re.Match[str], today: dt.date) -> Days | None:
+        """"on the 10th": this month's, or the last month's that has one when this month's has not come yet."""
+        d, (y, month) = int(m.group("day")), (today.year, today.month)
+        if d > today.day:
+            y, month = _shift_month(y, month, -1)
+            if d > calendar.monthrange(y, month)[1]:  # "the 31st" on December 5: October's
+                y, month = _shift_month(y, month, -1)
+        return _day(y, month, d)
 
     def in_year(m: re.Match[str], today: dt.date) -> Days:
         y = int(m.group("year"))
@@ -248,6 +271,8 @@ def _readers(lx: Lexicon) -> list[_Reader]:
         unit = lx.units[m.group("unit").lower()]
         if n is None or n > 400:
             return None
+        if unit == "fortnight":
+            n, unit = 2 * n, "week"
         if unit == "day":
             d = today - dt.timedelta(days=n)
             return d, d
@@ -264,7 +289,7 @@ def _readers(lx: Lexicon) -> list[_Reader]:
         unit = lx.units[m.group("unit").lower()]
         if n is None or n > 400:
             return None
-        span = {"day": n, "week": 7 * n, "month": 30 * n, "year": 365 * n}[unit]
+        span = {"day": n, "week": 7 * n, "fortnight": 14 * n, "month": 30 * n, "year": 365 * n}[unit]
         return today - dt.timedelta(days=span), today
 
     def period(m: re.Match[str], today: dt.date) -> Days:
@@ -276,6 +301,9 @@ def _readers(lx: Lexicon) -> list[_Reader]:
         unit = lx.units[unit]
         if unit == "week":
             return monday, monday + dt.timedelta(days=6)
+        if unit == "fortnight":  # the fourteen days before today, the seven either side, the fourteen after
+            start = today + dt.timedelta(days=-14 if step < 0 else (-7 if step == 0 else 1))
+            return start, start + dt.timedelta(days=13)
         if unit == "month":
             y, mo = _shift_month(today.year, today.month, step)
             return dt.date(y, mo, 1), dt.date(y, mo, calendar.monthrange(y, mo)[1])
@@ -302,10 +330,11 @@ def _readers(lx: Lexicon) -> list[_Reader]:
     lead = rf"(?:(?P<lead>{_alternatives(lx.month_words)})\s+)?"
     readers = []
     if lx.week and lx.before:  # longest forms first: they hold a date the readers below would take alone
-        readers.append(_Reader(re.compile(rf"\b(?:the\s+)?{lx.week}\s+{lx.before}\s+(?P<month>{months})\.?\s+{day}\b"
-                                          rf"(?:,?\s+{year}\b)?", flags), week_before))
-        readers.append(_Reader(re.compile(rf"\b(?:the\s+)?{lx.week}\s+{lx.before}\s+{day}\s+(?:{lx.of}\s+)?"
-                                          rf"(?P<month>{months})\b\.?(?:,?\s+{year}\b)?", flags), week_before))
+        rel = rf"(?P<rel>{lx.before}|{lx.of})"
+        readers.append(_Reader(re.compile(rf"\b(?:the\s+)?{lx.week}\s+{rel}\s+(?P<month>{months})\.?\s+{day}\b"
+                                          rf"(?:,?\s+{year}\b)?", flags), week_around))
+        readers.append(_Reader(re.compile(rf"\b(?:the\s+)?{lx.week}\s+{rel}\s+(?:the\s+)?{day}\s+(?:{lx.of}\s+)?"
+                                          rf"(?P<month>{months})\b\.?(?:,?\s+{year}\b)?", flags), week_around))
     if lx.ordinals and lx.week:
         readers.append(_Reader(re.compile(rf"\b(?:the\s+)?(?:{_alternatives(lx.last)})\s+(?P<n>\d{{1,2}}|{numbers})\s+"
                                           rf"(?P<unit>{units})\s+{lx.of}\s+(?P<month>{months})\b(?:,?\s+{year}\b)?",
@@ -320,6 +349,9 @@ def _readers(lx: Lexicon) -> list[_Reader]:
         _Reader(re.compile(r"\b(?P<y>(?:19|20)\d\d)[-/.](?P<m>[01]?\d)[-/.](?P<d>[0-3]?\d)\b"), iso),
         _Reader(re.compile(rf"\b(?P<month>{months})\.?\s+{day}\b(?:,?\s+{year}\b)?", flags), month_day),
         _Reader(re.compile(rf"\b{day}\s+(?:{lx.of}\s+)?(?P<month>{months})\b\.?(?:,?\s+{year}\b)?", flags), month_day),
+        *([_Reader(re.compile(rf"\b(?:on\s+)?{lx.the}\s+(?P<day>[0-3]?\d){lx.ordinal}\b"
+                              rf"(?!\s+{lx.of}\b)(?=\s*(?:$|[^\w\s]|(?:{_alternatives(lx.function_words)})\b))", flags), day_of_month)]
+          if lx.the else []),
         _Reader(re.compile(rf"\b{_alternatives([lx.day_before_yesterday, *lx.days])}\b", flags), relative_day),
         _Reader(re.compile(rf"\b{numbers_or_digits}\s+(?P<unit>{units})\s+{lx.ago}\b", flags), ago),
         _Reader(re.compile(rf"\b(?:the\s+)?(?:{_alternatives(lx.past)})\s+{numbers_or_digits}\s+(?P<unit>{units})\b",

@@ -52,6 +52,15 @@ def days(query: str, today: dt.date = TODAY) -> list[tuple[str, str, str]]:
     ("the last two weeks of August 2023", [("the last two weeks of August 2023", "2023-08-18", "2023-08-31")]),
     ("the week before August 3, 2023", [("the week before August 3, 2023", "2023-07-27", "2023-08-02")]),
     ("the week before 16 November 2023", [("the week before 16 November 2023", "2023-11-09", "2023-11-15")]),
+    ("a fortnight ago", [("a fortnight ago", "2026-11-11", "2026-11-17")]),  # as "two weeks ago"
+    ("the budget over the last fortnight", [("last fortnight", "2026-11-14", "2026-11-27")]),
+    ("what did we say on the 10th?", [("on the 10th", "2026-11-10", "2026-11-10")]),  # this month's
+    ("the 3rd, when we met", [("the 3rd", "2026-11-03", "2026-11-03")]),
+    ("on the 30th", [("on the 30th", "2026-10-30", "2026-10-30")]),  # November's has not come: October's
+    ("the week of September 7", [("the week of September 7", "2026-09-07", "2026-09-13")]),  # a Monday: its week
+    ("the week of September 9", [("the week of September 9", "2026-09-07", "2026-09-13")]),  # a Wednesday: in it
+    ("the week of Sept 6, 2026", [("the week of Sept 6, 2026", "2026-09-06", "2026-09-12")]),  # a Sunday begins it
+    ("week of 7 September", [("week of 7 September", "2026-09-07", "2026-09-13")]),
 ])
 def test_dates_people_type_are_read_as_days(query: str, expected: list[tuple[str, str, str]]) -> None:
     assert days(query) == expected
@@ -59,9 +68,14 @@ def test_dates_people_type_are_read_as_days(query: str, expected: list[tuple[str
 
 @pytest.mark.parametrize("query", ["What may happen next", "March on", "try Cyberpunk 2077 game", "5K charity run",
                                    "a828e60 fixed it", "2026-13-45 is no day",
-                                   "deploy 12 servers"])
+                                   "deploy 12 servers", "the 4th floor", "for the 3rd time", "the 2nd of them"])
 def test_words_that_are_not_dates_stay_words(query: str) -> None:
     assert days(query) == []
+
+
+def test_a_day_of_the_month_not_come_yet_is_the_last_month_that_has_it() -> None:
+    assert days("on the 31st", dt.date(2026, 12, 5)) == [("on the 31st", "2026-10-31", "2026-10-31")]
+    assert days("on the 5th", dt.date(2026, 12, 5)) == [("on the 5th", "2026-12-05", "2026-12-05")]
 
 
 def test_a_day_that_does_not_exist_is_read_as_its_month() -> None:
