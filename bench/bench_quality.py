@@ -22,6 +22,7 @@ locomo-typo1 / locomo-typo2: the same 1,982 questions with one realistic typo (a
 dropped letter, past the first letter) in the rarest content word of 4+ letters the conversation holds,
 or in the two rarest (two in the one word when only one); paired with `locomo` question by question
 when both sets run (`recall@6_vs_clean`).
+locomo-typo-first: one typo in the first letter of that rarest word (a neighbouring key, or the letter dropped).
 locomo-typos / locomo-partial: the same questions asked as their two longest content words, both
 misspelled (two neighbouring letters swapped, anywhere past the first), or as the first half of the
 longest one: for the
@@ -340,6 +341,13 @@ def realistic_typo(word: str, salt: int = 0) -> str:
     return word[:i] + word[i + 1:]
 
 
+def first_letter_typo(word: str) -> str:
+    """A typo in the first letter, fixed by the word: a neighbouring key instead of it, or it dropped."""
+    h = zlib.crc32(f"{word}/first".encode())
+    near = _neighbours(word[0])
+    return (near[(h >> 12) % len(near)] + word[1:]) if (h >> 8) % 2 and near else word[1:]
+
+
 def rarest_words(question: str, counts: Counter[str], k: int) -> list[str]:
     """The question's `k` rarest content words of 4+ letters that the conversation holds (rarest first)."""
     words = [w for w in query_terms(question) if w.isalpha() and len(w) >= 4 and counts[w] > 0]
@@ -366,9 +374,19 @@ def typo2_query(question: str, counts: Counter[str]) -> str:
     return with_typos(question, counts, 2)
 
 
+def typo_first_query(question: str, counts: Counter[str]) -> str:
+    """The question with a typo in the first letter of its rarest content word (as it is if it has none)."""
+    words = rarest_words(question, counts, 1)
+    if not words:
+        return question
+    return re.sub(r"\w+", lambda m: first_letter_typo(words[0]) if m.group().lower() == words[0] else m.group(),
+                  question)
+
+
 TRANSFORMS: dict[str, Callable[..., str | None]] = {"locomo-typos": typo_query, "locomo-partial": partial_query,
-                                                    "locomo-typo1": typo1_query, "locomo-typo2": typo2_query}
-WITH_COUNTS = {"locomo-typo1", "locomo-typo2"}  # transforms that read the conversation's word counts
+                                                    "locomo-typo1": typo1_query, "locomo-typo2": typo2_query,
+                                                    "locomo-typo-first": typo_first_query}
+WITH_COUNTS = {"locomo-typo1", "locomo-typo2", "locomo-typo-first"}  # transforms that read the conversation's word counts
 
 
 def run_locomo(work: Path, configs: list[Config], model: str | None, log: Callable[[str], None],

@@ -9,11 +9,14 @@ matches nothing, so exact words keep every point they had).
 The index is asked for its stems a two-letter block at a time (one range scan of its vocabulary,
 kept until the index changes): the block the word begins with, and the few a typo in its second
 letter leads to (a swap with the third, a dropped second letter, a neighbouring key). A block too
-big to read whole (thousands of ids beginning "de") is read three letters at a time, and so on. A typo in a
-word's first letter is not corrected: reading every block would cost a scan of the whole vocabulary.
+big to read whole (thousands of ids beginning "de") is read three letters at a time, and so on.
 A dropped second letter ("mntors") is put back only when nothing else is near, read three letters
-at a time (about 26 small blocks). FTS5 counts a block's chunks by walking each stem's matches, so
-a block of common words costs ~10-35 ms at 100k chunks the first time after a write.
+at a time (about 26 small blocks). A typo in the first letter is looked for last, when nothing else is
+near: a neighbouring key ("jdentity") or a letter too many in front, a block each of the keys beside it,
+and a dropped first letter ("dentity"), put back three letters at a time, the letters words most often
+begin with first. Every block counts against the query's MAX_BLOCKS, so a word of many typos costs a
+bounded read, never the whole vocabulary. FTS5 counts a block's chunks by walking each stem's matches,
+so a block of common words costs ~10-35 ms at 100k chunks the first time after a write.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from clawmem_index.text.spelling import NEIGHBOURS, correctable, edits, letters_for
+from clawmem_index.text.spelling import MIN_LETTERS, NEIGHBOURS, correctable, edits, letters_for
 from clawmem_index.text.stemming import stem, stems
 
 __all__ = ["MAX_BLOCKS", "MAX_MEANT", "MAX_TYPOS", "Correction", "correct"]
@@ -32,6 +35,9 @@ MAX_MEANT = 2  # words a typo is read as, at most
 # index). A word past either budget is left as typed.
 MAX_TYPOS = 4
 MAX_BLOCKS = 64
+# The letters a dropped first letter is put back as, in the order English words most often begin with them (a word
+# whose budget runs out part-way has tried the likeliest); letters of other alphabets the word holds come after.
+_FIRST_LETTERS = "scpdmabtrfeihlgwounvkjqyzx"
 
 @dataclass(frozen=True)
 class Correction:
@@ -84,16 +90,29 @@ def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int] 
             shared = _shared_start(word, candidate)
             if chunks > 0 and (meant not in best or shared > best[meant][1]):
                 best[meant] = (chunks, shared, candidate)  # shown as the word nearest the typed one's start
-        if not best:  # a second letter dropped ("mntors"): put back, read three letters at a time (~26 small blocks)
-            inserted = [word[0] + c + word[1:] for c in letters_for(word)]
-            for candidate, meant in zip(inserted, stems(inserted), strict=True):
-                chunks = (held(meant, 3) or 0) if meant is not None and len(meant) >= 3 and meant not in asked else 0
-                if chunks > 0 and (meant not in best or chunks > best[meant][0]):
-                    best[meant] = (chunks, 1, candidate)
+        for candidates, shortest in _rarer_typos(word):
+            if best:
+                break
+            for candidate, meant in zip(candidates, stems(candidates), strict=True):
+                chunks = (held(meant, shortest) or 0) if meant and len(meant) >= shortest and meant not in asked else 0
+                if chunks > 0 and meant not in best:
+                    best[meant] = (chunks, 0, candidate)
         if best:
             ranked = sorted(best.values(), key=lambda b: (-b[0], b[2]))[:MAX_MEANT]
             found.append(Correction(word, tuple(candidate for _, _, candidate in ranked)))
     return found
+
+
+def _rarer_typos(word: str) -> list[tuple[list[str], int]]:
+    """The words `word` may have been meant as when no ordinary typo is near, each kind with the length of the blocks
+    it is read in, tried in turn until one is held: its first key mistyped ("jdentity") or one too many in front
+    (the blocks of the keys beside it), its second letter dropped ("mntors"), its first letter dropped ("dentity";
+    put back as the likeliest first letters first, so a spent budget has tried them)."""
+    first, rest = word[0], word[1:]
+    typed = [key + rest for key in NEIGHBOURS.get(first, "")] + ([rest] if len(rest) >= MIN_LETTERS else [])
+    others = "".join(c for c in letters_for(word) if c not in _FIRST_LETTERS)
+    return [(typed, 2), ([first + c + rest for c in letters_for(word)], 3),
+            ([c + word for c in _FIRST_LETTERS + others], 3)]
 
 
 def _blocks(own: str) -> set[str]:

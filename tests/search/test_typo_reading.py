@@ -45,10 +45,22 @@ def test_the_most_common_words_come_first_and_at_most_a_few() -> None:
     assert correct(["stae"], many)[0].meant == ("state", "stake")[:MAX_MEANT]  # a dropped letter: any of four
 
 
-def test_a_typo_in_the_first_letter_is_not_corrected_but_two_swapped_first_letters_are() -> None:
-    vocabulary = Vocabulary({"staging": 3})
-    assert correct(["xtaging"], vocabulary) == []  # reading every block would read the whole vocabulary
-    assert correct(["tsaging"], vocabulary)[0].meant == ("staging",)
+def test_a_typo_in_the_first_letter_is_read_when_nothing_else_is_near() -> None:
+    vocabulary = Vocabulary({"staging": 3, "identity": 5, "session": 4, "wedding": 2})
+    found = [c for word in ("xtaging", "jdentity", "ession", "kwedding", "tsaging") for c in correct([word], vocabulary)]
+    assert [(c.word, c.meant) for c in found] == [
+        ("xtaging", ("staging",)),  # a neighbouring key
+        ("jdentity", ("identity",)),
+        ("ession", ("session",)),  # the first letter dropped
+        ("kwedding", ("wedding",)),  # one too many in front
+        ("tsaging", ("staging",)),  # the first two swapped
+    ]
+    assert correct(["ptaging"], vocabulary) == []  # p is nowhere near s: a different word, not a typo
+
+
+def test_a_first_letter_typo_comes_after_any_ordinary_one() -> None:
+    vocabulary = Vocabulary({"mentors": 3, "dentors": 90})
+    assert correct(["mentrs"], vocabulary)[0].meant == ("mentors",)  # "dentors" is further, however common
 
 
 def test_a_word_already_asked_for_is_not_added_again() -> None:
