@@ -24,7 +24,7 @@ import xxhash
 
 from clawmem_index.config import Settings
 from clawmem_index.errors import IndexBusy, IndexCorrupt, IndexUnavailable
-from clawmem_index.index.connection import make_private_dirs, make_private_file
+from clawmem_index.index.connection import checkpoint_by_limit, make_private_dirs, make_private_file
 from clawmem_index.index.interface import IndexStore
 from clawmem_index.index.keyword_index import SHARED_POSTINGS, PostingsCache
 from clawmem_index.index.store import Store
@@ -133,8 +133,11 @@ class SqliteBackend:
             return None
 
     def create_live(self) -> Store:
-        """A new, empty live index (a first index is written in place: nothing older to keep serving)."""
-        return Store(self.path)
+        """A new, empty live index (a first index is written in place: nothing older to keep serving), its WAL
+        checkpointed by size while it is written."""
+        store = Store(self.path)
+        checkpoint_by_limit(store.conn)
+        return store
 
     @contextlib.contextmanager
     def write_lock(self, timeout: float) -> Iterator[None]:

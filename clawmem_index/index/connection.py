@@ -18,7 +18,7 @@ import apsw
 from clawmem_index.errors import IndexCorrupt, IndexUnavailable
 from clawmem_index.index.schema import check_migrated, migrate
 
-__all__ = ["WAL_LIMIT", "connect", "make_private_dirs", "make_private_file"]
+__all__ = ["WAL_LIMIT", "checkpoint_by_limit", "connect", "make_private_dirs", "make_private_file"]
 
 # Bytes the WAL file is cut back to once a checkpoint has emptied it. A rebuild's swap writes the whole
 # index through the WAL, and without a limit the file keeps that size while any reader stays open
@@ -62,6 +62,14 @@ def connect(path: Path, *, create: bool, fast_unsafe: bool, read_only: bool) -> 
     except apsw.Error as exc:
         raise IndexUnavailable(f"cannot open index {path}: {exc}") from exc
     return conn, vec_loaded, vec_error
+
+
+def checkpoint_by_limit(conn: apsw.Connection) -> None:
+    """Checkpoint the WAL once it holds WAL_LIMIT bytes of pages rather than SQLite's 1,000 pages (4 MB): a first
+    index written in place (readers search it as it grows) rewrites its hottest pages at every checkpoint; at
+    100,000 notes SQLite's default cost ~5 s of a ~60 s cold index. Per connection: the writer's alone."""
+    page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    _pragmas(conn, f"wal_autocheckpoint={max(1000, WAL_LIMIT // page)}")
 
 
 def _pragmas(conn: apsw.Connection, *settings: str) -> None:

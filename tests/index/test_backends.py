@@ -149,7 +149,8 @@ def test_typos_and_dates_are_read_alike_on_both_backends(workspace: Path, write,
     pg = MemoryIndex(settings_for(workspace, {"index_backend": "postgres", "index_url": pg_url}))
     daemon = MemoryIndex(settings_for(workspace, {"index_backend": "postgres", "index_url": pg_url}), long_lived=True)
     queries = ["harbuor pilot", "pilot rota yesterday", "harbour three days ago", "what happened on November 20",
-               "pilto last week", "yesterday"]
+               "pilto last week", "yesterday", "jarbour pilot", "arbour rota", "the rota on the 20th",
+               "the rota the week of November 16", "pilot rota a fortnight ago"]
     try:
         sqlite.sync()
         pg.sync()
@@ -163,6 +164,9 @@ def test_typos_and_dates_are_read_alike_on_both_backends(workspace: Path, write,
             assert read["query"] == {"dates": [{"text": "yesterday", "from": "2026-11-24", "to": "2026-11-24"}],
                                      "corrected": [{"word": "harbuor", "read_as": ["harbour"]}]}
             assert read["results"][0]["path"] == "memory/2026-11-24.md"
+            for typed in ("jarbour", "arbour"):  # a neighbouring first key, a dropped first letter
+                assert index.search(SearchRequest(typed, mode="bm25"))["query"] == {
+                    "corrected": [{"word": typed, "read_as": ["harbour"]}]}
         for index in (sqlite, pg, daemon):  # a quoted phrase matches its words next to each other, in order
             phrase = index.search(SearchRequest('"pilot rota" 2026-11-20', mode="bm25", now="2026-11-25"))
             assert phrase["results"][0]["path"] == "memory/2026-11-20.md" and len(phrase["results"]) == 6
@@ -350,8 +354,15 @@ def test_every_pragma_of_a_connection_takes_effect(tmp_path: Path) -> None:
     assert [live.execute(f"PRAGMA {p}")[0][0] for p in ("journal_mode", "synchronous", "journal_size_limit")] == [
         "wal", 1, WAL_LIMIT]
     assert [fresh.execute(f"PRAGMA {p}")[0][0] for p in ("journal_mode", "synchronous")] == ["off", 0]
+    assert live.execute("PRAGMA wal_autocheckpoint")[0][0] == 1000  # SQLite's own, for every connection but one:
     live.close()
     fresh.close()
+    from clawmem_index.index.backends import SqliteBackend
+
+    first = SqliteBackend(load_settings(workspace=tmp_path, overrides={"index": str(tmp_path / "first.sqlite")},
+                                        environ={})).create_live()  # a first index, written where it is searched
+    assert first.execute("PRAGMA wal_autocheckpoint")[0][0] == WAL_LIMIT // first.execute("PRAGMA page_size")[0][0]
+    first.close()
 
 
 def test_the_hostile_corpus_is_indexed_and_searched(backend: dict[str, str], workspace: Path, write) -> None:
