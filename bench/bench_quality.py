@@ -172,7 +172,8 @@ class Searcher:
         self.hybrid = build(workspace, work / f"{stem}-local.sqlite", model, False, log)
         self.vectors = QueryVectors(self.hybrid.provider)
         self.latencies: dict[str, list[float]] = defaultdict(list)
-        self.modes: dict[str, Counter[str]] = defaultdict(Counter)  # the answers' modes (bm25: an early return)
+        # the answers' modes (bm25: an early return), and "typo-read": questions with a word read as a typo
+        self.modes: dict[str, Counter[str]] = defaultdict(Counter)
         # Questions are asked the day after the conversation's last session ("yesterday" means its last day).
         newest = self.keyword.reader().newest_date()
         self.now = (dt.date.fromisoformat(newest) + dt.timedelta(days=1)).isoformat() if newest else None
@@ -186,6 +187,8 @@ class Searcher:
                              SearchRequest(query, max_results=n or config.n, mode=config.mode, now=self.now), settings)
         self.latencies[config.name].append(time.perf_counter() - started)
         self.modes[config.name][outcome.mode] += 1
+        if "corrected" in outcome.extra.get("query", {}):  # type: ignore[operator]
+            self.modes[config.name]["typo-read"] += 1  # questions with a word read as a typo
         return [r.as_dict() for r in outcome.results]
 
     def close(self) -> None:
