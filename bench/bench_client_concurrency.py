@@ -86,7 +86,7 @@ def summary(times: list[float]) -> dict[str, float]:
     return {"p50_ms": round(statistics.median(ordered), 1), "p95_ms": round(ordered[int(0.95 * (len(ordered) - 1))], 1)}
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=20000)
     parser.add_argument("--workspace", type=Path, default=Path("/tmp/clawmem-reading-ws"))

@@ -117,7 +117,7 @@ def with_window_cosines(data: list[tuple[dict, list[Cand]]], windows: dict[tuple
     out = []
     for (q, cands), query in zip(data, queries, strict=True):
         def best(c: Cand) -> float:
-            return max(sum(a * b for a, b in zip(query, w)) for w in windows[(q["workspace"], c.seq)])
+            return max(sum(a * b for a, b in zip(query, w, strict=True)) for w in windows[(q["workspace"], c.seq)])
         out.append((q, [dataclasses.replace(c, cosine=min(1.0, max(0.0, share * best(c) + (1 - share) * c.cosine)))
                         for c in cands]))
     return out
@@ -191,7 +191,7 @@ def main() -> None:
         for cat in categories:
             picked = [i for i, (q, _) in enumerate(data) if q["category_name"] == cat]
             per_cat.append(f"{100 * statistics.mean(got[i] - base[i] for i in picked):+.1f}")
-        print(f"| {name} | {statistics.mean(got):.4f} | {100 * statistics.mean(g - b for g, b in zip(got, base)):+.2f} | "
+        print(f"| {name} | {statistics.mean(got):.4f} | {100 * statistics.mean(g - b for g, b in zip(got, base, strict=True)):+.2f} | "
               + " | ".join(per_cat) + " |")
 
 
@@ -206,7 +206,7 @@ def compare_windows(work: Path, model: str | None, data: list[tuple[dict, list[C
         scored = with_window_cosines(data, windows, queries, share)
         got = recall(scored, default, min_score)
         vector = recall(scored, lambda c, best: c.cosine, 0.0)
-        print(f"| {name} | {statistics.mean(got):.4f} | {100 * statistics.mean(g - b for g, b in zip(got, base)):+.2f}"
+        print(f"| {name} | {statistics.mean(got):.4f} | {100 * statistics.mean(g - b for g, b in zip(got, base, strict=True)):+.2f}"
               f" | {statistics.mean(vector):.4f} |")
 
 

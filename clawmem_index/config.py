@@ -462,7 +462,7 @@ def _lookup(key: str, origin: str) -> tuple[str | None, str, Any]:
     return (section or None), name, known[name]
 
 
-def _coerce(key: str, value: Any, ftype: Any) -> Any:
+def _coerce(key: str, value: Any, ftype: Any) -> Any:  # noqa: C901
     t = str(ftype)
     try:
         if t == "bool":
@@ -485,7 +485,8 @@ def _coerce(key: str, value: Any, ftype: Any) -> Any:
         if t == "str":
             if not isinstance(value, str):
                 raise ValueError(value)
-            return value.strip().lower() if key.endswith(("provider", "fallback", "mode", "fusion", "log_level")) else value
+            lowered = key.endswith(("provider", "fallback", "mode", "fusion", "log_level"))
+            return value.strip().lower() if lowered else value
         if "Mapping" in t:
             if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
                 raise ValueError(value)

@@ -8,6 +8,7 @@ tests/mcp/test_mcp_server.py and tests/mcp/test_mcp_http.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -77,8 +78,9 @@ def test_hostile_queries_and_paths_through_the_client(hostile: Settings) -> None
     MemoryIndex(hostile).sync()
     with Client(hostile.workspace, index=hostile.index_path, socket=hostile.workspace / "none.sock",
                 provider="none") as client:
-        for name, text in FIXED_TEXTS.items():
-            for call in (lambda: client.search(text), lambda: client.get(text), lambda: client.context(text)):
+        for text in FIXED_TEXTS.values():
+            for call in (functools.partial(client.search, text), functools.partial(client.get, text),
+                         functools.partial(client.context, text)):
                 try:
                     json.dumps(call(), ensure_ascii=False).encode("utf-8")
                 except ClawmemError:
@@ -89,7 +91,7 @@ def test_hostile_queries_and_paths_through_the_client(hostile: Settings) -> None
             listed = client.curated(kind)
             json.dumps(listed, ensure_ascii=False).encode("utf-8")
             assert all("<!--" not in e["text"] or "-->" not in e["text"] for e in listed["entries"])
-        for name, text in FIXED_TEXTS.items():  # any text as the repositories being worked in
+        for text in FIXED_TEXTS.values():  # any text as the repositories being worked in
             try:
                 json.dumps(client.search(SENTINEL, projects=[text]), ensure_ascii=False).encode("utf-8")
             except ClawmemError:

@@ -202,7 +202,7 @@ def _key_variable(api_key: Any) -> str | None:
     return None
 
 
-def import_settings(search: Mapping[str, Any], env: Mapping[str, str]) -> Imported:
+def import_settings(search: Mapping[str, Any], env: Mapping[str, str]) -> Imported:  # noqa: C901
     """OpenClaw's memory-search settings as clawmem settings, with a note for everything not carried."""
     out = Imported()
     if search.get("enabled") is False:

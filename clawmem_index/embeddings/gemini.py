@@ -66,7 +66,8 @@ def split_base_url(url: str) -> tuple[str, str]:
 
 class GeminiProvider(RemoteProvider):
     name = "gemini"
-    known_dims: ClassVar[Mapping[str, int]] = {"gemini-embedding-001": 3072, "text-embedding-004": 768, "embedding-001": 768}
+    known_dims: ClassVar[Mapping[str, int]] = {"gemini-embedding-001": 3072, "text-embedding-004": 768,
+                                               "embedding-001": 768}
 
     def __init__(self, settings: EmbeddingSettings, *, environ: Mapping[str, str] = os.environ,
                  sleep: Callable[[float], None] = time.sleep) -> None:

@@ -5,8 +5,9 @@ process they are not in the daemon's RSS, the daemon's own memory is what its cl
 grow (bounded by the socket's budget), and a crash in native code ends the child, not the service.
 The daemon talks to the child over a socket pair with `multiprocessing.connection`'s framed pickles:
 one request at a time, under a first-come first-served lock, and documents are sent a few at a time
-(CALL_CHARS), so a search's query vector waits for at most one small call of an indexing batch. A child that dies is restarted once per call; a second death
-in the same call is a ProviderError, and the next call starts a new child. The child exits when
+(CALL_CHARS), so a search's query vector waits for at most one small call of an indexing batch.
+A child that dies is restarted once per call; a second death in the same call is a ProviderError,
+and the next call starts a new child. The child exits when
 its end of the pair closes, so a killed daemon leaves no model process behind.
 """
 

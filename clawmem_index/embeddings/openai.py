@@ -51,7 +51,8 @@ _JOB_RUNNING = frozenset({"validating", "in_progress", "finalizing", "cancelling
 
 class OpenAIProvider(RemoteProvider):
     name = "openai"
-    known_dims: ClassVar[Mapping[str, int]] = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072, "text-embedding-ada-002": 1536}
+    known_dims: ClassVar[Mapping[str, int]] = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072,
+                                               "text-embedding-ada-002": 1536}
 
     def __init__(self, settings: EmbeddingSettings, *, environ: Mapping[str, str] = os.environ,
                  sleep: Callable[[float], None] = time.sleep) -> None:

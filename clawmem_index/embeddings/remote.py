@@ -124,7 +124,7 @@ class RemoteProvider(abc.ABC):
                                             "reinstall the provider's extra") from exc
         return self._sdk_client
 
-    def warm(self) -> None:
+    def warm(self) -> None:  # noqa: B027 (a no-op on purpose: no remote provider has anything to load)
         """Nothing to load before a query: it is one plain request (the SDK comes with the first documents)."""
 
     def close(self) -> None:

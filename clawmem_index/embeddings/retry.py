@@ -137,7 +137,8 @@ class Pause:
     must not keep knocking. The waits use the retry policy's `sleep`.
     """
 
-    def __init__(self, sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._until = 0.0
         self._holder: int | None = None
         self._lock = threading.Lock()

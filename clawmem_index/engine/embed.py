@@ -38,8 +38,9 @@ class _Batch:
     borrowed: frozenset[str] = frozenset()  # texts an earlier batch still in flight asks for
 
 
-def embed_pending(store: Store, provider: EmbeddingProvider, *, cache_max_entries: int, batch: int = EMBED_BATCH,
-                  progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
+def embed_pending(store: Store, provider: EmbeddingProvider, *,  # noqa: C901
+                  cache_max_entries: int, batch: int = EMBED_BATCH, progress: Progress | None = None,
+                  should_stop: Callable[[], bool] | None = None,
                   fingerprint: str | None = None, cache_only: bool = False,
                   exclude: Collection[str] = (), index_progress: Progress | None = None,
                   precision: str = "float32") -> tuple[int, str | None]:

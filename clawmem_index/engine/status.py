@@ -150,7 +150,7 @@ class Freshness:
         return on_disk, pending + len(indexed) - present
 
 
-def status(index: MemoryIndex, *, last_error: str | None = None) -> dict[str, object]:
+def status(index: MemoryIndex, *, last_error: str | None = None) -> dict[str, object]:  # noqa: C901
     """What is indexed, with which model, how fresh it is, and every reason it is not.
 
     `fresh` is true only when nothing waits (files, vectors), the configured provider is the

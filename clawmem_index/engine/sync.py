@@ -184,8 +184,9 @@ def _date_by_folders(store: Store) -> None:
 def _recent_first(files: list[MemoryFile]) -> list[MemoryFile]:
     """The order a pass indexes files in, and so (by chunk number) the order their vectors are made:
     the workspace's own files (MEMORY.md, USER.md, each person's users/<id>/USER.md) first, then dated
-    ones (a folder or name below the source starting with a year: `memory/2026-11-26.md`, `memory/2026/11/25.md`), the latest first, then the
-    rest by path. Dates of different layouts compare as dates (`_date_key`), not as strings.
+    ones (a folder or name below the source starting with a year: `memory/2026-11-26.md`,
+    `memory/2026/11/25.md`), the latest first, then the rest by path. Dates of different layouts compare as
+    dates (`_date_key`), not as strings.
 
     A first index or a rebuild for another model can leave chunks waiting hours for a local model
     (20,000 notes: ~3 h on two cores); meanwhile hybrid search covers the curated memory and the

@@ -80,7 +80,8 @@ class IndexStore(Protocol):
         ...
 
     def annotation_kinds(self) -> frozenset[str]:
-        """Which annotations some chunk carries: "importance", "triggers", "projects" (clawmem_index.text.annotations)."""
+        """Which annotations some chunk carries: "importance", "triggers", "projects"
+        (clawmem_index.text.annotations)."""
         ...
 
     def annotations_of(self, seqs: Collection[int]) -> dict[int, Annotations]:
@@ -138,9 +139,9 @@ class IndexStore(Protocol):
         ...
 
     def dated_chunks(self, where: ChunkFilter, first: str, last: str, limit: int) -> list[TextHit]:
-        """Up to `limit` dated chunks `where` passes (a window of days), nearest to the days `first` to `last` first (0 days within them), then by
-        seq; their text is left out ("": a busy window holds many) and their bm25 is 0 (listed for their date, not for
-        a keyword)."""
+        """Up to `limit` dated chunks `where` passes (a window of days), nearest to the days `first` to `last` first
+        (0 days within them), then by seq; their text is left out ("": a busy window holds many) and their bm25 is 0
+        (listed for their date, not for a keyword)."""
         ...
 
     def vocabulary(self, prefix: str) -> dict[str, int] | None:

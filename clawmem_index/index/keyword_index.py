@@ -159,7 +159,8 @@ class PostingsCache:
 class KeywordIndex:
     """chunks_fts on one connection."""
 
-    def __init__(self, conn: apsw.Connection, *, keep_scores: bool = True, postings: PostingsCache | None = None) -> None:
+    def __init__(self, conn: apsw.Connection, *, keep_scores: bool = True,
+                 postings: PostingsCache | None = None) -> None:
         """`keep_scores`: sum kept per-phrase scores for common words (a long-lived process); else FTS5 ranks.
         `postings`: where they are kept (shared with other connections to the same file; else its own)."""
         self._conn = conn

@@ -155,7 +155,8 @@ class Store:
 
     def chunks_of(self, path: str) -> list[ChunkRow]:
         return [ChunkRow(*row) for row in self.conn.execute(
-            "SELECT seq, id, path, start_line, end_line, hash, text FROM chunks WHERE path = ? ORDER BY start_line, seq",
+            "SELECT seq, id, path, start_line, end_line, hash, text FROM chunks WHERE path = ?"
+            " ORDER BY start_line, seq",
             (path,))]
 
     def insert_chunk(self, *, id: str, path: str, source: str, start_line: int, end_line: int, hash: str,
@@ -191,7 +192,8 @@ class Store:
         self.keywords.move(seq, start_line, end_line)
 
     def delete_chunks(self, seqs: Sequence[int]) -> None:
-        """Drop chunks with their FTS rows and vectors; a vector whose text is indexed nowhere else goes to the cache."""
+        """Drop chunks with their FTS rows and vectors; a vector whose text is indexed nowhere else goes to the
+        cache."""
         self.cache.cache_live(seqs)
         for seq in seqs:
             self.conn.execute("DELETE FROM chunks WHERE seq = ?", (seq,))
@@ -243,9 +245,9 @@ class Store:
         return self.keywords.hits(ranked)
 
     def dated_chunks(self, where: ChunkFilter, first: str, last: str, limit: int) -> list[TextHit]:
-        """Up to `limit` dated chunks `where` passes (a window of days), nearest to the days `first` to `last` first (0 days within them), then by
-        seq; their text is left out ("": a busy window holds many) and their bm25 is 0 (listed for their date, not for
-        a keyword)."""
+        """Up to `limit` dated chunks `where` passes (a window of days), nearest to the days `first` to `last` first
+        (0 days within them), then by seq; their text is left out ("": a busy window holds many) and their bm25 is 0
+        (listed for their date, not for a keyword)."""
         condition, args = where.sql("w")
         rows = self.conn.execute(
             "SELECT w.seq, w.path, w.source, w.start_line, w.end_line, '', w.date FROM chunks AS w"

@@ -246,7 +246,8 @@ class VectorCells:
         bits = _sign_bits(vectors)
         for cell in np.unique(owner).tolist():
             mine = owner == cell
-            old_seqs, old_bits = self._conn.execute(f"SELECT seqs, bits FROM {TABLE} WHERE cell = ?", (cell,)).fetchone()
+            old_seqs, old_bits = self._conn.execute(f"SELECT seqs, bits FROM {TABLE} WHERE cell = ?",
+                                                    (cell,)).fetchone()
             self._conn.execute(f"UPDATE {TABLE} SET seqs = ?, bits = ? WHERE cell = ?",
                                (bytes(old_seqs) + seqs[mine].tobytes(), bytes(old_bits) + bits[mine].tobytes(), cell))
         self._meta.set(_MEMBERS, str(int(self._meta.get(_MEMBERS) or 0) + len(items)))

@@ -43,8 +43,8 @@ from clawmem_index.index.vector_blobs import (
 )
 from clawmem_index.index.vector_cells import SharedCells, VectorCells
 
-__all__ = ["MIN_CANDIDATES", "OVERSAMPLE", "PRECISIONS", "candidate_count", "PREFIX_SCAN_ROWS", "VECTOR_PARTITIONS", "VectorHit",
-           "VectorIndex"]
+__all__ = ["MIN_CANDIDATES", "OVERSAMPLE", "PRECISIONS", "PREFIX_SCAN_ROWS", "VECTOR_PARTITIONS", "VectorHit",
+           "VectorIndex", "candidate_count"]
 
 PRECISIONS = {"float32": "<f4", "float16": "<f2"}  # how the vector table stores a vector, and its numpy dtype
 FLOATS, HALVES = "chunks_vec", "chunks_vec_half"  # the vector table at float32 and at float16
@@ -113,7 +113,8 @@ class VectorIndex:
     """chunks_vec (+ chunks_vec_bits) on one connection; `loaded`: sqlite-vec is loaded there; `shared_cells`:
     the cells' centroids and members this connection shares with the other readers of its process."""
 
-    def __init__(self, conn: apsw.Connection, meta: Meta, *, loaded: bool, shared_cells: SharedCells | None = None) -> None:
+    def __init__(self, conn: apsw.Connection, meta: Meta, *, loaded: bool,
+                 shared_cells: SharedCells | None = None) -> None:
         self._conn = conn
         self._meta = meta
         self.loaded = loaded
@@ -256,7 +257,8 @@ class VectorIndex:
         """Store each chunk's vector in place of any it had (None, zero or not finite: dropped, never stored)."""
         layout = self.layout()
         if layout.readable:  # a vector left by an older version (or an earlier answer) is replaced
-            stale = self._conn.execute(f"SELECT rowid FROM {layout.table} WHERE rowid IN (SELECT value FROM json_each(?))",
+            stale = self._conn.execute(f"SELECT rowid FROM {layout.table}"
+                                       " WHERE rowid IN (SELECT value FROM json_each(?))",
                                        (json.dumps([seq for seq, _ in items]),)).fetchall()
             for (seq,) in stale:
                 self.remove(int(seq))
@@ -381,7 +383,8 @@ class VectorIndex:
 
     def _candidates_under(self, within: ChunkFilter, among: list[int], query_blob: bytes, want: int,
                           partitions: int) -> list[int] | None:
-        """The candidates within the filter, enough of them for the oversampling; None: rank the filter's chunks exactly.
+        """The candidates within the filter, enough of them for the oversampling; None: rank the filter's chunks
+        exactly.
 
         When few candidates pass, fetch proportionally more (vec0's cost grows with k), up to
         PREFIX_WIDEN times; a filter with still fewer vectors near the query is ranked exactly.

@@ -147,7 +147,8 @@ def mmr(ranked: list[Candidate], lam: float, pool: int, floor: float) -> list[Ca
     picked: list[Candidate] = []
     left = list(head)
     while left:
-        place = max(range(len(left)), key=lambda i: (lam * left[i].score / top - (1.0 - lam) * closest[left[i].seq], -i))
+        place = max(range(len(left)),
+                    key=lambda i: (lam * left[i].score / top - (1.0 - lam) * closest[left[i].seq], -i))
         best = left.pop(place)
         picked.append(best)
         for c in left:
@@ -225,7 +226,7 @@ def snippet(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def run_search(store: Store, provider: EmbeddingProvider | None, request: SearchRequest,
+def run_search(store: Store, provider: EmbeddingProvider | None, request: SearchRequest,  # noqa: C901
                settings: SearchSettings, *, today: dt.date | None = None) -> SearchOutcome:
     """Retrieve (within the request's filter) and fuse -> min_score -> decay -> one per citation -> MMR -> snippets.
 
@@ -329,9 +330,9 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
     if not ranked and settings.prefix_fallback and asked != "vector":  # a vector search asked for meaning alone
         prefix = build_prefix_match(plan.words)
         if prefix is not None:
-            pools = gather(Sides(text=_KeywordSide(store, prefix, where, settings.candidate_cap).hits), weights=(1.0, 0.0),
-                           want=want, pool=settings.candidate_pool, cap=settings.candidate_cap, factor=factor,
-                           min_score=min_score, **weighing)
+            pools = gather(Sides(text=_KeywordSide(store, prefix, where, settings.candidate_cap).hits),
+                           weights=(1.0, 0.0), want=want, pool=settings.candidate_pool, cap=settings.candidate_cap,
+                           factor=factor, min_score=min_score, **weighing)
             ranked = _passing(pools.candidates, min_score)
             effective = "prefix" if ranked else effective
     _with_text(store, ranked, want)
@@ -342,8 +343,8 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
     ranked = ranked[:limit]
     how = settings.fusion if effective == "hybrid" else effective  # "prefix": the fallback on word beginnings
     results = [
-        SearchResult(c.path, c.start_line, c.end_line, c.score, snippet(strip_annotations(c.text), settings.snippet_chars),
-                     c.source, c.vector_score, c.text_score,
+        SearchResult(c.path, c.start_line, c.end_line, c.score,
+                     snippet(strip_annotations(c.text), settings.snippet_chars), c.source, c.vector_score, c.text_score,
                      _explain(c, place, how, settings, prior, boosts) if request.explain else None, c.workspace,
                      None if boosts is None else boosts.annotations(c.seq))
         for place, c in enumerate(ranked, start=1)

@@ -55,52 +55,70 @@ def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int] 
     prefix `vocabulary(prefix)` gives (stem -> chunks holding it; None when too many begin with it: a longer
     prefix is asked for then). Words the index holds are left alone."""
     asked = {s for s in map(stem, words) if s}
-    read: dict[str, Mapping[str, int] | None] = {}
-
-    def held(term: str, shortest: int = 2) -> int | None:
-        """How many chunks hold `term`, from the shortest block of the vocabulary small enough to read; None when
-        the query's MAX_BLOCKS are spent before it could be told."""
-        for length in range(shortest, len(term) + 1):
-            prefix = term[:length]
-            if prefix not in read:
-                if len(read) >= MAX_BLOCKS:
-                    return None
-                read[prefix] = vocabulary(prefix)
-            block = read[prefix]
-            if block is not None:
-                return block.get(term, 0)
-        return 0
-
+    blocks = _Blocks(vocabulary)
     found: list[Correction] = []
     looked = 0
     for word in words:
-        if looked >= MAX_TYPOS or len(read) >= MAX_BLOCKS:
+        if looked >= MAX_TYPOS or blocks.spent():
             break
         own = stem(word) if correctable(word) else None
-        if own is None or len(own) < 2 or held(own) != 0:
+        if own is None or len(own) < 2 or blocks.held(own) != 0:
             continue
         looked += 1
-        blocks = _blocks(own)
-        best: dict[str, tuple[int, int, str]] = {}  # stem -> (chunks holding it, letters shared in front, word)
-        candidates = edits(word)
-        for candidate, meant in zip(candidates, stems(candidates), strict=True):
-            if meant is None or meant in asked or meant[:2] not in blocks:
-                continue
-            chunks = held(meant) or 0
-            shared = _shared_start(word, candidate)
-            if chunks > 0 and (meant not in best or shared > best[meant][1]):
-                best[meant] = (chunks, shared, candidate)  # shown as the word nearest the typed one's start
+        best = _ordinary_typos(word, own, asked, blocks)
         for candidates, shortest in _rarer_typos(word):
             if best:
                 break
             for candidate, meant in zip(candidates, stems(candidates), strict=True):
-                chunks = (held(meant, shortest) or 0) if meant and len(meant) >= shortest and meant not in asked else 0
+                chunks = (blocks.held(meant, shortest) or 0) if meant and len(meant) >= shortest and \
+                    meant not in asked else 0
                 if chunks > 0 and meant not in best:
                     best[meant] = (chunks, 0, candidate)
         if best:
             ranked = sorted(best.values(), key=lambda b: (-b[0], b[2]))[:MAX_MEANT]
             found.append(Correction(word, tuple(candidate for _, _, candidate in ranked)))
     return found
+
+
+class _Blocks:
+    """The blocks of the vocabulary one query reads (each once), at most MAX_BLOCKS."""
+
+    def __init__(self, vocabulary: Callable[[str], Mapping[str, int] | None]) -> None:
+        self._vocabulary = vocabulary
+        self._read: dict[str, Mapping[str, int] | None] = {}
+
+    def spent(self) -> bool:
+        return len(self._read) >= MAX_BLOCKS
+
+    def held(self, term: str, shortest: int = 2) -> int | None:
+        """How many chunks hold `term`, from the shortest block of the vocabulary small enough to read; None when
+        the query's MAX_BLOCKS are spent before it could be told."""
+        for length in range(shortest, len(term) + 1):
+            prefix = term[:length]
+            if prefix not in self._read:
+                if self.spent():
+                    return None
+                self._read[prefix] = self._vocabulary(prefix)
+            block = self._read[prefix]
+            if block is not None:
+                return block.get(term, 0)
+        return 0
+
+
+def _ordinary_typos(word: str, own: str, asked: set[str], blocks: _Blocks) -> dict[str, tuple[int, int, str]]:
+    """The stems one ordinary typo away from `word` (stem `own`) that the index holds: stem -> (chunks holding it,
+    letters shared in front, the word as typed nearest the typed one's start)."""
+    near = _blocks(own)
+    best: dict[str, tuple[int, int, str]] = {}
+    candidates = edits(word)
+    for candidate, meant in zip(candidates, stems(candidates), strict=True):
+        if meant is None or meant in asked or meant[:2] not in near:
+            continue
+        chunks = blocks.held(meant) or 0
+        shared = _shared_start(word, candidate)
+        if chunks > 0 and (meant not in best or shared > best[meant][1]):
+            best[meant] = (chunks, shared, candidate)
+    return best
 
 
 def _rarer_typos(word: str) -> list[tuple[list[str], int]]:

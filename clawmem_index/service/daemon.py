@@ -122,7 +122,8 @@ class Daemon:
                 self._first_build.set()
                 self._first_pass = False
             elif self.index.backend.name == "sqlite" and self.index.backend.exists():
-                self._first_build.set()  # a first index cut short: answered from what it holds (and said so) as it goes on
+                # a first index cut short: answered from what it holds (and said so) as it goes on
+                self._first_build.set()
             self.writer.request_sync("startup")
             self.server = RpcServer(self, listener, path=None if self.socket_activated else path,
                                     idle_timeout=settings.daemon.idle_timeout, workers=self._query_workers,

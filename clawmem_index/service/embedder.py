@@ -112,7 +112,8 @@ class Embedder:
         while True:
             with self._cond:
                 while not self._stopping and not self._due():
-                    deadlines = [t for t in (self._not_before if self._wanted else None, self._poll_at) if t is not None]
+                    deadlines = [t for t in (self._not_before if self._wanted else None, self._poll_at)
+                                 if t is not None]
                     delay = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
                     self._cond.wait(delay)
                 if self._stopping:

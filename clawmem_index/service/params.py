@@ -139,7 +139,7 @@ def _is_kind(value: object, kind: str) -> bool:
     return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
-def _check_ranges(method: str, p: dict[str, Any]) -> None:
+def _check_ranges(method: str, p: dict[str, Any]) -> None:  # noqa: C901
     def bad(message: str) -> RpcError:
         return RpcError(INVALID_PARAMS, f"invalid params: {message}")
 

@@ -296,18 +296,18 @@ class Dispatcher:
         call: Callable[[], object]
         if method in ("search", "context"):
             request = search_request(p)
-            call = (lambda: backend.search(request)) if method == "search" else (
-                lambda: backend.context(request, p.get("budget")))
+            call = functools.partial(backend.search, request) if method == "search" else functools.partial(
+                backend.context, request, p.get("budget"))
         elif method == "get":
-            call = lambda: backend.get(p["path"], p.get("from"), p.get("lines"), p.get("max_bytes"))
+            call = functools.partial(backend.get, p["path"], p.get("from"), p.get("lines"), p.get("max_bytes"))
         elif method == "status":
             call = backend.status
         elif method == "curated":
-            call = lambda: backend.curated(p.get("kind"), p.get("limit", 512), p.get("projects"))
+            call = functools.partial(backend.curated, p.get("kind"), p.get("limit", 512), p.get("projects"))
         elif method == "sync":
-            call = lambda: backend.sync(p.get("wait", False))
+            call = functools.partial(backend.sync, p.get("wait", False))
         else:
-            call = lambda: backend.reindex(p.get("wait", False))
+            call = functools.partial(backend.reindex, p.get("wait", False))
         return call()
 
 

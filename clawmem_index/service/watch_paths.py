@@ -1,13 +1,14 @@
 """What a workspace watch covers: the roots to watch, and the index keys a file event may have changed.
 
-Only what can hold memory is watched, because a workspace is often a code repository too: a
-recursive watch on it would spend an inotify watch on every folder of `.git`, `node_modules` or a
-build tree (exhausting the user's limit, or making the polling fallback stat them all) and wake the
-daemon for every build. The roots are the workspace itself, non-recursively (`MEMORY.md`, `USER.md`,
-and `memory/`, `users/` or an extra path appearing, vanishing or moving), `memory/` recursively when it
-is a real folder, `users/` and each person's folder in it non-recursively (only `users/<id>/USER.md` is memory) (never a symlink: the scanner does not follow them either), each extra folder recursively,
-and the parent of an extra file (or of an extra folder not there yet) non-recursively; with the
-sessions source on, the transcripts' folder recursively (or its parent until it exists).
+Only what can hold memory is watched, because a workspace is often a code repository too: a recursive watch on
+it would spend an inotify watch on every folder of `.git`, `node_modules` or a build tree (exhausting the
+user's limit, or making the polling fallback stat them all) and wake the daemon for every build. The roots are
+the workspace itself, non-recursively (`MEMORY.md`, `USER.md`, and `memory/`, `users/` or an extra path
+appearing, vanishing or moving), `memory/` recursively when it is a real folder, `users/` and each person's
+folder in it non-recursively (only `users/<id>/USER.md` is memory) (never a symlink: the scanner does not
+follow them either), each extra folder recursively, and the parent of an extra file (or of an extra folder not
+there yet) non-recursively; with the sessions source on, the transcripts' folder recursively (or its parent
+until it exists).
 
 These are rules over paths (and an lstat of the roots that exist now): no thread, no observer.
 """

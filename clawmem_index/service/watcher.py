@@ -242,7 +242,7 @@ class WorkspaceWatcher:
 
     # -- the worker --------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self) -> None:  # noqa: C901
         next_health = time.monotonic() + self.health_interval
         while True:
             fallback: str | None = None

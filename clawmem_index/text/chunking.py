@@ -60,7 +60,8 @@ def split_lines(text: str) -> list[str]:
     return lines
 
 
-def chunk_markdown(text: str, *, max_tokens: int = 400, overlap: int = 80, tokenizer: str = "cl100k_base") -> list[Chunk]:
+def chunk_markdown(text: str, *, max_tokens: int = 400, overlap: int = 80,
+                   tokenizer: str = "cl100k_base") -> list[Chunk]:
     from clawmem_index.text.tokens import get_encoding
 
     return chunk_lines(split_lines(text), max_tokens=max_tokens, overlap=overlap, encoding=get_encoding(tokenizer),

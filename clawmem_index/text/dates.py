@@ -169,7 +169,7 @@ def _alternatives(words: Iterable[str]) -> str:
 _READERS: dict[int, list[_Reader]] = {}
 
 
-def _readers(lx: Lexicon) -> list[_Reader]:
+def _readers(lx: Lexicon) -> list[_Reader]:  # noqa: C901
     """The patterns of a lexicon, longest forms first (made once per lexicon)."""
     if id(lx) in _READERS:
         return _READERS[id(lx)]
@@ -349,9 +349,9 @@ def _readers(lx: Lexicon) -> list[_Reader]:
         _Reader(re.compile(r"\b(?P<y>(?:19|20)\d\d)[-/.](?P<m>[01]?\d)[-/.](?P<d>[0-3]?\d)\b"), iso),
         _Reader(re.compile(rf"\b(?P<month>{months})\.?\s+{day}\b(?:,?\s+{year}\b)?", flags), month_day),
         _Reader(re.compile(rf"\b{day}\s+(?:{lx.of}\s+)?(?P<month>{months})\b\.?(?:,?\s+{year}\b)?", flags), month_day),
-        *([_Reader(re.compile(rf"\b(?:on\s+)?{lx.the}\s+(?P<day>[0-3]?\d){lx.ordinal}\b"
-                              rf"(?!\s+{lx.of}\b)(?=\s*(?:$|[^\w\s]|(?:{_alternatives(lx.function_words)})\b))", flags), day_of_month)]
-          if lx.the else []),
+        *([_Reader(re.compile(rf"\b(?:on\s+)?{lx.the}\s+(?P<day>[0-3]?\d){lx.ordinal}\b(?!\s+{lx.of}\b)"
+                              rf"(?=\s*(?:$|[^\w\s]|(?:{_alternatives(lx.function_words)})\b))", flags),
+                   day_of_month)] if lx.the else []),
         _Reader(re.compile(rf"\b{_alternatives([lx.day_before_yesterday, *lx.days])}\b", flags), relative_day),
         _Reader(re.compile(rf"\b{numbers_or_digits}\s+(?P<unit>{units})\s+{lx.ago}\b", flags), ago),
         _Reader(re.compile(rf"\b(?:the\s+)?(?:{_alternatives(lx.past)})\s+{numbers_or_digits}\s+(?P<unit>{units})\b",

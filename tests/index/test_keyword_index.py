@@ -399,7 +399,7 @@ def test_threads_sharing_kept_scores_answer_as_fts5_does_after_each_write(tmp_pa
                 wrong.append(match)
 
     with summing():
-        for round_ in range(5):
+        for _ in range(5):
             with writer.transaction():
                 for seq in range(1, 40):
                     there = writer.conn.execute("SELECT 1 FROM chunks WHERE seq = ?", (seq,)).fetchone()

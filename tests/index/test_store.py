@@ -53,12 +53,12 @@ def test_two_connections_migrating_a_new_index_at_once_both_open_it(tmp_path: Pa
         made.close()
         start, errors, opened = threading.Barrier(2), [], []
 
-        def open_it() -> None:
-            start.wait()
+        def open_it() -> None:  # run and joined within this attempt
+            start.wait()  # noqa: B023
             try:
-                opened.append(Store(path, create=False))
+                opened.append(Store(path, create=False))  # noqa: B023
             except Exception as exc:  # noqa: BLE001 - the failure this test looks for
-                errors.append(exc)
+                errors.append(exc)  # noqa: B023
 
         threads = [threading.Thread(target=open_it) for _ in range(2)]
         for thread in threads:

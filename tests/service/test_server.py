@@ -253,7 +253,7 @@ def serve(backend: IndexBackend, sock_dir: Path) -> Iterator[Any]:
 def test_many_requests_on_one_connection(serve: Any) -> None:
     server = serve()
     with RawClient(server.path) as client:
-        for i in range(50):
+        for _ in range(50):
             assert client.call("search", {"query": "zebra", "min_score": 0})["result"]["results"]
             assert client.call("get", {"path": "MEMORY.md"})["result"]["lines"] == 2
         assert "result" in client.call("sync", {"wait": True})

@@ -21,7 +21,8 @@ from clawmem_index.text.annotations import Annotations
 from clawmem_index.text.storable import storable
 
 __all__ = ["READER_SESSION", "READ_TIMEOUT", "WRITER_SESSION", "WRITE_LOCK_TIMEOUT", "Connection", "PgVector",
-           "connect", "copy_annotations", "copy_array", "copy_text", "one_line", "pg_text", "unavailable", "vector_args"]
+           "connect", "copy_annotations", "copy_array", "copy_text", "one_line", "pg_text", "unavailable",
+           "vector_args"]
 
 # A reader gives up on a statement after this: a tenant's open transaction, a queued lock or a stalled server
 # then costs a search a clear error (and `status` fresh: false with the reason), not minutes of waiting.
@@ -47,7 +48,8 @@ def connect(url: str, session: str = "") -> psycopg.Connection:
 
 
 def pg_text(value: str) -> str:
-    """Text PostgreSQL can hold: lone surrogates repaired (as SQLite's store does) and NUL, which it refuses, as U+FFFD."""
+    """Text PostgreSQL can hold: lone surrogates repaired (as SQLite's store does) and NUL, which it refuses, as
+    U+FFFD."""
     return storable(value).replace("\x00", "\ufffd")
 
 

@@ -7,7 +7,8 @@ from psycopg import sql
 
 __all__ = ["WORKSPACE_TABLES", "grant_workspace"]
 
-WORKSPACE_TABLES = ("cm_workspaces", "cm_meta", "cm_files", "cm_chunks", "cm_terms", "cm_stats", "cm_jobs", "cm_vectors")
+WORKSPACE_TABLES = ("cm_workspaces", "cm_meta", "cm_files", "cm_chunks", "cm_terms", "cm_stats", "cm_jobs",
+                    "cm_vectors")
 
 
 def grant_workspace(conn: psycopg.Connection, role: str, workspace: str, *, writable: bool = False) -> None:

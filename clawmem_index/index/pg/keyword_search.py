@@ -45,7 +45,8 @@ class _PostingsCache:
         self._held = 0
         self._entries: OrderedDict[tuple[str, int, int, Phrase], tuple[Any, Any, Any]] = OrderedDict()
         self._stats: dict[tuple[str, int, int], tuple[int, int]] = {}
-        self._last: tuple[object, tuple[Any, Any] | None] = (None, None)  # one query's sums: its ranking, then its scores
+        # one query's sums: its ranking, then its scores
+        self._last: tuple[object, tuple[Any, Any] | None] = (None, None)
 
     def bm25(self, phrases: list[Phrase], live: list[tuple[str, int]], versions: dict[str, int], *,
              limit: int | None, seqs: list[int] | None) -> list[tuple[int, float]]:

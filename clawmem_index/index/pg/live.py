@@ -46,8 +46,8 @@ class Live:
         """Which annotations some chunk in scope carries."""
         scope, args = self.sql("c")
         row = self.conn.execute(f"SELECT bool_or(c.importance IS NOT NULL), bool_or(c.triggers IS NOT NULL),"
-                                f" bool_or(c.projects IS NOT NULL) FROM cm_chunks AS c WHERE {scope} AND ({_ANNOTATED})",
-                                args).fetchone()
+                                f" bool_or(c.projects IS NOT NULL) FROM cm_chunks AS c"
+                                f" WHERE {scope} AND ({_ANNOTATED})", args).fetchone()
         return frozenset(kind for kind, present in zip(ANNOTATION_KINDS, row or (), strict=False) if present)
 
     def annotations(self, seqs: list[int]) -> dict[int, Annotations]:
@@ -59,8 +59,8 @@ class Live:
                                   {**args, "seqs": seqs})}
 
     def dated(self, where: ChunkFilter, first: str, last: str, limit: int) -> list[TextHit]:
-        """Up to `limit` dated chunks in scope `where` passes, nearest to the days `first` to `last` first (0 days within them), then by seq (their
-        text left out)."""
+        """Up to `limit` dated chunks in scope `where` passes, nearest to the days `first` to `last` first (0 days
+        within them), then by seq (their text left out)."""
         scope, args = self.sql("c")
         condition, filter_args = filter_sql(where, "c")
         rows = self.conn.execute(

@@ -173,7 +173,8 @@ class PgStore:
                     " DO UPDATE SET value = excluded.value", (self.workspace, self.gen, key, pg_text(value)))
 
     def delete_meta(self, key: str) -> None:
-        self._write("DELETE FROM cm_meta WHERE workspace = %s AND gen = %s AND key = %s", (self.workspace, self.gen, key))
+        self._write("DELETE FROM cm_meta WHERE workspace = %s AND gen = %s AND key = %s",
+                    (self.workspace, self.gen, key))
 
     def all_meta(self) -> dict[str, str]:
         return {str(k): str(v) for k, v in self.conn.execute(
