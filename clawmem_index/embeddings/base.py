@@ -83,7 +83,7 @@ def normalize(vector: Sequence[float]) -> list[float] | None:
     return None if values is None else values.tolist()
 
 
-def pack(vector: Sequence[float]) -> bytes:
+def pack(vector: Sequence[float] | NDArray[np.floating]) -> bytes:
     """float32 little-endian blob, the format sqlite-vec and the cache store."""
     import numpy as np
 

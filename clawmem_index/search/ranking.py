@@ -117,7 +117,7 @@ def decay_factor(date: str | None, half_life_days: float, reference: dt.date, fl
         age = max(0, (reference - dt.date.fromisoformat(date)).days)
     except ValueError:
         return 1.0
-    return floor + (1.0 - floor) * 0.5 ** (age / half_life_days)
+    return float(floor + (1.0 - floor) * 0.5 ** (age / half_life_days))
 
 
 _WORDS = re.compile(r"\w+", re.UNICODE)

@@ -10,12 +10,13 @@ The index is asked for its stems a two-letter block at a time (one range scan of
 kept until the index changes): the block the word begins with, and the few a typo in its second
 letter leads to (a swap with the third, a dropped second letter, a neighbouring key). A block too
 big to read whole (thousands of ids beginning "de") is read three letters at a time, and so on.
-A dropped second letter ("mntors") is put back only when nothing else is near, read three letters
-at a time (about 26 small blocks). A typo in the first letter is looked for last, when nothing else is
-near: a neighbouring key ("jdentity") or a letter too many in front, a block each of the keys beside it,
-and a dropped first letter ("dentity"), put back three letters at a time, the letters words most often
-begin with first. Every block counts against the query's MAX_BLOCKS, so a word of many typos costs a
-bounded read, never the whole vocabulary. FTS5 counts a block's chunks by walking each stem's matches,
+The rarer kinds are read only for words no ordinary typo explains, once every word has had its
+ordinary reading, a kind at a time for all of them, cheapest first: the first key mistyped ("jdentity")
+or one too many in front (a block each of the keys beside it), a dropped second letter ("mntors", put
+back three letters at a time: about 26 small blocks), a dropped first letter ("dentity", likewise,
+the letters words most often begin with first). Every block counts against the query's MAX_BLOCKS, so
+a word that is no typo cannot spend the reading of one after it, and no query reads more than a
+bounded part of the vocabulary. FTS5 counts a block's chunks by walking each stem's matches,
 so a block of common words costs ~10-35 ms at 100k chunks the first time after a write.
 """
 
@@ -38,6 +39,7 @@ MAX_BLOCKS = 64
 # The letters a dropped first letter is put back as, in the order English words most often begin with them (a word
 # whose budget runs out part-way has tried the likeliest); letters of other alphabets the word holds come after.
 _FIRST_LETTERS = "scpdmabtrfeihlgwounvkjqyzx"
+_RARER_KINDS = 3  # `_rarer_typos`: a second letter dropped, the first key mistyped or one in front, the first dropped
 
 @dataclass(frozen=True)
 class Correction:
@@ -56,24 +58,32 @@ def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int] 
     prefix is asked for then). Words the index holds are left alone."""
     asked = {s for s in map(stem, words) if s}
     blocks = _Blocks(vocabulary)
-    found: list[Correction] = []
-    looked = 0
+    meant: dict[str, dict[str, tuple[int, int, str]]] = {}  # word -> its stems held (ordinary typos first)
     for word in words:
-        if looked >= MAX_TYPOS or blocks.spent():
+        if len(meant) >= MAX_TYPOS or blocks.spent():
             break
         own = stem(word) if correctable(word) else None
-        if own is None or len(own) < 2 or blocks.held(own) != 0:
+        if own is None or len(own) < 2 or word in meant or blocks.held(own) != 0:
             continue
-        looked += 1
-        best = _ordinary_typos(word, own, asked, blocks)
-        for candidates, shortest in _rarer_typos(word):
+        meant[word] = _ordinary_typos(word, own, asked, blocks)
+    # The rarer kinds cost more blocks: read only for the words no ordinary typo explains, once every word has had
+    # its ordinary reading, and a kind at a time for all of them (a word that is no typo, looked for first, must
+    # not spend the budget of a typo after it).
+    rarer = {word: _rarer_typos(word) for word, best in meant.items() if not best}
+    for kind in range(_RARER_KINDS):
+        for word, kinds in rarer.items():
+            best = meant[word]
             if best:
-                break
-            for candidate, meant in zip(candidates, stems(candidates), strict=True):
-                chunks = (blocks.held(meant, shortest) or 0) if meant and len(meant) >= shortest and \
-                    meant not in asked else 0
-                if chunks > 0 and meant not in best:
-                    best[meant] = (chunks, 0, candidate)
+                continue
+            candidates, shortest = kinds[kind]
+            for candidate, held_stem in zip(candidates, stems(candidates), strict=True):
+                if not held_stem or len(held_stem) < shortest or held_stem in asked or held_stem in best:
+                    continue
+                chunks = blocks.held(held_stem, shortest) or 0
+                if chunks > 0:
+                    best[held_stem] = (chunks, 0, candidate)
+    found = []
+    for word, best in meant.items():
         if best:
             ranked = sorted(best.values(), key=lambda b: (-b[0], b[2]))[:MAX_MEANT]
             found.append(Correction(word, tuple(candidate for _, _, candidate in ranked)))
@@ -123,8 +133,8 @@ def _ordinary_typos(word: str, own: str, asked: set[str], blocks: _Blocks) -> di
 
 def _rarer_typos(word: str) -> list[tuple[list[str], int]]:
     """The words `word` may have been meant as when no ordinary typo is near, each kind with the length of the blocks
-    it is read in, tried in turn until one is held: its first key mistyped ("jdentity") or one too many in front
-    (the blocks of the keys beside it), its second letter dropped ("mntors"), its first letter dropped ("dentity";
+    it is read in, tried in turn until one is held: its second letter dropped ("mntors"), its first key mistyped
+    ("jdentity") or one too many in front (the blocks of the keys beside it), its first letter dropped ("dentity";
     put back as the likeliest first letters first, so a spent budget has tried them)."""
     first, rest = word[0], word[1:]
     typed = [key + rest for key in NEIGHBOURS.get(first, "")] + ([rest] if len(rest) >= MIN_LETTERS else [])

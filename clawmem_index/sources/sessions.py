@@ -301,7 +301,11 @@ def describe_oversized(lines: Sequence[int], max_bytes: int) -> str:
 
 # -- parsing ----------------------------------------------------------------------------------
 
-_MALFORMED: Any = object()
+class _Malformed:
+    """What `_message` returns for a line of the wrong shape (counted, not indexed)."""
+
+
+_MALFORMED = _Malformed()
 
 
 def _parse_line(raw: bytes) -> tuple[str, dict[str, Any]] | None:
@@ -317,7 +321,7 @@ def _parse_line(raw: bytes) -> tuple[str, dict[str, Any]] | None:
     return obj["type"], obj
 
 
-def _message(obj: dict[str, Any], line: int, header: str | None) -> Message | None:
+def _message(obj: dict[str, Any], line: int, header: str | None) -> Message | _Malformed | None:
     """The message on a `message` line; None for a role not indexed or no text, _MALFORMED for a wrong shape."""
     body = obj.get("message")
     if not isinstance(body, dict) or not isinstance(body.get("role"), str):

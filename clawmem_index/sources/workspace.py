@@ -123,8 +123,9 @@ def scan(workspace: Path, extra_paths: Sequence[str] = (), skipped: list[Skipped
     notes: those are the files an agent is writing.
     """
     note: Note = skipped.append if skipped is not None else _ignore
-    found_all = itertools.chain(_candidates(str(workspace), extra_paths, note, newest_first) if memory else (),
-                                _transcripts(sessions, note, newest_first) if sessions is not None else ())
+    found_all: Iterable[tuple[MemoryFile, os.stat_result]] = itertools.chain(
+        _candidates(str(workspace), extra_paths, note, newest_first) if memory else (),
+        _transcripts(sessions, note, newest_first) if sessions is not None else ())
     if exclude or max_bytes or refuse_hardlinks:
         found_all = ((found, st) for found, st in found_all
                      if _admitted(found, exclude, max_bytes, refuse_hardlinks, note))

@@ -58,6 +58,14 @@ def test_a_typo_in_the_first_letter_is_read_when_nothing_else_is_near() -> None:
     assert correct(["ptaging"], vocabulary) == []  # p is nowhere near s: a different word, not a typo
 
 
+def test_a_word_that_is_no_typo_does_not_spend_the_reading_of_a_typo_after_it() -> None:
+    """The rarer kinds (a letter dropped, the first letter) cost ~26 blocks each: every word has its ordinary reading
+    first, then each rarer kind is tried for every word still unexplained, cheapest first."""
+    vocabulary = Vocabulary({"identity": 5, "staging": 3})
+    found = correct(["zqxwvy", "jdentity", "stagng"], vocabulary)
+    assert [(c.word, c.meant) for c in found] == [("jdentity", ("identity",)), ("stagng", ("staging",))]
+
+
 def test_a_first_letter_typo_comes_after_any_ordinary_one() -> None:
     vocabulary = Vocabulary({"mentors": 3, "dentors": 90})
     assert correct(["mentrs"], vocabulary)[0].meant == ("mentors",)  # "dentors" is further, however common
