@@ -57,7 +57,8 @@ def hybrid_cold(workspace: Path, overrides: dict[str, str], provider: dict[str, 
 
 def run(workspace: Path, overrides: dict[str, str], queries: int) -> dict[str, float]:
     # As the daemon asks: its watcher knows the pending files, so a query does not stat the workspace.
-    index = MemoryIndex(load_settings(workspace=workspace, overrides={"embedding.provider": "none", "search.cache_entries": 0, **overrides}),
+    index = MemoryIndex(load_settings(workspace=workspace,
+                                      overrides={"embedding.provider": "none", "search.cache_entries": 0, **overrides}),
                         long_lived=True, pending_files=lambda: 0)
     try:
         started = time.perf_counter()
@@ -106,7 +107,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--hybrid-dims", type=int, default=384,
-                        help="also a cold hybrid index against an instant embeddings server of these dimensions (0: not)")
+                        help="also a cold hybrid index against an instant embeddings server of these dimensions"
+                             " (0: not)")
     parser.add_argument("--same-vector", action="store_true",
                         help="the server answers one vector for every text (default: vectors made from each text's"
                              " words, so a vector index is built over data shaped like a model's)")

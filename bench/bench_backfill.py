@@ -88,7 +88,8 @@ def serve(port_out: Any, dims: int, latency: float, hashed: bool = False) -> Non
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if latency:
                 time.sleep(latency)
-            items = ",".join(f'{{"object":"embedding","index":{i},"embedding":"{vector_of(text) if hashed else vector}"}}'
+            items = ",".join(f'{{"object":"embedding","index":{i},'
+                             f'"embedding":"{vector_of(text) if hashed else vector}"}}'
                              for i, text in enumerate(body["input"]))
             payload = (f'{{"object":"list","data":[{items}],"model":"{body["model"]}",'
                        '"usage":{"prompt_tokens":1,"total_tokens":1}}').encode()

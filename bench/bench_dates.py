@@ -8,9 +8,10 @@ the date says which. Each note is asked about in every way a person names its da
 "yesterday", "the day before yesterday", "N days ago" (digits and words), "last <weekday>" (within
 the last week), "a fortnight ago", "on the <Nth>" (the last month's days), "the week of <Month> <day>"
 (the week's Monday named, asked only where the topic comes once that week), "on <Month> <day>",
-"<day> <Month> <year>", and the ISO date, as "what did we say about the <topic> <date>?" with `now` = NOW. Measured: the share of questions whose first result is
-that day's note, per way of naming it and overall, in keyword and hybrid search (the default local
-model), with the date prior at its default weight and off (`date_weight` 0: the date is words).
+"<day> <Month> <year>", and the ISO date, as "what did we say about the <topic> <date>?" with `now` = NOW.
+Measured: the share of questions whose first result is that day's note, per way of naming it and
+overall, in keyword and hybrid search (the default local model), with the date prior at its default
+weight and off (`date_weight` 0: the date is words).
 Latency: each search's time, p50 / p95 (query embedding excluded).
 """
 

@@ -11,7 +11,8 @@ the commit hash of the newest daily note, and the commit hash of the oldest one.
 spawn: the first answer of any kind; the first answer holding MEMORY.md; the newest note; the oldest note (the last
 the first pass reaches); the first answer that no longer says `first_pass` and has no pending files (the whole index).
 Every answer given before the oldest note is in must say it is partial (`first_pass`, pending files and a
-warning): the count of those that did not is reported too (it must be 0). Rounds alternate the sizes; /proc/loadavg is recorded before each run.
+warning): the count of those that did not is reported too (it must be 0). Rounds alternate the sizes;
+/proc/loadavg is recorded before each run.
 """
 
 from __future__ import annotations
@@ -133,8 +134,8 @@ def med(values: list[float]) -> str:
 
 def table(out: dict[str, Any]) -> str:
     keys = ("first_answer", "memory_md", "newest", "oldest", "complete")
-    lines = ["| notes | first answer s | MEMORY.md found s | newest note found s | oldest note found s | whole index s |"
-             " unmarked partial answers | load (1 min) |", "|" + "---|" * 8]
+    lines = ["| notes | first answer s | MEMORY.md found s | newest note found s | oldest note found s |"
+             " whole index s | unmarked partial answers | load (1 min) |", "|" + "---|" * 8]
     for notes in dict.fromkeys(r["notes"] for r in out["runs"]):
         rows = [r for r in out["runs"] if r["notes"] == notes]
         cells = [med([float(r[k]) for r in rows if k in r]) for k in keys]

@@ -137,7 +137,8 @@ def recall(data: list[tuple[dict, list[Cand]]], formula: Formula, min_score: flo
                 cited.add((c.path, c.start_line, c.end_line))
                 hits.append(c)
         expected = {(e["file"], e["line"]) for e in q["expected"]}
-        covered = {(f, line) for f, line in expected for c in hits if c.path == f and c.start_line <= line <= c.end_line}
+        covered = {(f, line) for f, line in expected for c in hits
+                   if c.path == f and c.start_line <= line <= c.end_line}
         values.append(len(covered) / len(expected))
     return values
 
@@ -191,7 +192,8 @@ def main() -> None:
         for cat in categories:
             picked = [i for i, (q, _) in enumerate(data) if q["category_name"] == cat]
             per_cat.append(f"{100 * statistics.mean(got[i] - base[i] for i in picked):+.1f}")
-        print(f"| {name} | {statistics.mean(got):.4f} | {100 * statistics.mean(g - b for g, b in zip(got, base, strict=True)):+.2f} | "
+        print(f"| {name} | {statistics.mean(got):.4f} |"
+              f" {100 * statistics.mean(g - b for g, b in zip(got, base, strict=True)):+.2f} | "
               + " | ".join(per_cat) + " |")
 
 
@@ -206,7 +208,8 @@ def compare_windows(work: Path, model: str | None, data: list[tuple[dict, list[C
         scored = with_window_cosines(data, windows, queries, share)
         got = recall(scored, default, min_score)
         vector = recall(scored, lambda c, best: c.cosine, 0.0)
-        print(f"| {name} | {statistics.mean(got):.4f} | {100 * statistics.mean(g - b for g, b in zip(got, base, strict=True)):+.2f}"
+        print(f"| {name} | {statistics.mean(got):.4f} |"
+              f" {100 * statistics.mean(g - b for g, b in zip(got, base, strict=True)):+.2f}"
               f" | {statistics.mean(vector):.4f} |")
 
 

@@ -8,7 +8,8 @@ queries, embedded with the shared MiniLM model (~8 minutes on 2 cores the first 
 --work; bench_vectors.py makes and reads the same cache). Each graph is built on the bundled
 PostgreSQL the tests use (`maintenance_work_mem` 1 GB, its default parallel workers), then every
 query is searched at each `hnsw.ef_search` in --ef (clawmem asks at least 100) and compared with
-the exact top k (numpy; 10 unless --k), with the median time a search took (one client, the server warm). Chose the shared index's graph parameters (clawmem_index/index/pg/schema.py).
+the exact top k (numpy; 10 unless --k), with the median time a search took (one client, the server
+warm). Chose the shared index's graph parameters (clawmem_index/index/pg/schema.py).
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def main() -> None:
                     found, took = 0, []
                     for q, want in zip(queries, exact, strict=True):
                         started = time.perf_counter()
-                        rows = conn.execute("SELECT id FROM v ORDER BY e <=> %s::vector LIMIT %s", (literal(q), k)).fetchall()
+                        rows = conn.execute("SELECT id FROM v ORDER BY e <=> %s::vector LIMIT %s",
+                                            (literal(q), k)).fetchall()
                         took.append(time.perf_counter() - started)
                         found += len(want & {r[0] for r in rows})
                     recalls.append(f"{found / (k * len(queries)):.3f}, {1000 * float(np.median(took)):.1f} ms")

@@ -50,8 +50,8 @@ def bench_scaling(tmp: Path, megabytes: float, runs: int) -> dict[str, Any]:
         index = tmp / f"index-{megabytes}-{run}.sqlite"
         load = Path("/proc/loadavg").read_text().split()[0]
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "clawmem_index", "index", "--workspace", str(workspace), "--index", str(index),
-                        "--provider", "none"], env=clean_env(), check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "clawmem_index", "index", "--workspace", str(workspace),
+                        "--index", str(index), "--provider", "none"], env=clean_env(), check=True, capture_output=True)
         seconds.append(time.perf_counter() - started)
         print(f"  {megabytes} MB run {run + 1}: {seconds[-1]:.2f} s (load {load})", file=sys.stderr)
         index.unlink()
@@ -67,8 +67,8 @@ def bench_delay(tmp: Path, megabytes: float, run: int) -> dict[str, Any]:
     config = tmp / "daemon.toml"
     config.write_text(f"[embedding]\nprovider = \"none\"\n[daemon]\ndebounce = {DEBOUNCE}\nmax_delay = 2.0\n")
     sock = Path(tempfile.mkdtemp(prefix="cmi", dir="/tmp")) / "d.sock"
-    daemon = subprocess.Popen([sys.executable, "-m", "clawmem_index", "serve", "--workspace", str(workspace), "--config",
-                               str(config), "--index", str(tmp / "daemon.sqlite"), "--socket", str(sock)],
+    daemon = subprocess.Popen([sys.executable, "-m", "clawmem_index", "serve", "--workspace", str(workspace),
+                               "--config", str(config), "--index", str(tmp / "daemon.sqlite"), "--socket", str(sock)],
                               env={**clean_env(), "CLAWMEM_LOG_LEVEL": "warning"}, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60

@@ -1,4 +1,5 @@
-"""Index benchmarks (keyword-only): cold index, no-change resync, one-file edit, CLI commands (`index`, `status`, `search` by phrase), size, RSS.
+"""Index benchmarks (keyword-only): cold index, no-change resync, one-file edit, CLI commands (`index`, `status`,
+`search` by phrase), size, RSS.
 
     python bench/bench_index.py [--sizes 200,2000,20000] [--out bench/out/index.json]
 

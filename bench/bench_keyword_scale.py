@@ -78,8 +78,8 @@ def main() -> None:
     workspace, index = args.work / f"ws{args.notes}", args.work / f"index{args.notes}.sqlite"
     if not workspace.exists():
         generate(workspace, args.notes)
-    subprocess.run([sys.executable, "-m", "clawmem_index", "index", "--workspace", str(workspace), "--index", str(index)],
-                   env=clean_env(), check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "clawmem_index", "index", "--workspace", str(workspace),
+                    "--index", str(index)], env=clean_env(), check=True, capture_output=True)
     status = subprocess.run([sys.executable, "-m", "clawmem_index", "status", "--json", "--workspace", str(workspace),
                              "--index", str(index)], env=clean_env(), check=True, capture_output=True, text=True)
     chunks = int(json.loads(status.stdout)["chunks_indexed"])

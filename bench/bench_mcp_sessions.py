@@ -70,8 +70,8 @@ def running_server() -> Iterator[tuple[subprocess.Popen[str], int, str]]:
         (workspace / "MEMORY.md").write_text("# Memory\nThe staging server is pinecone.\n")
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("CLAWMEM_")}, "CLAWMEM_PROVIDER": "none",
                "XDG_CONFIG_HOME": str(root / "config"), "XDG_CACHE_HOME": str(root / "cache")}
-        subprocess.run([sys.executable, "-m", "clawmem_index", "index", "--workspace", str(workspace)], env=env, check=True,
-                       capture_output=True)
+        subprocess.run([sys.executable, "-m", "clawmem_index", "index", "--workspace", str(workspace)], env=env,
+                       check=True, capture_output=True)
         proc = subprocess.Popen([sys.executable, "-m", "clawmem_index", "mcp", "--workspace", str(workspace), "--http",
                                  "--port", "0", "--socket", str(root / "none.sock")], env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -142,7 +142,8 @@ def turn_run(openclaw: OpenClaw, backend: str, mode: str, src: Path, work: Path,
         if backend == "memory-clawmem":
             clone = fresh_clone(run)
             began = time.monotonic()
-            done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + readme_install_lines() + '\necho "PATH=$PATH"\n'],
+            done = subprocess.run(["bash", "-c",
+                                   "set -euo pipefail\n" + readme_install_lines() + '\necho "PATH=$PATH"\n'],
                                   cwd=clone, env=env, capture_output=True, text=True, timeout=900)
             if done.returncode != 0:
                 raise RuntimeError(f"the README's install lines failed: {done.stderr[-2000:]}")

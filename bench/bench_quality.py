@@ -1,7 +1,7 @@
 """Retrieval quality on real data (BEIR SciFact, LoCoMo), per search configuration, with paired bootstrap CIs.
 
-    python bench/bench_quality.py [--sets scifact,locomo,locomo-typos,locomo-partial] [--configs NAME,...] [--model PATH.gguf]
-                                  [--work DIR] [--out bench/out/quality.json] [--list]
+    python bench/bench_quality.py [--sets scifact,locomo,locomo-typos,locomo-partial] [--configs NAME,...]
+                                  [--model PATH.gguf] [--work DIR] [--out bench/out/quality.json] [--list]
 
 Needs the evaluation data in ../shared/bench (never copied into this repository). Workspaces and
 indexes are written under --work and reused between runs (the index is incremental and the
@@ -389,7 +389,8 @@ def typo_first_query(question: str, counts: Counter[str]) -> str:
 TRANSFORMS: dict[str, Callable[..., str | None]] = {"locomo-typos": typo_query, "locomo-partial": partial_query,
                                                     "locomo-typo1": typo1_query, "locomo-typo2": typo2_query,
                                                     "locomo-typo-first": typo_first_query}
-WITH_COUNTS = {"locomo-typo1", "locomo-typo2", "locomo-typo-first"}  # transforms that read the conversation's word counts
+# transforms that read the conversation's word counts
+WITH_COUNTS = {"locomo-typo1", "locomo-typo2", "locomo-typo-first"}
 
 
 def run_locomo(work: Path, configs: list[Config], model: str | None, log: Callable[[str], None],

@@ -5,7 +5,8 @@ machine llama.cpp threads of every core wait on each other. Each round embeds QU
 1 thread and on all cores, alternately (the ratio taken in one sitting), and prints p50 and p95 in
 ms with the load average before it.
 
-    .venv/bin/python bench/bench_query_threads.py --model ../shared/models/all-MiniLM-L6-v2-q8_0.gguf --load 0 --rounds 3
+    .venv/bin/python bench/bench_query_threads.py --model ../shared/models/all-MiniLM-L6-v2-q8_0.gguf \
+        --load 0 --rounds 3
     .venv/bin/python bench/bench_query_threads.py --model ... --load 4 --rounds 3
 """
 

@@ -179,8 +179,8 @@ def bench_hung_provider(tmp: Path) -> dict[str, Any]:
 
     sock = Path(tempfile.mkdtemp(prefix="cmb", dir="/tmp")) / "d.sock"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWMEM_")}
-    daemon = subprocess.Popen([sys.executable, "-m", "clawmem_index", "serve", "--workspace", str(workspace), "--config",
-                               str(config), "--index", str(index), "--socket", str(sock)],
+    daemon = subprocess.Popen([sys.executable, "-m", "clawmem_index", "serve", "--workspace", str(workspace),
+                               "--config", str(config), "--index", str(index), "--socket", str(sock)],
                               env={**env, "CLAWMEM_LOG_LEVEL": "warning"}, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60

@@ -121,8 +121,8 @@ def clone_workspace(conn: psycopg.Connection, source: str, target: str) -> None:
                      (target, source))
         for table in TABLES:
             columns = [r[0] for r in conn.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = %s AND column_name <> 'workspace'"
-                " ORDER BY ordinal_position", (table,))]
+                "SELECT column_name FROM information_schema.columns WHERE table_name = %s"
+                " AND column_name <> 'workspace' ORDER BY ordinal_position", (table,))]
             conn.execute(f"INSERT INTO {table}(workspace, {', '.join(columns)}) SELECT %s, {', '.join(columns)}"
                          f" FROM {table} WHERE workspace = %s", (target, source))
         columns = [r[0] for r in conn.execute(
@@ -173,7 +173,8 @@ def vector_recall(url: str, workspace: str, queries: int = 50) -> float:
     found = 0
     try:
         for _ in range(queries):
-            blob = hashed_vector(rng.choice(COMMON) + f" {rng.choice(['alert', 'garden', 'quorum', 'ticket'])}").tobytes()
+            blob = hashed_vector(rng.choice(COMMON)
+                                 + f" {rng.choice(['alert', 'garden', 'quorum', 'ticket'])}").tobytes()
             approx = store.vector_search(blob, 10)
             store.execute("SET enable_indexscan = off")
             exact = store.vector_search(blob, 10)

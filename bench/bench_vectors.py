@@ -291,7 +291,8 @@ def main() -> None:
                                  nq, args.rounds),
             "quantized_with_prefix": {
                 f"{prefix} ({share:.0%} of chunks)": timed(
-                    lambda i, prefix=prefix: store.vector_search(blobs[i], K, ChunkFilter(path_prefix=prefix)), nq, args.rounds)
+                    lambda i, prefix=prefix: store.vector_search(blobs[i], K, ChunkFilter(path_prefix=prefix)),
+                    nq, args.rounds)
                 for prefix, share in prefixes(store)},
             f"recall@{K}": round(recall(store, vectors, seqs_of(store), queries, K), 4),
         }

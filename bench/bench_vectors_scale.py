@@ -150,7 +150,8 @@ def main() -> None:
         found = sum(1 for qi in range(n) for h in store.vector_search(blobs[qi], 10)
                     if sims[qi, position[h.seq]] >= kth[qi] - 1e-6)
         return {"method": store.vector_method(), "recall@10": round(found / (10 * n), 4),
-                "vector_24": timed(lambda i: store.vector_search(blobs[i], 24), n, args.rounds, tail=0.95, warm_passes=1)}
+                "vector_24": timed(lambda i: store.vector_search(blobs[i], 24), n, args.rounds,
+                                   tail=0.95, warm_passes=1)}
 
     if not path.exists():
         result["build"] = build(path, vectors, sentences, args.precision, vector_figures if args.compare else None)

@@ -92,7 +92,8 @@ FIXED_SQL_SHADOWS: dict[str, str] = {
                  " INSERT INTO cm_access VALUES (current_user, 'beta', true), (current_user, 'alpha', true)",
     # every role's name, each with this role's own oid: "member of every role that holds a grant"
     "pg_roles": "CREATE TEMP TABLE pg_roles(rolname name, oid oid);"
-                " INSERT INTO pg_roles SELECT rolname, (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user)"
+                " INSERT INTO pg_roles SELECT rolname,"
+                " (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user)"
                 " FROM pg_catalog.pg_roles",
 }
 

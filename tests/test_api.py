@@ -239,7 +239,8 @@ def test_the_signature_is_plain_python() -> None:
 
 def test_import_clawmem_stays_light() -> None:
     probe = ("import sys, clawmem_index\n"
-             "print(sorted(m for m in ('clawmem_index.api', 'clawmem_index.engine.core', 'apsw', 'tiktoken') if m in sys.modules))\n"
+             "print(sorted(m for m in ('clawmem_index.api', 'clawmem_index.engine.core', 'apsw', 'tiktoken')"
+             " if m in sys.modules))\n"
              "from clawmem_index import Client\n"
              "print(sorted(m for m in ('clawmem_index.engine.core', 'apsw', 'tiktoken') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True,

@@ -21,7 +21,8 @@ def test_defaults_match_the_spec(tmp_path: Path) -> None:
 
 
 def test_toml_then_env_then_flags(tmp_path: Path) -> None:
-    (tmp_path / "clawmem.toml").write_text('[search]\nmax_results = 9\nmode = "bm25"\n[embedding]\nprovider = "openai"\n')
+    (tmp_path / "clawmem.toml").write_text('[search]\nmax_results = 9\nmode = "bm25"\n'
+                                           '[embedding]\nprovider = "openai"\n')
     s = load_settings(workspace=tmp_path, environ={})
     assert (s.search.max_results, s.search.mode, s.embedding.provider) == (9, "bm25", "openai")
     s = load_settings(workspace=tmp_path, environ={"CLAWMEM_PROVIDER": "none"})

@@ -107,7 +107,8 @@ def test_a_plain_install_indexes_and_searches_by_keyword(starter: Path) -> None:
 def test_auto_on_a_plain_install_is_keyword_search_saying_which_extra_to_add(starter: Path) -> None:
     indexed = core_only("index", "--workspace", str(starter))
     assert indexed.returncode == 0, indexed.stderr
-    assert "clawmem: note: auto found no embedding provider" in indexed.stderr and "clawmem-index[local]" in indexed.stderr
+    assert "clawmem: note: auto found no embedding provider" in indexed.stderr \
+        and "clawmem-index[local]" in indexed.stderr
     status = core_only("status", "--workspace", str(starter), "--json")
     assert status.returncode == 0, status.stderr
     answer = json.loads(status.stdout)
@@ -185,7 +186,8 @@ def test_every_provider_has_an_extra_and_all_has_them_all() -> None:
 
 
 def test_setup_stops_at_once_when_a_run_installed_more_extras_than_asked(tmp_path: Path) -> None:
-    """demo.sh (extras: all) after test.sh (all,test) must not reinstall: with no package index reachable, it succeeds."""
+    """demo.sh (extras: all) after test.sh (all,test) must not reinstall: with no package index reachable, it
+    succeeds."""
     root = Path(__file__).resolve().parents[1]
     stamp = root / ".venv" / ".clawmem-setup"
     if Path(sys.prefix).resolve() != (root / ".venv").resolve() or not stamp.exists():

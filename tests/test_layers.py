@@ -25,7 +25,8 @@ def test_an_import_from_a_higher_layer_breaks_the_build(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "clawmem_index", tmp_path / "clawmem_index", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     tokens = tmp_path / "clawmem_index" / "text" / "tokens.py"
-    tokens.write_text(tokens.read_text() + "\n\ndef _upwards() -> None:\n    from clawmem_index.engine import core  # noqa\n")
+    tokens.write_text(tokens.read_text()
+                      + "\n\ndef _upwards() -> None:\n    from clawmem_index.engine import core  # noqa\n")
     out = lint_imports(tmp_path)
     assert out.returncode == 1 and "BROKEN" in out.stdout, out.stdout + out.stderr
     assert "clawmem_index.text.tokens -> clawmem_index.engine.core" in out.stdout

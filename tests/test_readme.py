@@ -27,7 +27,8 @@ from daemon_helpers import short_dir, stop_process, wait_listening
 from clawmem_index.config import load_settings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-RUNNERS = {"sh": ["bash", "-euo", "pipefail", "-c"], "python": [sys.executable, "-c"], "js": ["node", "--input-type=module", "-e"]}
+RUNNERS = {"sh": ["bash", "-euo", "pipefail", "-c"], "python": [sys.executable, "-c"],
+           "js": ["node", "--input-type=module", "-e"]}
 FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 EXAMPLE_TIMEOUT = 120.0
 

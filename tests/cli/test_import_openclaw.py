@@ -29,7 +29,8 @@ CONFIG = """// OpenClaw's config is JSON5: comments, trailing commas, unquoted k
   agents: {
     defaults: { workspace: "WS_DEFAULT" },
     entries: {
-      coder: { workspace: "WS_CODER", memory: { search: { provider: "voyage", model: "voyage-3", sources: ["memory", "sessions"] } } },
+      coder: { workspace: "WS_CODER", memory: { search: { provider: "voyage", model: "voyage-3", \
+sources: ["memory", "sessions"] } } },
     },
   },
 }
@@ -162,7 +163,8 @@ def test_providers_map_to_clawmem_s(search: dict, expected: dict, note: str | No
 def test_legacy_and_per_agent_layers_merge_in_openclaw_s_order() -> None:
     config = {"memorySearch": {"provider": "gemini", "extraPaths": ["a"]},
               "agents": {"defaults": {"memorySearch": {"model": "m1"}},
-                         "entries": {"x": {"memorySearch": {"extraPaths": "b"}, "memory": {"search": {"model": "m2"}}}}},
+                         "entries": {"x": {"memorySearch": {"extraPaths": "b"},
+                                           "memory": {"search": {"model": "m2"}}}}},
               "memory": {"search": {"query": {"maxResults": 3}}}}
     merged = memory_search_settings(config, "x")
     assert (merged["provider"], merged["model"], merged["extraPaths"]) == ("gemini", "m2", ["a", "b"])

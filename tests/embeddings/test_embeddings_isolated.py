@@ -298,6 +298,7 @@ def test_a_reload_keeps_one_model_process(model: Path, workspace: Path, tmp_path
         second = wait_until(lambda: model_process().get("pid"), timeout=60, message="a new model process")
         assert second != first
         wait_until(lambda: children() == {second}, timeout=30,
-                   message=f"only the new model process: {[Path(f'/proc/{c}/cmdline').read_text() for c in children()]}")
+                   message="only the new model process: "
+                           f"{[Path(f'/proc/{c}/cmdline').read_text() for c in children()]}")
     finally:
         assert stop_process(proc) == 0

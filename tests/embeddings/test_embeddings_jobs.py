@@ -402,7 +402,8 @@ def test_a_malformed_poll_answer_is_a_provider_error(setup: Setup) -> None:
 
 
 def test_importing_jobs_does_not_import_an_sdk() -> None:
-    code = ("import sys, clawmem_index.embeddings.jobs, clawmem_index.embeddings.openai, clawmem_index.embeddings.gemini; "
+    code = ("import sys, clawmem_index.embeddings.jobs, clawmem_index.embeddings.openai, "
+            "clawmem_index.embeddings.gemini; "
             "assert 'openai' not in sys.modules and 'google.genai' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 

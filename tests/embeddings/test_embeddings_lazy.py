@@ -113,7 +113,8 @@ def test_commands_that_only_read_load_no_write_path(notes: Path, tmp_path: Path)
     or status does not load them (the registry is not needed when the provider is "none")."""
     env = {"CLAWMEM_WORKSPACE": str(notes), "CLAWMEM_INDEX": str(tmp_path / "index.sqlite"),
            "CLAWMEM_PROVIDER": "none", "CLAWMEM_SOCKET": str(tmp_path / "none.sock")}
-    write_path = ("clawmem_index.engine.sync", "clawmem_index.text.chunking", "clawmem_index.engine.backfill", "tiktoken")
+    write_path = ("clawmem_index.engine.sync", "clawmem_index.text.chunking", "clawmem_index.engine.backfill",
+                  "tiktoken")
     out, imported = run("index", env=env, modules=write_path)
     assert out.returncode == 0, out.stderr
     assert "clawmem_index.engine.sync" in imported

@@ -201,7 +201,8 @@ def test_gives_up_on_server_errors_after_the_bound(server: FakeServer) -> None:
 
 def test_gives_up_on_rate_limits_after_the_bound(server: FakeServer) -> None:
     sleeps: list[float] = []
-    server.default = lambda request: Reply(status=429, json={"error": {"message": "quota"}}, headers={"Retry-After": "1"})
+    server.default = lambda request: Reply(status=429, json={"error": {"message": "quota"}},
+                                           headers={"Retry-After": "1"})
     with pytest.raises(RateLimited, match="after 3 attempts: HTTP 429"):
         make(server, sleeps).embed_query("x")
     assert sleeps == [1.0, 1.0]

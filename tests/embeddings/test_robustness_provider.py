@@ -121,7 +121,8 @@ def test_a_model_of_unknown_size_indexes_keywords_while_its_provider_is_down(wor
     notes(workspace)
     fake_server.default = lambda request: Reply(status=503, json={"error": {"message": "overloaded"}})
     config = tmp_path / "clawmem.toml"
-    config.write_text(f'[embedding]\nprovider = "openai"\nmodel = "nomic-embed-text"\nbase_url = "{fake_server.url}/v1"\n'
+    config.write_text('[embedding]\nprovider = "openai"\nmodel = "nomic-embed-text"\n'
+                      f'base_url = "{fake_server.url}/v1"\n'
                       'api_key = "sk-test"\nmax_retries = 0\n')
 
     def clawmem(*args: str) -> subprocess.CompletedProcess[str]:
@@ -233,8 +234,8 @@ def test_a_daemons_answers_say_why_vectors_are_missing(workspace: Path, tmp_path
         assert "401" in answer["embedding_error"] and "the embedding provider failed" in answer["warning"]
 
 
-def test_sigterm_ends_the_daemon_while_searches_wait_on_a_hung_provider(workspace: Path, tmp_path: Path,
-                                                                        sock_dir: Path, fake_server: FakeServer) -> None:
+def test_sigterm_ends_the_daemon_while_searches_wait_on_a_hung_provider(workspace: Path, tmp_path: Path, sock_dir: Path,
+                                                                        fake_server: FakeServer) -> None:
     """The query threads wait (here up to 600 s) for a provider that never answers: SIGTERM still ends the daemon
     within its stop deadline, exit 0, instead of waiting for them (the index is only read by them)."""
     import signal

@@ -215,8 +215,8 @@ def test_clawmem_index_hands_a_backfill_to_openai_batches_and_collects_it(worksp
 
         def clawmem(*args: str) -> subprocess.CompletedProcess[str]:
             env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWMEM_")}
-            return subprocess.run([sys.executable, "-m", "clawmem_index", *args, "--workspace", str(workspace), "--config",
-                                   str(config), "--index", str(tmp_path / "i.sqlite")], capture_output=True,
+            return subprocess.run([sys.executable, "-m", "clawmem_index", *args, "--workspace", str(workspace),
+                                   "--config", str(config), "--index", str(tmp_path / "i.sqlite")], capture_output=True,
                                   text=True, env=env, timeout=120, check=False)
 
         out = clawmem("index")

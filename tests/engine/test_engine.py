@@ -69,7 +69,8 @@ def no_strays(index_path: Path) -> bool:
 
 
 @pytest.mark.slow
-def test_a_sync_killed_at_random_points_always_leaves_a_consistent_index(settings: Settings, write, workspace: Path) -> None:
+def test_a_sync_killed_at_random_points_always_leaves_a_consistent_index(settings: Settings, write,
+                                                                         workspace: Path) -> None:
     make_notes(write, 150)
     index = MemoryIndex(settings)
     index.sync()
@@ -126,8 +127,8 @@ def test_changing_chunk_size_or_tokenizer_rebuilds_the_index(settings: Settings,
     before = index.reader().counts()[1]
     fp_before = json.loads(index.reader().get_meta("fingerprint") or "{}")
 
-    smaller = load_settings(workspace=workspace, overrides={"index": str(settings.index_path), "embedding.provider": "none",
-                                                            "chunking.tokens": 100})
+    smaller = load_settings(workspace=workspace, overrides={"index": str(settings.index_path),
+                                                            "embedding.provider": "none", "chunking.tokens": 100})
     report = MemoryIndex(smaller).sync()
     assert report.added == 1
     store = Store(settings.index_path, create=False)
@@ -181,7 +182,8 @@ def test_a_reindex_over_an_index_whose_vectors_are_damaged_embeds_them_again(set
     provider = FakeProvider(dims=256)
     MemoryIndex(settings, provider=provider).sync()
     store = Store(settings.index_path, create=False)
-    pages = [int(n) for (n,) in store.execute("SELECT pageno FROM dbstat WHERE name = 'chunks_vec' AND pagetype = 'leaf'")]
+    pages = [int(n)
+             for (n,) in store.execute("SELECT pageno FROM dbstat WHERE name = 'chunks_vec' AND pagetype = 'leaf'")]
     size = int(store.execute("PRAGMA page_size")[0][0])
     store.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     store.close()

@@ -102,7 +102,8 @@ def test_an_edit_keeps_the_rows_of_unchanged_chunks(settings: Settings, write) -
     assert report.chunks_added == 1 and report.chunks_kept >= 4
 
 
-def test_symlinks_and_hidden_folders_are_not_indexed(settings: Settings, write, workspace: Path, tmp_path: Path) -> None:
+def test_symlinks_and_hidden_folders_are_not_indexed(settings: Settings, write, workspace: Path,
+                                                     tmp_path: Path) -> None:
     secret = tmp_path / "secret.md"
     secret.write_text("# S\nclassified pineapple")
     os.symlink(secret, workspace / "memory" / "link.md")
@@ -540,8 +541,9 @@ def test_vectors_are_made_for_the_curated_memory_and_the_latest_days_first(setti
     index = MemoryIndex(settings, provider=provider)
     index.sync()
     order = [text.split("the text of ")[1].strip() for text in provider.texts]
-    assert order == ["MEMORY.md", "USER.md", "users/dana/USER.md", "memory/2026-11-26.md", "memory/2026-11-25.md", "memory/2026-11-24.md",
-                     "memory/2026-11-23.md", "memory/ids/20999.md", "memory/people.md", "memory/projects/alpha.md"]
+    assert order == ["MEMORY.md", "USER.md", "users/dana/USER.md", "memory/2026-11-26.md", "memory/2026-11-25.md",
+                     "memory/2026-11-24.md", "memory/2026-11-23.md", "memory/ids/20999.md", "memory/people.md",
+                     "memory/projects/alpha.md"]
 
     nested = [MemoryFile("memory/2025/12/31.md", 0, 0), MemoryFile("memory/notes.md", 0, 0),
               MemoryFile("memory/2026/01/02.md", 0, 0), MemoryFile("memory/2026/01/10.md", 0, 0)]

@@ -595,7 +595,8 @@ def test_a_text_is_embedded_once_for_the_fleet(tmp_path: Path, pg_url: str, pg_r
         beta.close()
 
 
-def test_the_fleets_cache_gives_a_role_no_vector_of_a_text_it_does_not_hold(tmp_path: Path, pg_url: str, pg_role) -> None:  # type: ignore[no-untyped-def]
+def test_the_fleets_cache_gives_a_role_no_vector_of_a_text_it_does_not_hold(tmp_path: Path, pg_url: str,  # type: ignore[no-untyped-def]
+                                                                            pg_role) -> None:
     """A vector gives much of its text back: no workspace role may list the shared cache, a writer looks
     up only the hashes of texts it has (what sharing the cache needs), a reader not even that."""
     from clawmem_index.embeddings.fake import FakeProvider
@@ -682,7 +683,8 @@ def test_context_across_workspaces_reads_the_others_lines_from_the_index(tmp_pat
 
 def test_a_server_killed_mid_sync_is_reported_and_the_index_catches_up(workspace: Path, write, tmp_path: Path,
                                                                         sock_dir: Path) -> None:
-    """SIGKILL PostgreSQL while the daemon indexes: status says so, and after the restart the index equals a fresh build."""
+    """SIGKILL PostgreSQL while the daemon indexes: status says so, and after the restart the index equals a fresh
+    build."""
     import pg_server
 
     server = pg_server.start()

@@ -315,7 +315,8 @@ def test_words_with_one_stem_share_their_kept_scores(store: Store) -> None:
     with summing():
         assert ranked(store, build_match("cells") or "", 10) == reference(store, build_match("cells") or "", 10)
         reads = reads_of_lists(store)
-        assert ranked(store, build_match("cell walls") or "", 10) == reference(store, build_match("cell walls") or "", 10)
+        assert ranked(store, build_match("cell walls") or "", 10) == \
+            reference(store, build_match("cell walls") or "", 10)
         assert len(reads) == 1  # "walls" only: "cell" is the token "cells" was read as
 
 

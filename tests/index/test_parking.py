@@ -1,4 +1,5 @@
-"""Parked vectors (clawmem_index.index.parking): a switch of model renames the vectors it leaves behind aside, a switch back takes them whole."""
+"""Parked vectors (clawmem_index.index.parking): a switch of model renames the vectors it leaves behind aside, a
+switch back takes them whole."""
 
 from __future__ import annotations
 
@@ -69,8 +70,8 @@ def test_a_switch_back_takes_the_parked_table_back_without_copying_a_vector(sett
     back.close()
 
 
-def test_notes_edited_while_parked_get_new_vectors_and_their_old_ones_wait_in_the_cache(settings: Settings,
-                                                                                         write, workspace: Path) -> None:
+def test_notes_edited_while_parked_get_new_vectors_and_their_old_ones_wait_in_the_cache(settings: Settings, write,
+                                                                                         workspace: Path) -> None:
     notes(write)
     switch_to(settings, FakeProvider(model="fake-a")).close()
     old = vectors_by_hash(Store(settings.index_path, create=False))

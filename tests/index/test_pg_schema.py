@@ -122,7 +122,8 @@ def test_a_role_granted_before_vectors_had_their_own_table_keeps_its_rights_to_t
 
 
 def _graph_options(conn: psycopg.Connection, workspace: str, gen: int, dims: int) -> list[str] | None:
-    row = conn.execute("SELECT c.reloptions FROM pg_class AS c WHERE c.oid = to_regclass(cm_vector_index_name(%s, %s, %s))",
+    row = conn.execute("SELECT c.reloptions FROM pg_class AS c"
+                       " WHERE c.oid = to_regclass(cm_vector_index_name(%s, %s, %s))",
                        (workspace, gen, dims)).fetchone()
     return None if row is None else sorted(row[0])
 

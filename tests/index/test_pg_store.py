@@ -283,7 +283,8 @@ def test_the_texts_a_batch_job_would_embed_are_the_pending_ones_the_fleets_cache
     assert set(store.uncached_pending("q", "m", "k")) == {f"h-memory/a.md-{n}" for n in range(3)}, "another model's"
 
 
-def test_an_in_place_model_switch_builds_a_new_graph_whole_instead_of_filling_the_old_one(tmp_path, pg_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_an_in_place_model_switch_builds_a_new_graph_whole_instead_of_filling_the_old_one(tmp_path,  # type: ignore[no-untyped-def]
+                                                                                          pg_url: str) -> None:
     from clawmem_index.config import load_settings
     from clawmem_index.embeddings.fake import FakeProvider
     from clawmem_index.engine.core import MemoryIndex

@@ -316,7 +316,8 @@ def test_a_limit_beyond_sqlite_vecs_k_ranks_every_vector_exactly(store: Store) -
 
 
 def test_vectors_written_without_sqlite_vec_are_found_and_requantized_later(tmp_path: Path, monkeypatch) -> None:
-    """The sign bits can only be written with sqlite-vec: a write without it leaves the exact scan until they are rebuilt."""
+    """The sign bits can only be written with sqlite-vec: a write without it leaves the exact scan until they are
+    rebuilt."""
     import clawmem_index.index.connection as connection
 
     rng = random.Random(7)

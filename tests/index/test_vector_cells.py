@@ -261,7 +261,8 @@ def test_vectors_an_older_writer_added_beside_the_cells_are_found_and_the_cells_
         seq = store.insert_chunk(id="old", path="memory/old.md", source="memory", start_line=1, end_line=1,
                                  hash="old", text="old", fts_text="old")
         store.execute("INSERT INTO chunks_vec(rowid, embedding) VALUES(?, ?)", (seq, newcomer[0].tobytes()))
-        store.execute("INSERT INTO chunks_vec_bits(rowid, part, embedding) VALUES(?, ?, vec_quantize_binary(vec_f32(?)))",
+        store.execute("INSERT INTO chunks_vec_bits(rowid, part, embedding)"
+                      " VALUES(?, ?, vec_quantize_binary(vec_f32(?)))",
                       (seq, seq % 32, newcomer[0].tobytes()))
         store.execute("UPDATE chunks SET embedded = 1 WHERE seq = ?", (seq,))
     assert store.vector_method() == BITS

@@ -56,7 +56,8 @@ def test_a_half_precision_table_gives_its_vectors_out_as_float32(tmp_path: Path)
     hashes = [f"v{i}" for i in range(len(seqs))]
     given = store.cached_embeddings("fake", "m", "k", hashes)
     for i, h in enumerate(hashes):
-        assert np.frombuffer(given[h], dtype="<f4").tolist() == vectors[i].astype(np.float16).astype(np.float32).tolist()
+        assert np.frombuffer(given[h], dtype="<f4").tolist() == \
+            vectors[i].astype(np.float16).astype(np.float32).tolist()
     with store.transaction():
         store.reset_vectors()  # a model switch moves the chunks' vectors into the cache
     cached = store.execute("SELECT hash, embedding, dims FROM embedding_cache ORDER BY hash")

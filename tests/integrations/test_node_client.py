@@ -30,8 +30,10 @@ def test_the_node_client_passes_its_tests_against_a_real_daemon(workspace: Path,
     if node is None:
         pytest.skip("node is not installed")
     (workspace / "MEMORY.md").write_text("# Memory\nPrefer the platypus plan.\n")
-    (workspace / "memory" / "ideas.md").write_text("# Ideas\nA platypus detector. <!-- project: github.com/acme/app -->\n")
-    (workspace / "USER.md").write_text("# User\n- Answer in haiku. <!-- trigger: poem, verse --> <!-- importance: 7 -->\n")
+    (workspace / "memory" / "ideas.md").write_text("# Ideas\n"
+                                                   "A platypus detector. <!-- project: github.com/acme/app -->\n")
+    (workspace / "USER.md").write_text("# User\n"
+                                       "- Answer in haiku. <!-- trigger: poem, verse --> <!-- importance: 7 -->\n")
     named = tmp_path / "a wörk space"  # the socket's name from a folder name with a space and a non-ASCII letter
     named.mkdir()
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/test")

@@ -50,7 +50,8 @@ USER_MD = """# User
 
 - Always answer in haiku. <!-- trigger: poem, verse --> <!-- importance: 8 -->
 """
-DAILY = ("2026-11-30.md", "# 2026-11-30\n\n- Discussed the lighthouse restoration budget: 42k euros, approved by Marta.\n")
+DAILY = ("2026-11-30.md",
+         "# 2026-11-30\n\n- Discussed the lighthouse restoration budget: 42k euros, approved by Marta.\n")
 FLUSH_MARK = "Pre-compaction memory flush"
 FLUSHED = "FLUSHED: the user keeps a lighthouse logbook."
 
@@ -145,7 +146,8 @@ def openclaw_cli(openclaw: OpenClaw, env: dict[str, str], *args: str, cwd: Path 
     return json.loads(out.stdout[out.stdout.index("[" if args[1] == "status" else "{"):])
 
 
-def run_turns(openclaw: OpenClaw, root: Path, *, install: bool, lines: slice = slice(None), turns: bool = True) -> Turns:
+def run_turns(openclaw: OpenClaw, root: Path, *, install: bool, lines: slice = slice(None),
+              turns: bool = True) -> Turns:
     """A memory-core user's home, clawmem installed by the README's lines if `install`, then the turns."""
     home, workspace = root / "home", root / "home" / "agent"
     (workspace / "memory").mkdir(parents=True)
@@ -170,7 +172,8 @@ def run_turns(openclaw: OpenClaw, root: Path, *, install: bool, lines: slice = s
             script = "set -euo pipefail\n" + block + '\necho "PATH=$PATH"\n'
             done = subprocess.run(["bash", "-c", script], cwd=clone, env=env, capture_output=True, text=True,
                                   timeout=900)
-            assert done.returncode == 0, f"the README's install lines failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            assert done.returncode == 0, \
+                f"the README's install lines failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
             env["PATH"] = done.stdout.rsplit("PATH=", 1)[1].strip()  # the README's export: clawmem on the PATH
         # The day's note the flush writes to is named in the flush's own prompt.
         def flush_write(body: dict[str, Any]) -> dict[str, Any]:
@@ -193,13 +196,16 @@ def run_turns(openclaw: OpenClaw, root: Path, *, install: bool, lines: slice = s
 
             # The index is built (the trigger lane has 1.5 s and would miss a cold one, with either backend).
             try:
-                seen.warm_backend = eventually(warm, "a search answered from a whole index").get("debug", {}).get("backend")
+                seen.warm_backend = (eventually(warm, "a search answered from a whole index")
+                                     .get("debug", {}).get("backend"))
             except AssertionError as exc:
-                raise AssertionError(f"{exc}: last {json.dumps(last)[:1500]}; log {gateway.log.read_text()[-3000:]}") from None
+                raise AssertionError(f"{exc}: last {json.dumps(last)[:1500]};"
+                                     f" log {gateway.log.read_text()[-3000:]}") from None
             if not turns:
                 seen.log = gateway.log.read_text(errors="replace")
                 return seen
-            fake.script(tool_call("tool_call", {"id": "memory_search", "args": {"query": "lighthouse restoration budget"}}),
+            fake.script(tool_call("tool_call", {"id": "memory_search",
+                                                "args": {"query": "lighthouse restoration budget"}}),
                         text("Forty-two thousand\nfor the lighthouse, Marta said\nyes, in November."))
             before = len(fake.requests)
             gateway.chat("Please write a poem about the lighthouse budget we agreed.", user="parity")
@@ -260,7 +266,8 @@ def test_the_recall_section_tells_the_model_to_search_memory(turns: dict[str, Tu
 @pytest.mark.parametrize("backend", ["memory-core", "memory-clawmem"])
 def test_a_trigger_matched_entry_is_put_before_the_message(turns: dict[str, Turns], backend: str) -> None:
     injected = injected_block(turns[backend].user_message)
-    assert injected == "<active_memory_plugin>\n- - Always answer in haiku. (Source: USER.md#L3)\n</active_memory_plugin>", \
+    assert injected == ("<active_memory_plugin>\n- - Always answer in haiku. (Source: USER.md#L3)\n"
+                        "</active_memory_plugin>"), \
         turns[backend].user_message[:500]
     assert "Please write a poem about the lighthouse budget we agreed." in turns[backend].user_message
 

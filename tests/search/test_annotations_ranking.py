@@ -60,7 +60,8 @@ def test_annotations_are_no_words_of_a_note(backend: dict[str, str], workspace: 
         "MEMORY.md", 4, 4, "- Keep the gateway on loopback.")
     assert (hit["importance"], hit["triggers"]) == (9, "gateway setup; network safety") and "projects" not in hit
     helper = found(index, "release helper validation")[0]
-    assert (helper["start_line"], helper["projects"]) == (5, "github.com/OpenClaw/openclaw") and "importance" not in helper
+    assert (helper["start_line"], helper["projects"]) == (5, "github.com/OpenClaw/openclaw") \
+        and "importance" not in helper
     daily = found(index, "safety valve")[0]
     assert daily["projects"] == "acme/x" and "triggers" not in daily and "importance" not in daily
     assert index.get("MEMORY.md")["text"].count("<!--") == 3  # the file is read as it is

@@ -98,7 +98,8 @@ def test_the_first_k_are_the_same_for_every_larger_answer_and_are_the_true_first
     exact = corpus.exact(weights, factor, exponent)
     fused = corpus.exact(weights, lambda c: 1.0, exponent)
     listed = {c.seq for c in chunks if (weights[0] and c.bm25 is not None) or (weights[1] and c.distance is not None)}
-    truth = [seq for seq in sorted(exact, key=lambda s: (-exact[s], f"p{s}")) if fused[seq] >= min_score and seq in listed]
+    truth = [seq for seq in sorted(exact, key=lambda s: (-exact[s], f"p{s}"))
+             if fused[seq] >= min_score and seq in listed]
     scores = [exact[s] for s in first]
     assert scores == pytest.approx([exact[s] for s in truth[:small]])  # the true best (ties may swap)
 

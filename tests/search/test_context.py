@@ -80,7 +80,8 @@ def test_files_in_the_order_of_their_best_hit_ranges_in_line_order_overlaps_merg
         ("memory/2026-11-22.md", 3, 9), ("MEMORY.md", 1, 4)]
     assert block.text == ("### memory/2026-11-22.md#L3-L9\n## Decisions\n- sqlite-vec for KNN.\n- FTS5 porter.\n\n"
                           "## Todo\n- write the README\n- ship it\n\n"
-                          "### MEMORY.md#L1-L4\n# Memory\n\n- Dana prefers short answers.\n- SQLite was chosen: one file.")
+                          "### MEMORY.md#L1-L4\n# Memory\n\n"
+                          "- Dana prefers short answers.\n- SQLite was chosen: one file.")
     assert block.tokens == tokens(block.text) and not block.truncated
     assert read.calls == [(None, "memory/2026-11-22.md", 3, 9), (None, "MEMORY.md", 1, 4)], \
         "each merged range read once"
@@ -147,7 +148,8 @@ def test_lines_the_reader_cannot_give_are_left_out() -> None:
     assert block.text == "### MEMORY.md#L1\n# Memory"
     too_long = {"MEMORY.md": ["# Memory", None, "- after"]}
     block = build_context([Hit("MEMORY.md", 1, 3, 0.9)], reader(too_long), tokens, 1000)  # type: ignore[arg-type]
-    assert block.text == "### MEMORY.md#L1\n# Memory" and block.omitted_lines == 2, "a hit stops at a line it cannot show"
+    assert block.text == "### MEMORY.md#L1\n# Memory" and block.omitted_lines == 2, \
+        "a hit stops at a line it cannot show"
 
 
 def test_citations() -> None:
@@ -355,6 +357,7 @@ def test_a_line_longer_than_the_budget_is_left_out_never_cut(workspace: Path, se
     request = SearchRequest("pangolin", mode="bm25", max_results=20, min_score=0.0, path_prefix="memory/")
     block = index.context(request, 2000)
     assert (block["text"], block["tokens"]) == ("", 0)
-    assert block["hits"] == 1 and block["truncated"] and block["omitted_lines"] == 1, "the one long line (one citation), left out"
+    assert block["hits"] == 1 and block["truncated"] and block["omitted_lines"] == 1, \
+        "the one long line (one citation), left out"
     both = index.context(SearchRequest("one pangolin", mode="bm25", max_results=30, min_score=0.0), 2000)
     assert both["text"] == "### MEMORY.md#L2\n- one pangolin." and both["truncated"]  # an entry is a chunk

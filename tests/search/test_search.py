@@ -430,7 +430,8 @@ def ranking_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[MemoryInde
 
 
 @hsettings(max_examples=120, deadline=None)
-@given(words=st.lists(st.sampled_from(VOCAB), min_size=1, max_size=4), mode=st.sampled_from(["hybrid", "bm25", "vector"]),
+@given(words=st.lists(st.sampled_from(VOCAB), min_size=1, max_size=4),
+       mode=st.sampled_from(["hybrid", "bm25", "vector"]),
        fusion=st.sampled_from(["weighted", "rrf"]), pool=st.integers(1, 4), k=st.integers(1, 10),
        extra=st.integers(1, 30), min_score=st.sampled_from([0.0, 0.2, 0.3]),
        mmr_lambda=st.sampled_from([0.0, 0.5, 0.7]), decay=st.sampled_from([0.0, 30.0]),

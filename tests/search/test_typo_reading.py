@@ -47,7 +47,8 @@ def test_the_most_common_words_come_first_and_at_most_a_few() -> None:
 
 def test_a_typo_in_the_first_letter_is_read_when_nothing_else_is_near() -> None:
     vocabulary = Vocabulary({"staging": 3, "identity": 5, "session": 4, "wedding": 2})
-    found = [c for word in ("xtaging", "jdentity", "ession", "kwedding", "tsaging") for c in correct([word], vocabulary)]
+    found = [c for word in ("xtaging", "jdentity", "ession", "kwedding", "tsaging")
+             for c in correct([word], vocabulary)]
     assert [(c.word, c.meant) for c in found] == [
         ("xtaging", ("staging",)),  # a neighbouring key
         ("jdentity", ("identity",)),

@@ -80,7 +80,8 @@ def test_edits_are_searchable_or_gone_within_the_debounce_and_a_bound(workspace:
         wait_until(lambda: finds(client, "aardvark", "memory/note.md"), WITHIN, message="a created file")
 
         note.write_text("# Note\nThe baboon replaced it.\n")
-        wait_until(lambda: finds(client, "baboon", "memory/note.md") and not finds(client, "aardvark", "memory/note.md"),
+        wait_until(lambda: (finds(client, "baboon", "memory/note.md")
+                            and not finds(client, "aardvark", "memory/note.md")),
                    WITHIN, message="a file modified in place")
 
         tmp = workspace / "memory" / ".note.md.swp"
@@ -193,7 +194,8 @@ def test_32_clients_with_100_mixed_requests_while_files_change(  # noqa: C901
             result = answer["result"]
             if method == "search":
                 ok = isinstance(result["results"], list) and all(
-                    set(r) >= {"path", "start_line", "end_line", "score", "snippet", "source"} for r in result["results"])
+                    set(r) >= {"path", "start_line", "end_line", "score", "snippet", "source"}
+                    for r in result["results"])
                 ok = ok and set(result["index"]) == {"pending_files", "pending_embeddings"}
             elif method == "get":
                 ok = set(result) == {"path", "text", "from", "lines", "truncated"} and result["truncated"] is False
@@ -612,8 +614,9 @@ def test_socket_activation_uses_the_inherited_socket(proc_paths: dict[str, Path]
     config = proc_paths["workspace"] / "clawmem.toml"
     config.write_text(f"[daemon]\ndebounce = {DEBOUNCE}\nrescan_interval = 0\n")
     env = {**os.environ, "CLAWMEM_PROVIDER": "none"}
-    args = [sys.executable, "-c", _ACTIVATE, str(listener.fileno()), "serve", "--workspace", str(proc_paths["workspace"]),
-            "--index", str(proc_paths["index"]), "--socket", str(sock_dir / "unused.sock")]
+    args = [sys.executable, "-c", _ACTIVATE, str(listener.fileno()), "serve",
+            "--workspace", str(proc_paths["workspace"]), "--index", str(proc_paths["index"]),
+            "--socket", str(sock_dir / "unused.sock")]
     proc = subprocess.Popen(args, env=env, pass_fds=(listener.fileno(),), stderr=subprocess.DEVNULL)
     try:
         wait_listening(path, proc)
@@ -643,8 +646,9 @@ def test_the_query_that_activates_a_daemon_on_a_workspace_with_no_index_gets_res
     asking.connect(str(path))
     asking.sendall(b'{"jsonrpc":"2.0","id":1,"method":"search","params":{"query":"narwhal","mode":"bm25"}}\n')
     assert not proc_paths["index"].exists()
-    args = [sys.executable, "-c", _ACTIVATE, str(listener.fileno()), "serve", "--workspace", str(proc_paths["workspace"]),
-            "--index", str(proc_paths["index"]), "--socket", str(sock_dir / "unused.sock")]
+    args = [sys.executable, "-c", _ACTIVATE, str(listener.fileno()), "serve",
+            "--workspace", str(proc_paths["workspace"]), "--index", str(proc_paths["index"]),
+            "--socket", str(sock_dir / "unused.sock")]
     proc = subprocess.Popen(args, env={**os.environ, "CLAWMEM_PROVIDER": "none"}, pass_fds=(listener.fileno(),),
                             stderr=subprocess.DEVNULL)
     try:

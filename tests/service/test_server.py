@@ -176,7 +176,8 @@ def test_wrong_params_are_invalid_params(dispatcher: Dispatcher, backend: IndexB
 
 def test_nan_min_score_is_not_json(dispatcher: Dispatcher) -> None:
     """NaN is refused at parse, so no value anywhere in a request can be NaN."""
-    answer = ask(dispatcher, b'{"jsonrpc": "2.0", "id": 1, "method": "search", "params": {"query": "x", "min_score": NaN}}')
+    answer = ask(dispatcher, b'{"jsonrpc": "2.0", "id": 1, "method": "search",'
+                             b' "params": {"query": "x", "min_score": NaN}}')
     assert answer["error"]["code"] == -32700
     assert answer["id"] is None
 

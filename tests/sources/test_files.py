@@ -1,4 +1,5 @@
-"""clawmem_index.sources.files: index keys for any name, opening beneath a root without following or blocking, bounded reads."""
+"""clawmem_index.sources.files: index keys for any name, opening beneath a root without following or blocking,
+bounded reads."""
 
 from __future__ import annotations
 

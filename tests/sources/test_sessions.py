@@ -73,7 +73,8 @@ def test_an_assistant_message_is_found_with_its_jsonl_line_range(ssettings: Sett
     assert report.added == 1 and report.malformed_lines == 0
     assert ranges(index, "aardvark") == [(KEY, 2, 5, "sessions")]
     [hit] = search(index, "aardvark")
-    assert hit["snippet"] == "User: Where does the deploy config live?\nAssistant: The aardvark config is in /etc/zebra."
+    assert hit["snippet"] == ("User: Where does the deploy config live?\n"
+                              "Assistant: The aardvark config is in /etc/zebra.")
 
 
 def test_long_transcripts_are_chunked_in_windows_that_map_to_their_lines(ssettings: Settings, write) -> None:

@@ -45,7 +45,8 @@ def test_user_profiles_are_memory_files(workspace: Path, write, tmp_path: Path) 
     (outside / "USER.md").write_text("secret")
     os.symlink(outside, workspace / "users" / "linked")
     skipped: list[Skipped] = []
-    assert {f.path for f in scan(workspace, skipped=skipped)} == {"USER.md", "users/dana/USER.md", "users/bob_2/USER.md"}
+    assert {f.path for f in scan(workspace, skipped=skipped)} == \
+        {"USER.md", "users/dana/USER.md", "users/bob_2/USER.md"}
     assert Skipped("users/linked", "symlink, not followed") in skipped
     assert is_memory_path("users/dana/USER.md") and not is_memory_path("users/dana/notes.md")
     assert resolve(workspace, "users/dana/USER.md") == workspace / "users" / "dana" / "USER.md"

@@ -48,7 +48,8 @@ def test_an_importance_outside_one_to_ten_or_not_a_number_is_ignored() -> None:
         assert read_annotations([f"- x <!-- importance: {value} -->"], curated=True,
                                 project_scoped=False).importance is None, value
     assert read_annotations(["- x <!-- importance: 010 -->"], curated=True, project_scoped=False).importance == 10
-    assert read_annotations([f"- x <!-- importance: {'0' * 5000}7 -->"], curated=True, project_scoped=False).importance == 7
+    assert read_annotations([f"- x <!-- importance: {'0' * 5000}7 -->"], curated=True,
+                            project_scoped=False).importance == 7
 
 
 def test_project_keys_count_anywhere_and_their_hosts_compare_without_case() -> None:

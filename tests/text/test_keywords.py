@@ -12,7 +12,8 @@ from clawmem_index.text.keywords import build_match, build_prefix_match, index_t
 def fts() -> apsw.Connection:
     conn = apsw.Connection(":memory:")
     conn.execute("CREATE VIRTUAL TABLE t USING fts5(text, tokenize='porter unicode61 remove_diacritics 2')")
-    for text in ("the deploy went out on friday", "我们决定使用 SQLite 作为索引", "日本語のメモを検索する", "commit a828e60 fixed it"):
+    for text in ("the deploy went out on friday", "我们决定使用 SQLite 作为索引", "日本語のメモを検索する",
+                 "commit a828e60 fixed it"):
         conn.execute("INSERT INTO t(text) VALUES(?)", (index_text(text),))
     return conn
 
