@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from clawmem_index.errors import ConfigError
+from clawmem_index.setting_values import coerce
 
 __all__ = [
     "BatchSettings",
@@ -344,7 +345,7 @@ def load_settings(
             if key == "workspace" and origin != str(toml_path):
                 continue
             target, name, ftype = _lookup(key, origin)
-            value = _coerce(key, raw, ftype)
+            value = coerce(key, raw, ftype)
             if name in ("index", "socket"):
                 value = _resolve_path(value, toml_path.parent if origin == str(toml_path) else Path.cwd())
             (sections[target] if target else top)[name] = value
@@ -460,52 +461,6 @@ def _lookup(key: str, origin: str) -> tuple[str | None, str, Any]:
     if owner is None or name not in known or (not section and (name in SECTIONS or name == "config_file")):
         raise ConfigError(f"unknown setting {key!r} (from {origin})")
     return (section or None), name, known[name]
-
-
-def _coerce(key: str, value: Any, ftype: Any) -> Any:  # noqa: C901
-    t = str(ftype)
-    try:
-        if t == "bool":
-            if isinstance(value, str):
-                lowered = value.strip().lower()
-                if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                    raise ValueError(value)
-                return lowered in ("1", "true", "yes", "on")
-            if not isinstance(value, bool):
-                raise ValueError(value)
-            return value
-        if t == "int":
-            if isinstance(value, bool) or isinstance(value, float):
-                raise ValueError(value)
-            return int(value)
-        if t == "float":
-            if isinstance(value, bool):
-                raise ValueError(value)
-            return float(value)
-        if t == "str":
-            if not isinstance(value, str):
-                raise ValueError(value)
-            lowered = key.endswith(("provider", "fallback", "mode", "fusion", "log_level"))
-            return value.strip().lower() if lowered else value
-        if "Mapping" in t:
-            if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
-                raise ValueError(value)
-            return dict(value)
-        if "tuple" in t:
-            if key == "sources" and isinstance(value, str):
-                parts = value.replace(os.pathsep, ",").split(",")
-                return tuple(part.strip().lower() for part in parts if part.strip())
-            items = value.split(os.pathsep) if isinstance(value, str) else value
-            if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
-                raise ValueError(value)
-            return tuple(items)
-        if "Path" in t:
-            if not isinstance(value, str | os.PathLike):
-                raise ValueError(value)
-            return Path(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"invalid setting {key!r}: {value!r} is not a valid {t.replace(' | None', '')}") from None
-    raise ConfigError(f"invalid setting {key!r}: unsupported type")  # pragma: no cover
 
 
 def _resolve_path(value: Path, base: Path) -> Path:

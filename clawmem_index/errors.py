@@ -10,9 +10,11 @@
     │   ├── RateLimited        429 after all retries
     │   ├── ProviderTimeout    timeouts / 5xx after all retries
     │   ├── AuthError          the provider refused our credentials
+    │   ├── ProviderReleased   its model process was ended for good (a reload replaced it)
     │   └── ProviderUnavailable  an explicitly chosen provider cannot start (no key, no model, no SDK)
     ├── IndexUnavailable       the index cannot be opened or is locked  exit 3, rpc -32030
     │   ├── IndexBusy          another process holds the sync lock
+    │   ├── DiskFull           no space left where the index is written (the run stops, resumes later)
     │   ├── IndexCorrupt       the file is not a usable SQLite database (rebuilt by the next sync)
     │   ├── WorkspaceTaken     another folder writes this workspace of the shared index
     │   ├── ServerBusy         the daemon refused a client (connection cap)          rpc -32001
@@ -30,6 +32,7 @@ __all__ = [
     "ClawmemError",
     "ConfigError",
     "DaemonUnreachable",
+    "DiskFull",
     "ExtraNotInstalled",
     "IndexBusy",
     "IndexCorrupt",

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import threading
 import time
 import warnings
@@ -37,12 +36,13 @@ from typing import TYPE_CHECKING, Any
 from clawmem_index import __version__
 from clawmem_index.config import Settings, check_workspace
 from clawmem_index.engine.core import MemoryIndex
-from clawmem_index.errors import ClawmemError, ConfigError, IndexUnavailable
+from clawmem_index.errors import ClawmemError, IndexUnavailable
 from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.service.embedder import Embedder
 from clawmem_index.service.process import IdleWatch, end_now, resident_bytes
+from clawmem_index.service.listener import listen
 from clawmem_index.service.lock import InstanceLock
-from clawmem_index.service.server import RpcServer, bind_unix_socket, ensure_private_dir
+from clawmem_index.service.server import RpcServer
 from clawmem_index.service.systemd import Notifier, listen_fds
 from clawmem_index.service.watcher import ObserverFactory, WorkspaceWatcher
 from clawmem_index.service.writer import Run, Writer
@@ -107,7 +107,7 @@ class Daemon:
         self.index.provider  # noqa: B018 - a provider named in the settings that cannot start stops us here
         inherited = listen_fds(self._environ)
         try:
-            listener, path = self._listener(inherited)
+            listener, path, self._lock, self.socket_activated = listen(settings, inherited, self.log)
         except BaseException:
             for sock in inherited:
                 sock.close()
@@ -144,35 +144,6 @@ class Daemon:
             IdleWatch(settings.daemon.exit_when_idle, self._busy,
                       lambda: self.server.served if self.server is not None else 0, self._idle_exit,
                       self._stopped).start()
-
-    def _listener(self, inherited: list[socket.socket]) -> tuple[socket.socket, Path]:
-        if inherited:
-            listener = inherited[0]
-            for extra in inherited[1:]:
-                self.log.warning("extra_listen_fd_ignored", fd=extra.fileno())
-                extra.close()
-            name = listener.getsockname()
-            if listener.family != socket.AF_UNIX or not isinstance(name, str) or not name:
-                raise ConfigError("the socket passed by systemd must be a Unix stream socket with a path")
-            path = Path(name)
-            self._lock = InstanceLock(self._lock_paths(path), path, directory=self.settings.workspace)
-            self._lock.acquire()
-            self.socket_activated = True
-            return listener, path
-        path = self.settings.socket_path
-        ensure_private_dir(path.parent, enforce=self.settings.socket is None)
-        self._lock = InstanceLock(self._lock_paths(path), path, directory=self.settings.workspace)
-        self._lock.acquire()
-        try:
-            return bind_unix_socket(path, private_dir=self.settings.socket is None), path
-        except BaseException:
-            self._lock.release()
-            raise
-
-    def _lock_paths(self, socket_path: Path) -> list[Path]:
-        index = self.settings.index_path
-        return [self.settings.daemon_lock_path, socket_path.with_name(socket_path.name + ".lock"),
-                index.with_name(index.name + ".daemon.lock")]
 
     def stop(self) -> None:
         """Stop serving: idempotent, and safe after a partial start."""

@@ -271,9 +271,8 @@ class RpcServer:
         victim.evicted = True
         self.evictions += 1
         if reason == "idle":
-            _send_now(victim.sock, encode_line(error_object(
-                None, SERVER_BUSY, "connection closed: it was idle while the server was at its connection limit;"
-                " reconnect")))
+            _send_now(victim.sock, encode_line(error_object(None, SERVER_BUSY, "connection closed: it was idle while"
+                                                            " the server was at its connection limit; reconnect")))
         with contextlib.suppress(OSError):
             victim.sock.shutdown(socket.SHUT_RDWR)  # its thread sees EOF (or a failed send) and ends
         safe_log(self._log, "warning", "connection_evicted", reason=reason, seconds=round(now - since, 3),

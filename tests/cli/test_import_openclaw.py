@@ -29,8 +29,8 @@ CONFIG = """// OpenClaw's config is JSON5: comments, trailing commas, unquoted k
   agents: {
     defaults: { workspace: "WS_DEFAULT" },
     entries: {
-      coder: { workspace: "WS_CODER", memory: { search: { provider: "voyage", model: "voyage-3", \
-sources: ["memory", "sessions"] } } },
+      coder: { workspace: "WS_CODER", memory: { search: { provider: "voyage", model: "voyage-3",
+                                                          sources: ["memory", "sessions"] } } },
     },
   },
 }

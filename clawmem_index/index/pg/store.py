@@ -24,16 +24,8 @@ import psycopg
 from clawmem_index.errors import IndexUnavailable
 from clawmem_index.index.filters import ChunkFilter
 from clawmem_index.index.keyword_index import TextHit
-from clawmem_index.index.pg.connection import (
-    READER_SESSION,
-    WRITER_SESSION,
-    Connection,
-    copy_annotations,
-    copy_array,
-    copy_text,
-    one_line,
-    pg_text,
-)
+from clawmem_index.index.pg.connection import (READER_SESSION, WRITER_SESSION, Connection, copy_annotations,
+                                               copy_array, copy_text, one_line, pg_text)
 from clawmem_index.index.pg.embedding_cache import EmbeddingCache, Jobs
 from clawmem_index.index.pg.generations import Generations
 from clawmem_index.index.pg.keyword_search import KeywordSearch
