@@ -1,10 +1,11 @@
 """Misspelled query words, read as the words the index holds one typo away.
 
 A query word the index does not hold cannot match; when it was a typo ("adoptiom"), the question's
-rarest and most telling word is lost and the answer is made of its common words. Such a word is
-given the words one edit away (`clawmem_index.text.spelling`) whose stems the index holds, the most
-common first, at most MAX_MEANT; they join the keyword query beside it (the typo itself still
-matches nothing, so exact words keep every point they had).
+rarest and most telling word is lost and the answer is made of its common words. Such a word is given
+the words one edit away (`clawmem_index.text.spelling`) whose stems the index holds, the most common
+first, at most MAX_MEANT, unless it is a word of the language ("host", "hadn": a whole token of the
+tokenizer's vocabulary), meant as typed though the index lacks it; they join the keyword query beside it
+(the typo itself still matches nothing, so exact words keep every point they had).
 
 The index is asked for its stems a two-letter block at a time (one range scan of its vocabulary,
 kept until the index changes): the block the word begins with, and the few a typo in its second
@@ -25,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from clawmem_index.text.spelling import MIN_LETTERS, NEIGHBOURS, correctable, edits, letters_for
+from clawmem_index.text.spelling import MIN_LETTERS, NEIGHBOURS, a_word_of_the_language, correctable, edits, letters_for
 from clawmem_index.text.stemming import stem, stems
 
 __all__ = ["MAX_BLOCKS", "MAX_MEANT", "MAX_TYPOS", "Correction", "correct"]
@@ -63,7 +64,8 @@ def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int] 
         if len(meant) >= MAX_TYPOS or blocks.spent():
             break
         own = stem(word) if correctable(word) else None
-        if own is None or len(own) < 2 or word in meant or blocks.held(own) != 0:
+        # A word of the language ("host", "fiends") is meant as typed, though the index lacks it
+        if own is None or len(own) < 2 or word in meant or blocks.held(own) != 0 or a_word_of_the_language(word):
             continue
         meant[word] = _ordinary_typos(word, own, asked, blocks)
     # The rarer kinds cost more blocks: read only for the words no ordinary typo explains, once every word has had
