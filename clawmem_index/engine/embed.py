@@ -18,7 +18,7 @@ from clawmem_index.index.store import Store
 from clawmem_index.text.annotations import embedding_text
 
 if TYPE_CHECKING:
-    from clawmem_index.engine.sync import Progress
+    from clawmem_index.engine.parse import Progress
 
 __all__ = ["EMBEDDING_ERROR", "EMBED_BATCH", "FIRST_BATCH", "embed_pending"]
 

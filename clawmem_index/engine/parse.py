@@ -32,7 +32,9 @@ from clawmem_index.text.annotations import Annotations, entry_spans, read_annota
 from clawmem_index.text.chunking import Chunk, chunk_markdown, chunk_spans
 from clawmem_index.text.keywords import index_text
 
-__all__ = ["ParsedFile", "ParsedSession", "parse_all", "parse_session"]
+__all__ = ["ParsedFile", "ParsedSession", "Progress", "parse_all", "parse_session"]
+
+Progress = Callable[[int, int], None]  # (done, total): a pass's files, or its vectors
 
 # Below, workers would save 10-20% at twice to three times the memory (docs/benchmarks.md).
 PARALLEL_MIN_BYTES = 12 << 20

@@ -17,14 +17,14 @@ import operator
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import apsw
 import xxhash
 
 from clawmem_index.config import Settings
-from clawmem_index.engine.parse import ParsedFile, ParsedSession, parse_all, parse_session
+from clawmem_index.engine.parse import ParsedFile, ParsedSession, Progress, parse_all, parse_session
 from clawmem_index.index.store import FileRow, Store
 from clawmem_index.sources.paths import file_date, folder_date, is_profile_path
 from clawmem_index.sources.sessions import describe_malformed, describe_oversized
@@ -41,7 +41,6 @@ from clawmem_index.text.keywords import index_text
 
 __all__ = ["ChunkIds", "Progress", "SyncReport", "sync_workspace"]
 
-Progress = Callable[[int, int], None]
 
 # A folder or name below the source that starts with a year, and the month and day after it (2026/11/25, 2026-11).
 GROWING_ALONE = 64  # a growing first index's files committed one by one: searchable as soon as each is

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from clawmem_index.index.filters import ChunkFilter
     from clawmem_index.index.keyword_index import TextHit
     from clawmem_index.index.parking import Owner
-    from clawmem_index.index.store import ChunkRow, FileRow, JobRow
+    from clawmem_index.index.rows import ChunkRow, FileRow, JobRow
     from clawmem_index.index.vector_index import VectorHit
     from clawmem_index.text.annotations import Annotations
 

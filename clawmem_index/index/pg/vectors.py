@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psycopg
 
@@ -19,10 +19,25 @@ from clawmem_index.index.pg.connection import PgVector, vector_args
 from clawmem_index.index.pg.live import Live, filter_sql
 from clawmem_index.index.vector_index import VectorHit
 
-if TYPE_CHECKING:
-    from clawmem_index.index.pg.store import PgStore
+__all__ = ["Owner", "Vectors"]
 
-__all__ = ["Vectors"]
+
+class Owner(Protocol):
+    """What the vectors use of the store they belong to (`PgStore`): its connection, generation, meta and
+    transactions, so their writes are the store's."""
+
+    conn: Any
+    workspace: str
+    gen: int
+    new_generation: bool
+
+    def transaction(self) -> contextlib.AbstractContextManager[None]: ...
+    def _atomic(self) -> contextlib.AbstractContextManager[None]: ...
+    def _write(self, query: str, args: Any = None) -> psycopg.Cursor[Any]: ...
+    def get_meta(self, key: str) -> str | None: ...
+    def set_meta(self, key: str, value: str) -> None: ...
+    def delete_meta(self, key: str) -> None: ...
+    def data_version(self) -> int: ...
 
 
 class Vectors:
@@ -31,7 +46,7 @@ class Vectors:
     Its writes are the store's: on its connection, in its transactions (which move the workspace's
     version), with its meta."""
 
-    def __init__(self, store: PgStore, live: Live) -> None:
+    def __init__(self, store: Owner, live: Live) -> None:
         self._store = store
         self.conn = store.conn
         self.workspace = store.workspace

@@ -215,8 +215,14 @@ test("register: a memory capability and both tools, and nothing started (OpenCla
   assert.equal(plugin.kind, "memory");
   assert.deepEqual(registered.tools.map((t) => t.opts.names[0]), ["memory_search", "memory_get", "memory_search", "memory_get"]);
   assert.equal(typeof registered.capability.runtime.getMemorySearchManager, "function");
+  // The manifest declares exactly the tools registered, each under the name its factory's tool carries.
   const manifest = JSON.parse(readFileSync(new URL("../openclaw.plugin.json", import.meta.url), "utf8"));
-  assert.deepEqual([manifest.id, manifest.kind, manifest.contracts.tools], [plugin.id, "memory", ["memory_search", "memory_get"]]);
+  const names = [...new Set(registered.tools.map((t) => t.opts.names[0]))];
+  assert.deepEqual([manifest.id, manifest.kind, manifest.contracts.tools], [plugin.id, "memory", names]);
+  for (const { factory, opts } of registered.tools) {
+    assert.deepEqual([factory({ agentId: "alpha", workspaceDir: workspace }).name], opts.names);
+  }
+  assert.deepEqual(Object.keys(manifest.toolMetadata).filter((name) => !names.includes(name)), []);
   // The runtime resolves the agent's workspace through OpenClaw; sandboxed callers never see transcripts.
   const runtime = registered.capability.runtime;
   const hits = [{ source: "memory" }, { source: "sessions" }];
