@@ -22,7 +22,7 @@ import string
 
 __all__ = ["MIN_LETTERS", "NEIGHBOURS", "a_word_of_the_language", "correctable", "edits", "letters_for"]
 
-MIN_LETTERS = 4  # shorter words have too many real words one edit away ("cat": bat, cut, car, cart...)
+MIN_LETTERS = 3  # shorter: too many words one edit away; a real one ("cat") is never read (a_word_of_the_language)
 MAX_LETTERS = 32  # longer "words" are ids or pasted runs, not typed words
 _LETTERS = frozenset(string.ascii_lowercase)
 

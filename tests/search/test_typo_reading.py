@@ -67,6 +67,12 @@ def test_a_word_that_is_no_typo_does_not_spend_the_reading_of_a_typo_after_it() 
     assert [(c.word, c.meant) for c in found] == [("jdentity", ("identity",)), ("stagng", ("staging",))]
 
 
+def test_a_three_letter_word_is_read_only_when_it_is_no_word() -> None:
+    vocabulary = Vocabulary({"move": 5, "kids": 3, "cat": 2, "cut": 9})
+    assert [(c.word, c.meant) for c in correct(["ove"], vocabulary)] == [("ove", ("move",))]  # "move", first dropped
+    assert correct(["cat", "bat"], vocabulary) == []  # words: meant as typed
+
+
 def test_a_first_letter_typo_comes_after_any_ordinary_one() -> None:
     vocabulary = Vocabulary({"mentors": 3, "dentors": 90})
     assert correct(["mentrs"], vocabulary)[0].meant == ("mentors",)  # "dentors" is further, however common

@@ -26,8 +26,8 @@ def test_letters_not_on_the_keyboard_are_changed_into_the_words_own() -> None:
 
 
 def test_only_words_of_letters_long_enough_are_corrected() -> None:
-    assert correctable("staging") and correctable("kids")
-    assert not correctable("kid") and not correctable("a828e60") and not correctable("2026") \
+    assert correctable("staging") and correctable("kids") and correctable("ove")  # "ove": a dropped first letter
+    assert not correctable("ki") and not correctable("a828e60") and not correctable("2026") \
         and not correctable("x" * 40)
 
 
