@@ -73,8 +73,9 @@ class Client:
         self._index: MemoryIndex | None = None
         self._last: Literal["daemon", "index"] | None = None
         # An index or provider asked for by name must be the daemon's too, else the daemon is not asked.
-        self._asked_for = {"index": index is not None, "provider": provider if provider not in (None, "auto") else None}
-        self._daemon_checked = not any(self._asked_for.values())
+        self._asked_index = index is not None
+        self._asked_provider = provider if provider not in (None, "auto") else None
+        self._daemon_checked = not (self._asked_index or self._asked_provider)
         self.daemon_differs: str | None = None
         """Why the workspace's daemon was bypassed: it serves another index or provider than asked for."""
 
@@ -228,8 +229,7 @@ class Client:
         """
         status = self._daemon.call("status", {}, timeout=self.timeout)
         self._daemon_checked = True
-        differs = daemon_differs(status, self._settings, index=bool(self._asked_for["index"]),
-                                 provider=self._asked_for["provider"])
+        differs = daemon_differs(status, self._settings, index=self._asked_index, provider=self._asked_provider)
         if differs:
             pid = (status.get("daemon") or {}).get("pid")
             self.daemon_differs = (f"the daemon of this workspace (pid {pid}) was not asked: " + "; ".join(differs)

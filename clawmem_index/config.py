@@ -347,7 +347,8 @@ def load_settings(
             target, name, ftype = _lookup(key, origin)
             value = coerce(key, raw, ftype)
             if name in ("index", "socket"):
-                value = _resolve_path(value, toml_path.parent if origin == str(toml_path) else Path.cwd())
+                from_file = toml_path is not None and origin == str(toml_path)
+                value = _resolve_path(value, toml_path.parent if from_file and toml_path else Path.cwd())
             (sections[target] if target else top)[name] = value
 
     top.pop("workspace", None)

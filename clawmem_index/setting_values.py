@@ -41,8 +41,8 @@ def coerce(key: str, value: Any, ftype: Any) -> Any:  # noqa: C901
         if t == "str":
             if not isinstance(value, str):
                 raise ValueError(value)
-            lowered = key.endswith(("provider", "fallback", "mode", "fusion", "log_level"))
-            return value.strip().lower() if lowered else value
+            folded = key.endswith(("provider", "fallback", "mode", "fusion", "log_level"))
+            return value.strip().lower() if folded else value
         if "Mapping" in t:
             if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
                 raise ValueError(value)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,17 +25,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPath
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(home / "run"))
     yield
-
-
-@pytest.fixture(autouse=True)
-def keep_sigint() -> Iterator[None]:
-    """A Ctrl-C tested in this process (`cli.base.interrupted` ignores a second one) must not leave SIGINT ignored:
-    a child started by a later test would inherit that, start without Python's KeyboardInterrupt handler and
-    run through a Ctrl-C (the Ctrl-C test then saw exit 0, depending on which tests its worker ran first)."""
-    handler = signal.getsignal(signal.SIGINT)
-    yield
-    if signal.getsignal(signal.SIGINT) is not handler and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, handler)
 
 
 Writer = Callable[[str, str | bytes], Path]

@@ -52,8 +52,12 @@ class Context:
         click_context = click.get_current_context(silent=True)
         if click_context is not None:
             click_context.call_on_close(client.close)
-            click_context.call_on_close(lambda: client.daemon_differs and click.echo(
-                f"clawmem: note: {client.daemon_differs}", err=True))
+
+            def note_what_differs() -> None:
+                if client.daemon_differs:
+                    click.echo(f"clawmem: note: {client.daemon_differs}", err=True)
+
+            click_context.call_on_close(note_what_differs)
         return client
 
     def daemon(self, settings: Any = None) -> Any:

@@ -170,7 +170,7 @@ def in_flight(calls: Iterable[Callable[[], T]], width: int) -> Iterator[T]:
     started: deque[tuple[threading.Event, list[tuple[bool, Any]]]] = deque()
 
     def start(call: Callable[[], T]) -> None:
-        done, box = threading.Event(), []
+        done, box = threading.Event(), list[tuple[bool, Any]]()
 
         def run() -> None:
             try:

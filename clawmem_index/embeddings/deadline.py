@@ -41,7 +41,7 @@ class QueryDeadline:
     def info(self) -> ProviderInfo:
         return self.provider.info
 
-    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+    def embed_documents(self, texts: Sequence[str]) -> Sequence[Sequence[float]]:
         return self.provider.embed_documents(texts)
 
     def embed_query(self, text: str) -> list[float]:

@@ -193,7 +193,7 @@ def serve(conn: Connection) -> None:
                 provider = factory()
             if method == "warm":
                 warm = getattr(provider, "warm", None)
-                value = warm() if warm is not None else None
+                value: Any = warm() if warm is not None else None
             else:
                 value = getattr(provider, method)(*args)
             if method == "embed_documents":

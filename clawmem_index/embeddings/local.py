@@ -197,7 +197,8 @@ class LocalProvider:
         for pack in plan.batches:
             vectors.update(zip(pack, self._embed([pieces[i].text for i in pack], threads=self.query_threads),
                                strict=True))
-        return combine(plan, [vectors[number] for number in range(len(pieces))])[0]
+        vector: list[float] = combine(plan, [vectors[number] for number in range(len(pieces))])[0]
+        return vector
 
     def count_tokens(self, text: str) -> int:
         """Tokens the model sees for `text`, its special tokens included."""

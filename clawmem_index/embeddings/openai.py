@@ -132,7 +132,7 @@ class OpenAIProvider(RemoteProvider):
             input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h",
             metadata={"client": "clawmem"}), "batch creation")
         self._submitted[batch.id] = Submitted(tuple(custom_id for custom_id, _ in items))
-        return batch.id
+        return str(batch.id)
 
     def poll_batch(self, job_id: str) -> JobState:
         """The batch's state; once completed, its vectors, read from its output and error files.

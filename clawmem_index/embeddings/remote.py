@@ -170,7 +170,8 @@ class RemoteProvider(abc.ABC):
                                     what=f"{self.name} embeddings request ({self._model})", secrets=self._secrets,
                                     pause=self._pause)
         self._check_dims(vectors)
-        return combine(Plan((Piece(sent, max(size, 1), 0),), ((0,),), 1), vectors)[0]  # checked and made unit
+        vector: list[float] = combine(Plan((Piece(sent, max(size, 1), 0),), ((0,),), 1), vectors)[0]
+        return vector  # checked and made unit
 
     def _embed(self, texts: Sequence[str], kind: InputKind) -> list[list[float]]:
         if not texts:

@@ -178,7 +178,7 @@ def _session_manager_class() -> type:
 
     header = MCP_SESSION_ID_HEADER.lower().encode("ascii")
 
-    class EvictingSessionManager(StreamableHTTPSessionManager):  # type: ignore[misc]
+    class EvictingSessionManager(StreamableHTTPSessionManager):
         """At the session cap, a new session ends the least recently used one instead of being refused (503).
 
         A session's transport keeps its idle deadline (infinite while a request is in flight): the
@@ -220,7 +220,8 @@ def _session_manager_class() -> type:
             _, session_id, transport = min(idle, key=lambda item: item[0])
             self._server_instances.pop(session_id, None)
             self._session_owners.pop(session_id, None)
-            transport.idle_scope.cancel()
+            if transport.idle_scope is not None:
+                transport.idle_scope.cancel()
             EvictingSessionManager.evicted += 1
 
     return EvictingSessionManager

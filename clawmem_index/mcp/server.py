@@ -197,7 +197,8 @@ def _search(client: Client, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 def _get(client: Client, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
     answer = client.get(args["path"], start=args.get("from"), lines=args.get("lines"))
-    data = {key: answer[key] for key in ("path", "text", "from", "lines", "truncated", "next_from") if key in answer}
+    data: dict[str, Any] = {key: answer[key] for key in ("path", "text", "from", "lines", "truncated", "next_from")
+                            if key in answer}
     return data, _json(data)
 
 

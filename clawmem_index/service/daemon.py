@@ -261,7 +261,7 @@ class Daemon:
 
     def _new_index(self, settings: Settings, provider: EmbeddingProvider | None = _UNSET) -> MemoryIndex:
         chosen = self._provider if provider is _UNSET else provider
-        given = {} if chosen is _UNSET else {"provider": chosen}
+        given: dict[str, Any] = {} if chosen is _UNSET else {"provider": chosen}
         return MemoryIndex(settings, pending_files=self._pending_files, files_on_disk=self._files_on_disk,
                            isolate_local_model=settings.embedding.isolate_local, long_lived=True, **given)
 
@@ -404,20 +404,20 @@ class Daemon:
 
     def status(self) -> dict[str, object]:
         """The index's status from what the daemon knows: no scan, no provider call."""
-        writer = self.writer.state()
-        embedder = self.embedder.state()
-        data = self.index.status(last_error=writer["last_error"])  # type: ignore[arg-type]
+        writer: dict[str, Any] = self.writer.state()
+        embedder: dict[str, Any] = self.embedder.state()
+        data = self.index.status(last_error=writer["last_error"])
         data["uptime"] = round(time.monotonic() - self._started_at, 1)
         queued = writer["queued"]
         running = writer["running"] or ("embed" if embedder["running"] else None)
-        data["daemon"] = {
+        daemon: dict[str, Any] = {
             "pid": os.getpid(),
             "socket": str(self.socket_path),
             "socket_activated": self.socket_activated,
             "watcher": self.watcher.mode if self.watcher is not None else "stopped",
             "running": running,
             "queued": [kind for kind, wanted in queued.items() if wanted] if isinstance(queued, dict) else [],
-            "runs": {**writer["runs"], "embed": embedder["runs"]["embed"]},  # type: ignore[dict-item]
+            "runs": {**writer["runs"], "embed": embedder["runs"]["embed"]},
             "last_error": writer["last_error"],
             "embedding_error": embedder["last_error"],
             "embedding_retry_in": embedder["retry_in"],
@@ -428,9 +428,11 @@ class Daemon:
         }
         model = self._model_process()
         if model is not None:
-            data["daemon"]["model_process"] = model  # type: ignore[index]
-        if embedder["last_error"] and isinstance(data.get("stale_reasons"), list):
-            data["stale_reasons"].append(f"the embedding provider failed: {embedder['last_error']}")
+            daemon["model_process"] = model
+        data["daemon"] = daemon
+        reasons = data.get("stale_reasons")
+        if embedder["last_error"] and isinstance(reasons, list):
+            reasons.append(f"the embedding provider failed: {embedder['last_error']}")
             data["fresh"] = False
         return data
 

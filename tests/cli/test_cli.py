@@ -262,6 +262,10 @@ def test_a_search_whose_query_vector_missed_its_deadline_exits_0_with_its_answer
         assert "MEMORY.md:" in out.stdout
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_during_index_exits_130_and_the_next_index_resumes(tmp_path: Path, local_model: Path) -> None:
     """Ctrl-C while the vectors are made: exit 130 and one line saying the next run resumes (it was click's
@@ -274,9 +278,11 @@ def test_ctrl_c_during_index_exits_130_and_the_next_index_resumes(tmp_path: Path
     env = {**os.environ, **local(local_model), "CLAWMEM_INDEX": str(tmp_path / "index.sqlite")}
     waiting = []
     for _ in range(4):
+        # SIGINT handled as a terminal's Ctrl-C reaches a foreground `clawmem index`: a suite started as a background
+        # job (`cmd &`) runs with SIGINT ignored, which its children inherit (Python then keeps it ignored)
         with subprocess.Popen([sys.executable, "-m", "clawmem_index", "index", "--progress"], cwd=ws, env=env,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True) as proc:
+                              text=True, preexec_fn=_default_sigint) as proc:
             try:
                 assert proc.stderr is not None
                 # The embedding bar's label comes with the first batch of vectors stored: more are in the making.
