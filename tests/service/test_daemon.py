@@ -140,7 +140,8 @@ def test_the_first_edit_loads_the_tokenizer_while_its_debounce_waits(workspace: 
         wait_until(lambda: daemon.writer.counts["sync"] >= 1, message="the start-up sync")
         monkeypatch.setattr(tokens, "get_encoding", recording)
         (workspace / "memory" / "first.md").write_text("# First\nthe heron came back\n")
-        wait_until(lambda: finds(client, "heron", "memory/first.md"), WITHIN, message="the edit searchable")
+        # quoted: taken as typed, so the searches never ask the tokenizer whether "heron" is a word
+        wait_until(lambda: finds(client, '"heron"', "memory/first.md"), WITHIN, message="the edit searchable")
         assert loaded_by and loaded_by[0] == "clawmem-warm-tokenizer", loaded_by
 
 
