@@ -129,6 +129,10 @@ const MAX_CONNECTIONS = 4; // requests in flight at once per client; more wait f
  * longer than MAX_REPLY_BYTES. An idle connection does not keep the process alive.
  */
 class Connection {
+  /**
+   * @param {string} socketPath
+   * @param {(conn: Connection) => void} [onClosed] told once the connection is closed
+   */
   constructor(socketPath, onClosed = () => {}) {
     this.socketPath = socketPath;
     this.onClosed = onClosed;
@@ -251,6 +255,11 @@ export class ClawmemClient {
    * `timeoutMs` (waiting for a connection included) or when `signal` aborts, it fails with RequestTimeout (or
    * DaemonUnreachable) and its connection is closed, which tells the daemon; other requests are not touched.
    */
+  /**
+   * @param {string} method
+   * @param {Record<string, unknown>} [params]
+   * @param {{ timeoutMs?: number, signal?: AbortSignal }} [call]
+   */
   async request(method, params = undefined, { timeoutMs = this.timeoutMs, signal } = {}) {
     if (this._closed) throw new DaemonUnreachable("the client was closed");
     if (signal?.aborted) throw new DaemonUnreachable(`${method} was cancelled`);
@@ -310,7 +319,13 @@ export class ClawmemClient {
     return this.request("search", { query, ...snake(options) }, call);
   }
 
+  /**
+   * @param {string} filePath
+   * @param {{ from?: number, lines?: number, maxBytes?: number }} [options]
+   * @param {{ timeoutMs?: number, signal?: AbortSignal }} [call]
+   */
   get(filePath, { from, lines, maxBytes } = {}, call = {}) {
+    /** @type {Record<string, unknown>} */
     const params = { path: filePath };
     if (from !== undefined) params.from = from;
     if (lines !== undefined) params.lines = lines;
@@ -328,7 +343,12 @@ export class ClawmemClient {
 
   /** The annotated entries of MEMORY.md and USER.md as the files are now (`kind`: "triggers" or "projects";
    * `projects`: the repositories being worked in, entries scoped elsewhere left out before the limit). */
+  /**
+   * @param {{ kind?: string, limit?: number, projects?: string[] }} [options]
+   * @param {{ timeoutMs?: number, signal?: AbortSignal }} [call]
+   */
   curated({ kind, limit, projects } = {}, call = {}) {
+    /** @type {Record<string, unknown>} */
     const params = {};
     if (kind !== undefined) params.kind = kind;
     if (limit !== undefined) params.limit = limit;
