@@ -37,6 +37,9 @@ MAX_MEANT = 2  # words a typo is read as, at most
 # index). A word past either budget is left as typed.
 MAX_TYPOS = 4
 MAX_BLOCKS = 64
+# Stems looked up one by one (the vocabulary read from the stem itself: one seek, no block of neighbours) for the rarer
+# kinds of typo, at most this many a query: ~0.03 ms each in SQLite, a round trip on a shared index.
+MAX_LOOKUPS = 160
 # The letters a dropped first letter is put back as, in the order English words most often begin with them (a word
 # whose budget runs out part-way has tried the likeliest); letters of other alphabets the word holds come after.
 _FIRST_LETTERS = "scpdmabtrfeihlgwounvkjqyzx"
@@ -81,7 +84,7 @@ def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int] 
             for candidate, held_stem in zip(candidates, stems(candidates), strict=True):
                 if not held_stem or len(held_stem) < shortest or held_stem in asked or held_stem in best:
                     continue
-                chunks = blocks.held(held_stem, shortest) or 0
+                chunks = blocks.looked_up(held_stem) or 0
                 if chunks > 0:
                     best[held_stem] = (chunks, 0, candidate)
     found = []
@@ -98,6 +101,7 @@ class _Blocks:
     def __init__(self, vocabulary: Callable[[str], Mapping[str, int] | None]) -> None:
         self._vocabulary = vocabulary
         self._read: dict[str, Mapping[str, int] | None] = {}
+        self._looked: dict[str, int | None] = {}
 
     def spent(self) -> bool:
         return len(self._read) >= MAX_BLOCKS
@@ -115,6 +119,16 @@ class _Blocks:
             if block is not None:
                 return block.get(term, 0)
         return 0
+
+    def looked_up(self, term: str) -> int | None:
+        """How many chunks hold `term`, asked of the vocabulary by the whole stem (the stems that begin with it: a
+        few at most); None when the query's MAX_LOOKUPS are spent."""
+        if term not in self._looked:
+            if len(self._looked) >= MAX_LOOKUPS:
+                return None
+            found = self._vocabulary(term)
+            self._looked[term] = None if found is None else found.get(term, 0)
+        return self._looked[term]
 
 
 def _ordinary_typos(word: str, own: str, asked: set[str], blocks: _Blocks) -> dict[str, tuple[int, int, str]]:

@@ -140,15 +140,15 @@ def test_a_dropped_second_letter_is_put_back_when_nothing_else_is_near() -> None
 
 
 def test_a_query_of_many_unknown_words_reads_a_bounded_part_of_the_vocabulary() -> None:
-    """64 words the index lacks: at most MAX_TYPOS are looked for as typos and MAX_BLOCKS blocks are read; a word past
-    the budget is left as typed."""
-    from clawmem_index.search.spelling import MAX_BLOCKS, MAX_TYPOS
+    """64 words the index lacks: at most MAX_TYPOS are looked for as typos, MAX_BLOCKS blocks read and MAX_LOOKUPS
+    stems looked up; a word past the budget is left as typed."""
+    from clawmem_index.search.spelling import MAX_BLOCKS, MAX_LOOKUPS, MAX_TYPOS
 
     vocabulary = Vocabulary({"adoption": 8, "caroline": 69, "pottery": 8, "staging": 30})
     unknown = [f"{a}{b}xqzv" for a in "bdfghjklmnprstvw" for b in "aeiou"][:64]
     found = correct(["carolne", "adoptiom", *unknown, "potery", "stagng"], vocabulary)
     assert [c.word for c in found] == ["carolne", "adoptiom"]  # the first words read; the last two past the budget
-    assert len(vocabulary.asked) <= MAX_BLOCKS and len(found) <= MAX_TYPOS
+    assert len(vocabulary.asked) <= MAX_BLOCKS + MAX_LOOKUPS and len(found) <= MAX_TYPOS
 
 
 def test_a_date_the_index_has_no_note_near_is_asked_about_once() -> None:
