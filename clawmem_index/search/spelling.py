@@ -43,7 +43,6 @@ MAX_LOOKUPS = 160
 # The letters a dropped first letter is put back as, in the order English words most often begin with them (a word
 # whose budget runs out part-way has tried the likeliest); letters of other alphabets the word holds come after.
 _FIRST_LETTERS = "scpdmabtrfeihlgwounvkjqyzx"
-_RARER_KINDS = 3  # `_rarer_typos`: a second letter dropped, the first key mistyped or one in front, the first dropped
 
 @dataclass(frozen=True)
 class Correction:
@@ -75,12 +74,11 @@ def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int] 
     # its ordinary reading, and a kind at a time for all of them (a word that is no typo, looked for first, must
     # not spend the budget of a typo after it).
     rarer = {word: _rarer_typos(word) for word, best in meant.items() if not best}
-    for kind in range(_RARER_KINDS):
-        for word, kinds in rarer.items():
+    for kind in zip(*rarer.values(), strict=True):  # the first kind for every word, then the second, ...
+        for word, (candidates, shortest) in zip(rarer, kind, strict=True):
             best = meant[word]
             if best:
                 continue
-            candidates, shortest = kinds[kind]
             for candidate, held_stem in zip(candidates, stems(candidates), strict=True):
                 if not held_stem or len(held_stem) < shortest or held_stem in asked or held_stem in best:
                     continue
