@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence, Set as AbstractSet
 from dataclasses import dataclass
 
 from clawmem_index.search.spelling import Correction, correct
@@ -30,6 +30,13 @@ class QueryPlan:
     corrections: tuple[Correction, ...] = ()
     dates: tuple[DateMention, ...] = ()
 
+    def as_meant(self, query: str) -> str:
+        """`query` with each typo replaced by its likeliest reading: what the vector side embeds, as a model reads
+        "which books did she read" nearer the note than "fead" (LoCoMo, one typo in the first letter: hybrid
+        recall@6 +0.5 points over embedding the query as typed)."""
+        meant = {c.word: c.meant[0] for c in self.corrections}
+        return re.sub(r"\w+", lambda m: meant.get(m.group().lower(), m.group()), query) if meant else query
+
     def as_dict(self) -> dict[str, object]:
         """What the answer says of how the query was read (empty: as typed)."""
         data: dict[str, object] = {}
@@ -41,10 +48,12 @@ class QueryPlan:
 
 
 def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int] | None] | None,
-               today: dt.date | None = None, dated: Callable[[DateMention], bool] | None = None) -> QueryPlan:
+               today: dt.date | None = None, dated: Callable[[DateMention], bool] | None = None,
+               found_by: Callable[[list[str]], Sequence[AbstractSet[str]]] | None = None) -> QueryPlan:
     """`vocabulary`: the index's stems by prefix (`IndexStore.vocabulary`), None to read no typo; `today`: the
     day relative dates count from, None to read no date (its words are then keywords); `dated`: whether the
-    index has a note near a date (one it has nothing near is left as words: "moved here 4 years ago")."""
+    index has a note near a date (one it has nothing near is left as words: "moved here 4 years ago");
+    `found_by(words)`: the stems of each of the chunks `words` find best, the context a typo is read in."""
     quoted = quoted_spans(query)
     found = [m for m in find_dates(query, today) if not any(a <= m.span[0] < b for a, b in quoted)] \
         if today is not None else []
@@ -66,7 +75,14 @@ def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int] | None]
     as_typed = {t for a, b in quoted for t in query_terms(query[a:b].strip("\"\u201c\u201d"))} | \
         {w.lower() for w in re.findall(r"\w+", query) if any(c.isupper() for c in w[1:])} | \
         {m.group(1).lower() for m in _CONTRACTED.finditer(query)}
-    corrections = tuple(correct([t for t in terms if t not in as_typed], vocabulary)) \
+
+    def context(typos: Collection[str]) -> Sequence[AbstractSet[str]]:
+        """The chunks the words that are no typo find (none when every word is one: nothing to read them by)."""
+        others = [t for t in terms if t not in typos]
+        return found_by(others) if found_by is not None and others else ()
+
+    corrections = tuple(correct([t for t in terms if t not in as_typed], vocabulary,
+                                context if found_by is not None and len(set(terms)) > 1 else None)) \
         if vocabulary is not None else ()
     if corrections:
         meant = {c.word: c.meant for c in corrections}

@@ -20,9 +20,11 @@ from clawmem_index.search.boosts import Boosts, most_boost
 from clawmem_index.search.candidates import Candidate, Sides, gather, read_fixed
 from clawmem_index.search.dates import DatePrior
 from clawmem_index.search.query_plan import QueryPlan, plan_query
+from clawmem_index.search.spelling import CONTEXT_CHUNKS
 from clawmem_index.text.annotations import Annotations, strip_annotations
 from clawmem_index.text.dates import DateMention
-from clawmem_index.text.keywords import build_prefix_match
+from clawmem_index.text.keywords import build_prefix_match, match_of
+from clawmem_index.text.stemming import tokens
 
 __all__ = ["MAX_QUERY_CHARS", "NO_VECTORS", "Candidate", "SearchOutcome", "SearchRequest", "SearchResult",
            "decay_factor", "fuse_rrf", "iso_date", "mmr", "run_search"]
@@ -262,8 +264,14 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
         return any(store.dated_chunks(window, first, last, 1) for window, first, last in
                    prior_of((mention,)).windows(where))
 
+    def found_by(words: list[str]) -> list[frozenset[str]]:
+        """The stems of each of the chunks `words` find best in scope: the context a typo is read in."""
+        match = match_of(words)
+        return [] if match is None else [frozenset(tokens(hit.text)) for hit in
+                                         store.text_hits(store.text_ranking(match, CONTEXT_CHUNKS, where))]
+
     plan = plan_query(query, store.vocabulary if settings.correct_typos and mode != "vector" else None,
-                      _today(request.now) if settings.date_weight else None, has_notes)
+                      _today(request.now) if settings.date_weight else None, has_notes, found_by)
     prior = prior_of(plan.dates) if plan.dates else None
     if mode == "hybrid" and settings.early_return_ratio and _keywords_decide(store, plan, where,
                                                                             settings.early_return_ratio):
@@ -275,7 +283,7 @@ def run_search(store: Store, provider: EmbeddingProvider | None, request: Search
             degraded = NO_VECTORS
         else:
             try:
-                vec = unit(provider.embed_query(query))  # as typed: embedding the typos' readings gained nothing
+                vec = unit(provider.embed_query(plan.as_meant(query)))
             except ClawmemError as exc:
                 vec, degraded = None, f"embedding the query failed ({exc}): keyword results only"
             blob = None if vec is None else pack(vec)

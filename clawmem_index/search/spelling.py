@@ -19,19 +19,29 @@ the letters words most often begin with first). Every block counts against the q
 a word that is no typo cannot spend the reading of one after it, and no query reads more than a
 bounded part of the vocabulary. FTS5 counts a block's chunks by walking each stem's matches,
 so a block of common words costs ~10-35 ms at 100k chunks the first time after a write.
+
+A typo is often one edit from several words ("fead": fear, read, feed), and the most common is not
+the one meant. When the query has other words, the chunks they find best are read once (CONTEXT_CHUNKS)
+and every kind of reading is looked up for every typo, the rarer ones too: the readings those chunks
+hold come first, the most telling first (the share of a reading's chunks that are among them), so
+"fead" beside "books" is read as "read" and "ove" beside "house" as "move", not "over". Without other
+words, or when none of the readings is among them, the likeliest kind of typo is read, the most
+common reading first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence, Set as AbstractSet
 from dataclasses import dataclass
 
 from clawmem_index.text.spelling import MIN_LETTERS, NEIGHBOURS, a_word_of_the_language, correctable, edits, letters_for
 from clawmem_index.text.stemming import stem, stems
 
-__all__ = ["MAX_BLOCKS", "MAX_MEANT", "MAX_TYPOS", "Correction", "correct"]
+__all__ = ["CONTEXT_CHUNKS", "MAX_BLOCKS", "MAX_MEANT", "MAX_TYPOS", "Correction", "correct"]
 
 MAX_MEANT = 2  # words a typo is read as, at most
+# The chunks a query's other words find best, whose words tell a typo's readings apart ("fead" beside "books": read)
+CONTEXT_CHUNKS = 30
 # What one query's reading may cost, whatever its length: words looked for as typos (each stems ~500 one-edit
 # candidates) and vocabulary blocks read (each a range scan of the index's vocabulary, a round trip on a shared
 # index). A word past either budget is left as typed.
@@ -55,13 +65,16 @@ class Correction:
         return {"word": self.word, "read_as": list(self.meant)}
 
 
-def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int] | None]) -> list[Correction]:
+def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int] | None],
+            context: Callable[[Collection[str]], Sequence[AbstractSet[str]]] | None = None) -> list[Correction]:
     """The corrections of `words` (lower-case query words) against an index whose stems beginning with a
     prefix `vocabulary(prefix)` gives (stem -> chunks holding it; None when too many begin with it: a longer
-    prefix is asked for then). Words the index holds are left alone."""
+    prefix is asked for then). Words the index holds are left alone. `context(typos)`: the stems of each of the
+    chunks the query's other words find best (CONTEXT_CHUNKS at most; None: the query has no other words), asked
+    once, when some typo has more than one reading; the readings found beside those words come first."""
     asked = {s for s in map(stem, words) if s}
     blocks = _Blocks(vocabulary)
-    meant: dict[str, dict[str, tuple[int, int, str]]] = {}  # word -> its stems held (ordinary typos first)
+    meant: dict[str, dict[str, _Candidate]] = {}  # word -> its stems held (ordinary typos first)
     for word in words:
         if len(meant) >= MAX_TYPOS or blocks.spent():
             break
@@ -70,27 +83,65 @@ def correct(words: Sequence[str], vocabulary: Callable[[str], Mapping[str, int] 
         if own is None or len(own) < 2 or word in meant or blocks.held(own) != 0 or a_word_of_the_language(word):
             continue
         meant[word] = _ordinary_typos(word, own, asked, blocks)
-    # The rarer kinds cost more blocks: read only for the words no ordinary typo explains, once every word has had
-    # its ordinary reading, and a kind at a time for all of them (a word that is no typo, looked for first, must
-    # not spend the budget of a typo after it).
-    rarer = {word: _rarer_typos(word) for word, best in meant.items() if not best}
-    for kind in zip(*rarer.values(), strict=True):  # the first kind for every word, then the second, ...
+    _read_rarer(meant, asked, blocks, every_kind=context is not None)
+    # The context is read only to choose: a word with a single reading is read as it whatever its neighbours
+    chunks = context(list(meant)) if context is not None and any(len(held) > 1 for held in meant.values()) else ()
+    found = []
+    for word, held in meant.items():
+        ranked = _by_context(held, chunks) or _by_kind(held)
+        if ranked:
+            found.append(Correction(word, tuple(held[s].candidate for s in ranked[:MAX_MEANT])))
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """A stem one typo away that the index holds: in how many chunks, by which kind of typo (0: an ordinary one),
+    how many letters it shares in front with the typed word, and the word as typed that makes it."""
+
+    chunks: int
+    kind: int
+    shared: int
+    candidate: str
+
+
+def _read_rarer(meant: dict[str, dict[str, _Candidate]], asked: set[str], blocks: _Blocks, *,
+                every_kind: bool) -> None:
+    """Add the rarer kinds of typo to `meant`: for the words no ordinary typo explains, or (`every_kind`: the query
+    has other words to tell the readings apart) for every word. Once every word has had its ordinary reading, and
+    a kind at a time for all of them (a word that is no typo, looked for first, must not spend the budget of a
+    typo after it); without `every_kind` a word stops at the first kind that finds it a reading."""
+    rarer = {word: _rarer_typos(word) for word, best in meant.items() if every_kind or not best}
+    for number, kind in enumerate(zip(*rarer.values(), strict=True), start=1):  # each word's first kind, ...
         for word, (candidates, shortest) in zip(rarer, kind, strict=True):
             best = meant[word]
-            if best:
+            if best and not every_kind:
                 continue
             for candidate, held_stem in zip(candidates, stems(candidates), strict=True):
                 if not held_stem or len(held_stem) < shortest or held_stem in asked or held_stem in best:
                     continue
                 chunks = blocks.looked_up(held_stem) or 0
                 if chunks > 0:
-                    best[held_stem] = (chunks, 0, candidate)
-    found = []
-    for word, best in meant.items():
-        if best:
-            ranked = sorted(best.values(), key=lambda b: (-b[0], b[2]))[:MAX_MEANT]
-            found.append(Correction(word, tuple(candidate for _, _, candidate in ranked)))
-    return found
+                    best[held_stem] = _Candidate(chunks, number, 0, candidate)
+
+
+def _by_context(held: Mapping[str, _Candidate], chunks: Sequence[AbstractSet[str]]) -> list[str]:
+    """The stems of `held` found in the context's chunks, the most telling first: by the share of the chunks
+    holding a stem that are in the context (so "over", in every chunk, does not outweigh "move", in the few the
+    question is about), then the most common."""
+    found = {s: sum(s in chunk for chunk in chunks) for s in held}
+    return sorted((s for s, n in found.items() if n),
+                  key=lambda s: (-found[s] / held[s].chunks, -held[s].chunks, held[s].candidate))
+
+
+def _by_kind(held: Mapping[str, _Candidate]) -> list[str]:
+    """The stems of `held` of the likeliest kind of typo that found any (ordinary ones first), the most common
+    first."""
+    if not held:
+        return []
+    kind = min(c.kind for c in held.values())
+    return sorted((s for s, c in held.items() if c.kind == kind),
+                  key=lambda s: (-held[s].chunks, held[s].candidate))
 
 
 class _Blocks:
@@ -129,19 +180,19 @@ class _Blocks:
         return self._looked[term]
 
 
-def _ordinary_typos(word: str, own: str, asked: set[str], blocks: _Blocks) -> dict[str, tuple[int, int, str]]:
-    """The stems one ordinary typo away from `word` (stem `own`) that the index holds: stem -> (chunks holding it,
-    letters shared in front, the word as typed nearest the typed one's start)."""
+def _ordinary_typos(word: str, own: str, asked: set[str], blocks: _Blocks) -> dict[str, _Candidate]:
+    """The stems one ordinary typo away from `word` (stem `own`) that the index holds, each as the word as typed
+    nearest the typed one's start."""
     near = _blocks(own)
-    best: dict[str, tuple[int, int, str]] = {}
+    best: dict[str, _Candidate] = {}
     candidates = edits(word)
     for candidate, meant in zip(candidates, stems(candidates), strict=True):
         if meant is None or meant in asked or meant[:2] not in near:
             continue
         chunks = blocks.held(meant) or 0
         shared = _shared_start(word, candidate)
-        if chunks > 0 and (meant not in best or shared > best[meant][1]):
-            best[meant] = (chunks, shared, candidate)
+        if chunks > 0 and (meant not in best or shared > best[meant].shared):
+            best[meant] = _Candidate(chunks, 0, shared, candidate)
     return best
 
 

@@ -188,6 +188,28 @@ def test_typos_and_dates_are_read_alike_on_both_backends(workspace: Path, write,
         daemon.close()
 
 
+def test_a_typo_is_read_in_the_context_of_the_question_on_each_backend(backend: dict[str, str], workspace: Path,
+                                                                       write) -> None:
+    """The chunks the question's other words find come from each store: "fead" beside "books" is "read" (a first-key
+    typo, in the note about books) though "fear" is one ordinary typo away and in more notes; "ove" beside "house"
+    is "move", not "over"."""
+    for i in range(5):
+        write(f"memory/fear{i}.md", f"# Note {i}\n\nShe spoke of her fear of heights and went over it, time {i}.\n")
+    write("memory/books.md", "# Books\n\nShe likes to read books about sailing.\n")
+    write("memory/house.md", "# House\n\nThey plan to move house in May.\n")
+    index = MemoryIndex(settings_for(workspace, backend))
+    try:
+        index.sync()
+        for query, typo, read_as, path in (("which books did she fead", "fead", ["read"], "memory/books.md"),
+                                           ("when will they ove house", "ove", ["move"], "memory/house.md"),
+                                           ("fead", "fead", ["fear"], "memory/fear0.md")):
+            found = index.search(SearchRequest(query, mode="bm25"))
+            assert found["query"]["corrected"] == [{"word": typo, "read_as": read_as}], query
+            assert found["results"][0]["path"] == path, query
+    finally:
+        index.close()
+
+
 def test_a_vocabulary_block_too_big_to_read_is_read_by_longer_prefixes(backend: dict[str, str], workspace: Path,
                                                                       write, monkeypatch: pytest.MonkeyPatch) -> None:
     """Commit ids fill the block of stems beginning "de": a typo of "deploy" is still read as it."""

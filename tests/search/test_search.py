@@ -483,6 +483,34 @@ def test_when_nothing_matches_the_beginnings_of_the_words_are_searched(settings:
     off.close()
 
 
+def test_a_typo_is_embedded_as_the_word_it_was_read_as(settings: Settings, write) -> None:
+    """The vector side embeds the query as meant ("read", not "fead"): a model places the misspelled word nowhere
+    near the note; a query without a typo is embedded as typed."""
+
+    class Recording(FakeProvider):
+        def __init__(self) -> None:
+            super().__init__()
+            self.queries: list[str] = []
+
+        def embed_query(self, text: str) -> list[float]:
+            self.queries.append(text)
+            return super().embed_query(text)
+
+    for i in range(4):
+        write(f"memory/fear{i}.md", f"# Note {i}\nShe spoke of her fear of heights, time {i}.\n")
+    write("memory/books.md", "# Books\nShe likes to read books about sailing.\n")
+    provider = Recording()
+    index = MemoryIndex(settings, provider=provider)
+    index.sync()
+    answer = index.search(SearchRequest("Which books did she fead?", mode="hybrid"))
+    assert answer["query"] == {"corrected": [{"word": "fead", "read_as": ["read"]}]}
+    assert index.search(SearchRequest("fead", mode="hybrid"))["query"] == {
+        "corrected": [{"word": "fead", "read_as": ["fear"]}]}, "alone, the most common reading"
+    index.search(SearchRequest("books about sailing", mode="hybrid"))
+    assert provider.queries == ["Which books did she read?", "fear", "books about sailing"]
+    index.close()
+
+
 def test_an_early_return_skips_the_query_vector_only_when_keywords_decide(settings: Settings, write) -> None:
     from clawmem_index.config import with_overrides
 

@@ -162,3 +162,57 @@ def test_a_date_the_index_has_no_note_near_is_asked_about_once() -> None:
 
     plan = plan_query("March 3 " * 20 + "yesterday", None, dt.date(2026, 11, 28), dated)
     assert plan.dates == () and len(asked) == 2  # March 3 once, yesterday once
+
+
+def test_the_query_s_other_words_tell_a_typo_s_readings_apart() -> None:
+    """"fead" is one key from "fear" and "read": beside "books" it is read as the word the chunks about books hold,
+    however much more common the other; alone, the most common comes first."""
+    vocabulary = Vocabulary({"fear": 40, "read": 6, "feed": 9, "book": 5})
+    about_books = [{"book", "read", "shelf"}, {"book", "fear"}, {"read", "novel"}]
+    asked: list[list[str]] = []
+
+    def context(typos: object) -> list[set[str]]:
+        asked.append(sorted(typos))  # type: ignore[call-overload]
+        return about_books
+
+    assert correct(["fead"], vocabulary)[0].meant == ("fear",)
+    assert correct(["fead", "books"], vocabulary, context)[0].meant == ("read", "fear")  # 2 of 6 chunks, 1 of 40
+    assert asked == [["fead"]], "the context is asked once, told which words are typos"
+    assert correct(["books"], vocabulary, context) == [] and len(asked) == 1, "no typo: no context read"
+
+
+def test_beside_other_words_a_first_letter_typo_is_weighed_with_the_ordinary_ones() -> None:
+    """"ove" is "over" one ordinary typo away and "move" with its first letter dropped: the chunks the question's
+    other words find hold "move", and "over" is in every chunk, so "move" is the more telling."""
+    vocabulary = Vocabulary({"over": 90, "move": 4, "house": 3})
+    chunks = [{"move", "house", "over"}, {"house", "move"}, {"over", "hous"}]
+    assert correct(["ove"], vocabulary)[0].meant == ("over",)  # alone: the ordinary reading, as before
+    assert correct(["ove", "house"], vocabulary, lambda typos: chunks)[0].meant == ("move", "over")
+    assert correct(["ove", "house"], vocabulary, lambda typos: [{"house"}])[0].meant == ("over",), \
+        "none of the readings beside the other words: the likeliest kind of typo"
+
+
+def test_the_plan_asks_the_index_for_the_chunks_its_other_words_find() -> None:
+    vocabulary = Vocabulary({"fear": 40, "read": 6, "book": 5})
+    asked: list[list[str]] = []
+
+    def found_by(words: list[str]) -> list[set[str]]:
+        asked.append(words)
+        return [{"book", "read"}]
+
+    plan = plan_query("which books did she fead", vocabulary, found_by=found_by)
+    assert [c.meant for c in plan.corrections] == [("read",)] and asked == [["books"]]
+    assert plan_query("fead", vocabulary, found_by=found_by).corrections[0].meant == ("fear",)
+    assert asked == [["books"]], "a query of typos alone has no other words to ask with"
+
+
+def test_with_a_context_the_reading_still_stays_inside_its_budget() -> None:
+    """Every kind of reading is looked up for every typo when the query has other words: still at most MAX_BLOCKS
+    blocks and MAX_LOOKUPS stems, whatever the query."""
+    from clawmem_index.search.spelling import MAX_BLOCKS, MAX_LOOKUPS
+
+    vocabulary = Vocabulary({"adoption": 8, "caroline": 69, "pottery": 8, "staging": 30, "notes": 3})
+    unknown = [f"{a}{b}xqzv" for a in "bdfghjklmnprstvw" for b in "aeiou"][:64]
+    found = correct(["carolne", *unknown, "adoptiom", "notes"], vocabulary, lambda typos: [{"note", "adopt"}])
+    assert [c.word for c in found] == ["carolne"]
+    assert len(vocabulary.asked) <= MAX_BLOCKS + MAX_LOOKUPS
