@@ -11,22 +11,21 @@ The index is asked for its stems a two-letter block at a time (one range scan of
 kept until the index changes): the block the word begins with, and the few a typo in its second
 letter leads to (a swap with the third, a dropped second letter, a neighbouring key). A block too
 big to read whole (thousands of ids beginning "de") is read three letters at a time, and so on.
-The rarer kinds are read only for words no ordinary typo explains, once every word has had its
-ordinary reading, a kind at a time for all of them, cheapest first: the first key mistyped ("jdentity")
-or one too many in front (a block each of the keys beside it), a dropped second letter ("mntors", put
-back three letters at a time: about 26 small blocks), a dropped first letter ("dentity", likewise,
-the letters words most often begin with first). Every block counts against the query's MAX_BLOCKS, so
-a word that is no typo cannot spend the reading of one after it, and no query reads more than a
-bounded part of the vocabulary. FTS5 counts a block's chunks by walking each stem's matches,
+The rarer kinds are read once every word has had its ordinary reading, a kind at a time for all the
+words, cheapest first, each candidate stem looked up by itself: the first key mistyped ("jdentity") or
+one too many in front, a dropped second letter ("mntors"), a dropped first letter ("dentity", the
+letters words most often begin with first). Blocks and lookups count against the query's MAX_BLOCKS and
+MAX_LOOKUPS, so a word that is no typo cannot spend the reading of one after it, and no query reads
+more than a bounded part of the vocabulary. FTS5 counts a block's chunks by walking each stem's matches,
 so a block of common words costs ~10-35 ms at 100k chunks the first time after a write.
 
-A typo is often one edit from several words ("fead": fear, read, feed), and the most common is not
-the one meant. When the query has other words, the chunks they find best are read once (CONTEXT_CHUNKS)
-and every kind of reading is looked up for every typo, the rarer ones too: the readings those chunks
-hold come first, the most telling first (the share of a reading's chunks that are among them), so
-"fead" beside "books" is read as "read" and "ove" beside "house" as "move", not "over". Without other
-words, or when none of the readings is among them, the likeliest kind of typo is read, the most
-common reading first.
+A typo is often one edit from several words ("fead": fear, read), and the most common is not the one
+meant. When the query has other words, every kind of reading is looked up for every typo, and when some
+typo has more than one, the chunks the other words find best are read once (CONTEXT_CHUNKS): the
+readings those chunks hold come first, the most telling first (the share of a reading's chunks that are
+among them), so "fead" beside "books" is read as "read" and "ove" beside "house" as "move", not "over".
+A query of one word, or a typo none of whose readings is among those chunks, gets the likeliest kind of
+typo that found any (an ordinary one before the first letter's), the most common reading first.
 """
 
 from __future__ import annotations
