@@ -1,4 +1,4 @@
-"""The README's examples, run as written, so they cannot rot.
+"""The examples of the README and of the user guide under docs/, run as written, so they cannot rot.
 
 Every fenced block tagged `sh`, `python` or `js` is an example a user will copy: each runs in a
 shell as that user would have it after the README's set-up (`clawmem` on PATH, a home with the
@@ -27,6 +27,12 @@ from daemon_helpers import short_dir, stop_process, wait_listening
 from clawmem_index.config import load_settings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+DOCS = README.parent / "docs"
+# The pages a user reads to use clawmem (docs/postgres-setup.md runs against a server of its own:
+# tests/test_postgres_setup.py; the benchmark pages quote commands for a benchmark machine).
+GUIDE = [README, *(DOCS / f"{name}.md" for name in (
+    "install", "cli", "python-client", "mcp", "openclaw", "indexing", "embeddings", "search", "daemon",
+    "socket-api", "postgres", "settings", "schema", "architecture"))]
 RUNNERS = {"sh": ["bash", "-euo", "pipefail", "-c"], "python": [sys.executable, "-c"],
            "js": ["node", "--input-type=module", "-e"]}
 FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -38,15 +44,20 @@ class Example:
     language: str
     code: str
     line: int
+    page: str = "README.md"
 
     def __str__(self) -> str:
-        return f"{self.language}@L{self.line}"
+        return f"{self.page}:{self.language}@L{self.line}"
 
 
 def examples(*languages: str) -> list[Example]:
-    text = README.read_text(encoding="utf-8")
-    return [Example(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1)
-            for m in FENCE.finditer(text) if m.group(1) in languages]
+    found = []
+    for page in GUIDE:
+        text = page.read_text(encoding="utf-8")
+        name = str(page.relative_to(README.parent))
+        found += [Example(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1, name)
+                  for m in FENCE.finditer(text) if m.group(1) in languages]
+    return found
 
 
 @dataclass(frozen=True)
@@ -93,8 +104,8 @@ def test_the_example_runs_as_written(example: Example, home: Home) -> None:
     if missing:
         pytest.skip(f"not installed here: {', '.join(missing)} (optional for users; CI installs them)")
     done = run(example, home)
-    assert done.returncode == 0, f"README line {example.line} failed:\n{done.stdout}\n{done.stderr}"
-    assert done.stdout.strip(), f"README line {example.line} printed nothing"
+    assert done.returncode == 0, f"{example.page} line {example.line} failed:\n{done.stdout}\n{done.stderr}"
+    assert done.stdout.strip(), f"{example.page} line {example.line} printed nothing"
     assert "Traceback" not in done.stderr
 
 
@@ -105,9 +116,11 @@ def test_the_configuration_example_loads(example: Example, tmp_path: Path) -> No
     load_settings(workspace=tmp_path, environ={})
 
 
-def test_the_readme_has_examples_in_each_language() -> None:
+def test_the_guide_has_examples_in_each_language() -> None:
     found = {e.language for e in examples("sh", "python", "js", "toml")}
     assert found == {"sh", "python", "js", "toml"}
+    assert {e.language for e in examples("sh", "python") if e.page == "README.md"} == {"sh", "python"}, \
+        "the README's first search, in the shell and in Python"
 
 
 def test_a_failing_example_fails(home: Home) -> None:
@@ -138,7 +151,7 @@ def test_install_lines_name_the_projects_own_distribution() -> None:
     assert f"{name}" in named and any(p.startswith(f"{name}[") for p in named)
 
 
-def test_every_socket_error_code_is_in_the_readme() -> None:
+def test_every_socket_error_code_is_in_the_socket_api_page() -> None:
     """A client meets these: each must be explained where the socket API is."""
     import inspect
 
@@ -148,6 +161,6 @@ def test_every_socket_error_code_is_in_the_readme() -> None:
     codes = {value for name, value in vars(replies).items() if name.isupper() and isinstance(value, int)
              and -32768 <= value <= -32000}
     codes |= {cls.rpc_code for cls in vars(errors).values() if inspect.isclass(cls) and hasattr(cls, "rpc_code")}
-    text = README.read_text()
+    text = (DOCS / "socket-api.md").read_text()
     missing = sorted(code for code in codes if str(code) not in text)
-    assert not missing, f"error codes not in README.md: {missing}"
+    assert not missing, f"error codes not in docs/socket-api.md: {missing}"

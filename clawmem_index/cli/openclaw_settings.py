@@ -261,7 +261,7 @@ def import_settings(search: Mapping[str, Any], env: Mapping[str, str]) -> Import
         out.put("search", "max_results", query["maxResults"])
     if "minScore" in query:
         out.notes.append("query.minScore is not carried: clawmem's scores are on another scale (see "
-                         "search.min_score in the README)")
+                         "search.min_score in docs/settings.md)")
     sources = search.get("sources")
     if isinstance(sources, list) and set(sources) <= {"memory", "sessions"} and sources:
         out.put("", "sources", list(dict.fromkeys(sources)))
@@ -272,7 +272,7 @@ def import_settings(search: Mapping[str, Any], env: Mapping[str, str]) -> Import
         out.notes.append("extraPaths are not carried: clawmem indexes MEMORY.md and memory/**/*.md of the workspace")
     for key in ("cache", "store", "chunking", "sync", "experimental"):
         if key in search:
-            out.notes.append(f"{key} is not carried: clawmem keeps its own (see the README's Configuration)")
+            out.notes.append(f"{key} is not carried: clawmem keeps its own (see docs/settings.md)")
     if "" in out.settings:  # top-level keys come before any [section] in TOML
         out.settings = {"": out.settings.pop(""), **out.settings}
     return out
