@@ -11,12 +11,12 @@ import json
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from clawmem_index.config import MAX_CONTEXT_BUDGET, workspace_id
+from clawmem_index.config import MAX_CONTEXT_BUDGET, Settings, workspace_id
 from clawmem_index.embeddings.base import EmbeddingProvider
 from clawmem_index.engine.embed import EMBEDDING_ERROR
-from clawmem_index.engine.status import built_otherwise, has_vectors
+from clawmem_index.engine.status import Freshness, built_otherwise, has_vectors
 from clawmem_index.errors import PathError, ProviderError, QueryError
 from clawmem_index.index.store import Store
 from clawmem_index.search.query_cache import QueryCache
@@ -26,9 +26,9 @@ from clawmem_index.sources.paths import PROFILE_FILE, open_memory_file, reads_an
 from clawmem_index.text.annotations import INVALID_PROJECTS, Entry, curated_entries
 
 if TYPE_CHECKING:
-    from clawmem_index.engine.core import MemoryIndex
+    from clawmem_index.index.backends import Backend
 
-__all__ = ["CACHED_RESULTS", "Queries"]
+__all__ = ["CACHED_RESULTS", "Queries", "Served"]
 
 CONTEXT_READ_BYTES = 1 << 20  # at least this much of each range of hit lines is read for `context`
 CACHED_RESULTS = 50  # answers with more results are not kept by the query cache
@@ -40,10 +40,26 @@ CURATED_KINDS = ("triggers", "projects")
 CURATED_TEXT_CHARS = 4000  # of one entry's text in an answer (a host shows at most 600-1800 of it)
 
 
-class Queries:
-    """The read side of a MemoryIndex: its answers kept (the query cache) and its provider for query vectors."""
+class Served(Protocol):
+    """What the read side reads of its index (`MemoryIndex` is one): settings, a reader per thread, how fresh the
+    files are, and the provider query vectors come from."""
 
-    def __init__(self, index: MemoryIndex) -> None:
+    settings: Settings
+    backend: Backend
+    freshness: Freshness
+    provider_note: str  # why the provider is what it is ("" when as configured)
+    fallback_used: bool  # the provider is `auto`'s fallback, not the one asked for
+
+    @property
+    def provider(self) -> EmbeddingProvider | None: ...
+
+    def reader(self) -> Store: ...
+
+
+class Queries:
+    """The read side of an index: its answers kept (the query cache) and its provider for query vectors."""
+
+    def __init__(self, index: Served) -> None:
         self.index = index
         search = index.settings.search
         self.answers: QueryCache[SearchOutcome] = QueryCache(search.cache_entries, search.cache_seconds)

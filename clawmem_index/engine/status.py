@@ -11,7 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from clawmem_index import __version__
 from clawmem_index.config import Settings
@@ -22,15 +22,31 @@ from clawmem_index.sources.workspace import scan, source_scope
 from clawmem_index.text.timefmt import iso_time, seconds
 
 if TYPE_CHECKING:
-    from clawmem_index.engine.core import MemoryIndex
+    from clawmem_index.embeddings.base import EmbeddingProvider
     from clawmem_index.engine.sync import SyncReport
     from clawmem_index.index.backends import Backend
 
-__all__ = ["Freshness", "built_otherwise", "has_vectors", "record_failure", "record_sync", "status"]
+__all__ = ["Freshness", "Observed", "built_otherwise", "has_vectors", "record_failure", "record_sync", "status"]
 
 PENDING_CHECK_SECONDS = 0.025  # a query answered without a daemon checks files on disk for this long at most
 _REPORTED_PROBLEMS = 20  # problems `status` lists
 _KEPT_PROBLEMS = 1_000  # ... and those kept in meta, so that a pass over some files can keep the others'
+
+
+class Observed(Protocol):
+    """What `status` reads of an index (`MemoryIndex` is one): its settings, where it is, how fresh its files are,
+    and the provider it answers with."""
+
+    settings: Settings
+    backend: Backend
+    freshness: Freshness
+    provider_note: str  # why the provider is what it is ("" when as configured)
+    rebuilt_by: str  # what a provider mismatch leads to
+
+    @property
+    def provider(self) -> EmbeddingProvider | None: ...
+
+    def reader(self) -> Store: ...
 
 
 class Freshness:
@@ -150,7 +166,7 @@ class Freshness:
         return on_disk, pending + len(indexed) - present
 
 
-def status(index: MemoryIndex, *, last_error: str | None = None) -> dict[str, object]:  # noqa: C901
+def status(index: Observed, *, last_error: str | None = None) -> dict[str, object]:  # noqa: C901
     """What is indexed, with which model, how fresh it is, and every reason it is not.
 
     `fresh` is true only when nothing waits (files, vectors), the configured provider is the
@@ -251,7 +267,7 @@ def status(index: MemoryIndex, *, last_error: str | None = None) -> dict[str, ob
     return data
 
 
-def _provider_state(index: MemoryIndex, built: dict[str, Any]) -> tuple[str, str | None]:
+def _provider_state(index: Observed, built: dict[str, Any]) -> tuple[str, str | None]:
     """The configured provider/model, and why it differs from the index's (None when it does not)."""
     try:
         provider = index.provider

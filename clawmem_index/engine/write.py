@@ -19,11 +19,12 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import contextlib
+from typing import TYPE_CHECKING, Protocol
 
 import apsw
 
-from clawmem_index.config import check_workspace
+from clawmem_index.config import Settings, check_workspace
 from clawmem_index.embeddings.base import EmbeddingProvider
 from clawmem_index.engine.backfill import advance, covered
 from clawmem_index.engine.embed import embed_pending
@@ -33,9 +34,31 @@ from clawmem_index.errors import ClawmemError, DiskFull, IndexUnavailable
 from clawmem_index.index.store import Store
 
 if TYPE_CHECKING:
-    from clawmem_index.engine.core import MemoryIndex
+    from clawmem_index.index.backends import Backend
 
-__all__ = ["Reporters", "rebuild", "sync_or_rebuild", "write"]
+__all__ = ["Reporters", "Writable", "rebuild", "sync_or_rebuild", "write"]
+
+
+class Writable(Protocol):
+    """What a write needs of its index (`MemoryIndex` is one): where and how it is kept, its writer lock and
+    connection, and the provider and fingerprint the write embeds and records with."""
+
+    settings: Settings
+    backend: Backend
+    read_only: bool
+    rebuilding: bool  # set while a rebuild or a switch of vectors runs (`status` says so)
+
+    @property
+    def provider(self) -> EmbeddingProvider | None: ...
+
+    @property
+    def precision(self) -> str: ...
+
+    def fingerprint_json(self) -> str: ...
+
+    def write_lock(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def open_writer(self) -> Store | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +71,7 @@ class Reporters:
     vectors: Progress | None = None
 
 
-def write(index: MemoryIndex, work: Callable[[str, Store | None], SyncReport], embed: bool, bars: Reporters,
+def write(index: Writable, work: Callable[[str, Store | None], SyncReport], embed: bool, bars: Reporters,
           notify: Callable[[str], None] | None = None) -> SyncReport:
     """Run `work` under the writer lock, embed what is pending, and record how it went in `meta`."""
     if index.read_only:
@@ -78,7 +101,7 @@ def write(index: MemoryIndex, work: Callable[[str, Store | None], SyncReport], e
     return report
 
 
-def _embed(index: MemoryIndex, store: Store, provider: EmbeddingProvider, fingerprint: str, report: SyncReport,
+def _embed(index: Writable, store: Store, provider: EmbeddingProvider, fingerprint: str, report: SyncReport,
            bars: Reporters, notify: Callable[[str], None] | None) -> None:
     """Vectors for what waits: batch jobs for a large backfill (waited for if `batch.wait`), then requests."""
     batch = index.settings.batch
@@ -99,7 +122,7 @@ def _embed(index: MemoryIndex, store: Store, provider: EmbeddingProvider, finger
     report.embedded += embedded
 
 
-def sync_or_rebuild(index: MemoryIndex, fingerprint: str, store: Store | None, bars: Reporters,
+def sync_or_rebuild(index: Writable, fingerprint: str, store: Store | None, bars: Reporters,
                     paths: Iterable[str] | None) -> SyncReport:
     """A sync in place when the fingerprint is the index's; a switch of vectors when only the provider changed;
     else (a precision change too) a rebuild, followed by a sync of what changed while it was built."""
@@ -134,7 +157,7 @@ def sync_or_rebuild(index: MemoryIndex, fingerprint: str, store: Store | None, b
     return report
 
 
-def _first_index(index: MemoryIndex, fingerprint: str, bars: Reporters) -> SyncReport:
+def _first_index(index: Writable, fingerprint: str, bars: Reporters) -> SyncReport:
     """A workspace's first index file, written where it is searched: there is no older one to keep serving,
     and readers answer from the files indexed so far (the curated memory and the latest days first), saying
     what is not in yet, instead of waiting for the whole pass. Killed part-way, the next pass goes on from
@@ -148,7 +171,7 @@ def _first_index(index: MemoryIndex, fingerprint: str, bars: Reporters) -> SyncR
         live.close()
 
 
-def _disk_full(index: MemoryIndex, exc: apsw.FullError) -> DiskFull:
+def _disk_full(index: Writable, exc: apsw.FullError) -> DiskFull:
     """What a full disk under the index says, recorded for `status` where there is room for it."""
     where = index.settings.index_path.parent
     error = DiskFull(f"the disk holding the index ({where}) is full ({exc}): free some space; the next"
@@ -157,7 +180,7 @@ def _disk_full(index: MemoryIndex, exc: apsw.FullError) -> DiskFull:
     return error
 
 
-def _switch_vectors(index: MemoryIndex, fingerprint: str, store: Store, bars: Reporters) -> SyncReport:
+def _switch_vectors(index: Writable, fingerprint: str, store: Store, bars: Reporters) -> SyncReport:
     """A new provider or model over the same chunks: new vectors (a parked table, the cache) in place, in one
     transaction.
 
@@ -188,7 +211,7 @@ def _switch_vectors(index: MemoryIndex, fingerprint: str, store: Store, bars: Re
     return report
 
 
-def rebuild(index: MemoryIndex, fingerprint: str, bars: Reporters, replacing: Store | None) -> SyncReport:
+def rebuild(index: Writable, fingerprint: str, bars: Reporters, replacing: Store | None) -> SyncReport:
     """Build a new index privately (keyword rows, the vectors the old index or the cache has) and swap it in."""
     if replacing is not None:
         replacing.close()
