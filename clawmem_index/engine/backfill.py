@@ -22,7 +22,8 @@ from clawmem_index.config import BatchSettings
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.embeddings.jobs import BatchEmbedder
 from clawmem_index.errors import ProviderError
-from clawmem_index.index.store import JobRow, Store
+from clawmem_index.index.store import JobRow
+from clawmem_index.index.interface import IndexStore
 from clawmem_index.text.annotations import embedding_text
 
 __all__ = ["JobsReport", "advance", "batch_capable", "batch_enabled", "covered"]
@@ -56,13 +57,13 @@ def batch_enabled(provider: EmbeddingProvider | None, settings: BatchSettings) -
     return settings.enabled == "on" or bool(getattr(provider, "official_endpoint", False))
 
 
-def covered(store: Store, provider: EmbeddingProvider) -> set[str]:
+def covered(store: IndexStore, provider: EmbeddingProvider) -> set[str]:
     """Chunk hashes that running jobs will embed: synchronous passes leave them to the jobs."""
     info = provider.info
     return {h for job in store.jobs(info.provider, info.model, info.provider_key) for h in job.hashes}
 
 
-def advance(store: Store, provider: EmbeddingProvider, settings: BatchSettings, *, submit: bool = True,
+def advance(store: IndexStore, provider: EmbeddingProvider, settings: BatchSettings, *, submit: bool = True,
             due_only: bool = False, clock: Callable[[], float] = time.time) -> JobsReport:
     """Poll the jobs (with `due_only`, only those not polled for `batch.poll_interval`: the daemon
     comes here after every edit), collect the finished ones, and submit new ones when enough waits.
@@ -83,7 +84,7 @@ def advance(store: Store, provider: EmbeddingProvider, settings: BatchSettings, 
     return report
 
 
-def _poll(store: Store, provider: BatchEmbedder, job: JobRow, settings: BatchSettings, now: float,
+def _poll(store: IndexStore, provider: BatchEmbedder, job: JobRow, settings: BatchSettings, now: float,
           report: JobsReport, due_only: bool) -> None:
     if due_only and now - job.polled_at < settings.poll_interval:
         report.running += 1  # submitted or polled recently: not due yet
@@ -118,7 +119,7 @@ def _poll(store: Store, provider: BatchEmbedder, job: JobRow, settings: BatchSet
     _drop(store, job, report, f"job {job.id} {state.state}: {state.detail or 'no reason given'}")
 
 
-def _collect(store: Store, provider: BatchEmbedder, job: JobRow, vectors: Any) -> int:
+def _collect(store: IndexStore, provider: BatchEmbedder, job: JobRow, vectors: Any) -> int:
     """Store a completed job's vectors in the cache (the waiting chunks are filled from there)."""
     blobs = {}
     for h in job.hashes:
@@ -130,13 +131,13 @@ def _collect(store: Store, provider: BatchEmbedder, job: JobRow, vectors: Any) -
     return len(blobs)
 
 
-def _drop(store: Store, job: JobRow, report: JobsReport, why: str) -> None:
+def _drop(store: IndexStore, job: JobRow, report: JobsReport, why: str) -> None:
     with store.transaction():
         store.drop_job(job.id)
     report.failed.append(why)
 
 
-def _submit(store: Store, provider: BatchEmbedder, settings: BatchSettings, clock: Callable[[], float],
+def _submit(store: IndexStore, provider: BatchEmbedder, settings: BatchSettings, clock: Callable[[], float],
             report: JobsReport) -> None:
     info = provider.info  # type: ignore[attr-defined]
     if report.running >= settings.concurrency:

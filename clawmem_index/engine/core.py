@@ -23,7 +23,8 @@ from clawmem_index.engine.query import Queries
 from clawmem_index.engine.status import Freshness, status
 from clawmem_index.errors import IndexUnavailable
 from clawmem_index.index.backends import backend_for
-from clawmem_index.index.store import SCHEMA_VERSION, Store
+from clawmem_index.index.store import SCHEMA_VERSION
+from clawmem_index.index.interface import IndexStore
 from clawmem_index.search.ranking import SearchRequest
 
 if TYPE_CHECKING:
@@ -66,8 +67,8 @@ class MemoryIndex:
         """True from the start of a write's rebuild (or switch of model) until it is in place: after an interrupt,
         the index in use is still the one before it (a sync, or embedding, commits each file or batch as done)."""
         self._local = threading.local()
-        self._stores: list[Store] = []
-        self._by_thread: dict[int, Store] = {}  # thread ident -> its reader (see interrupt)
+        self._stores: list[IndexStore] = []
+        self._by_thread: dict[int, IndexStore] = {}  # thread ident -> its reader (see interrupt)
         self._stores_lock = threading.Lock()
         self._provider_lock = threading.Lock()
         self.freshness = Freshness(settings, self.backend, read_only=read_only, pending_files=pending_files,
@@ -87,7 +88,7 @@ class MemoryIndex:
             with self._provider_lock:
                 if self._provider is _UNRESOLVED:
                     self._resolve_provider()
-        return self._provider  # type: ignore[no-any-return]
+        return self._provider
 
     def _resolve_provider(self) -> None:
         if self.settings.embedding.provider == "none":  # keyword search asked for: no provider code to load
@@ -132,9 +133,9 @@ class MemoryIndex:
 
     # -- connections ------------------------------------------------------------------------
 
-    def reader(self) -> Store:
+    def reader(self) -> IndexStore:
         """This thread's connection to the live index (opened on first use; never creates the file)."""
-        store: Store | None = getattr(self._local, "store", None)
+        store: IndexStore | None = getattr(self._local, "store", None)
         if store is None:
             if not self.backend.exists():
                 raise IndexUnavailable(f"no index at {self.backend.describe()} yet: run `clawmem index` first")
@@ -172,7 +173,7 @@ class MemoryIndex:
     @property
     def resolved_provider(self) -> EmbeddingProvider | None:
         """The provider if it has been resolved (None otherwise, or when there is none): never resolves it."""
-        return None if self._provider is _UNRESOLVED else self._provider  # type: ignore[no-any-return]
+        return None if self._provider is _UNRESOLVED else self._provider
 
     def release_model(self) -> None:
         """End the model process of an isolated local model (the next embedding would start it again)."""
@@ -213,10 +214,10 @@ class MemoryIndex:
         bars = Reporters(progress, embed_progress, vectors_progress)
         return write(self, lambda fingerprint, store: rebuild(self, fingerprint, bars, store), embed, bars, notify)
 
-    def open_writer(self) -> Store | None:
+    def open_writer(self) -> IndexStore | None:
         """A connection that may write the live index (the embedder's), None when there is none (missing or
         damaged)."""
-        return self.backend.open_live()  # type: ignore[no-any-return]
+        return self.backend.open_live()
 
     # -- reading (clawmem_index.engine.query) -----------------------------------------------
 
@@ -239,11 +240,11 @@ class MemoryIndex:
 
     # -- freshness (clawmem_index.engine.status) --------------------------------------------
 
-    def pending_files(self, store: Store) -> int:
+    def pending_files(self, store: IndexStore) -> int:
         """Files added, changed or deleted on disk since the last sync (stat only, nothing read)."""
         return self.freshness.pending_files(store)
 
-    def disk_state(self, store: Store | None) -> tuple[int, int]:
+    def disk_state(self, store: IndexStore | None) -> tuple[int, int]:
         """(files of the configured sources on disk, files changed since the last sync), by one stat scan."""
         return self.freshness.disk_state(store)
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.embeddings.batching import in_flight
 from clawmem_index.errors import ProviderError
-from clawmem_index.index.store import Store
+from clawmem_index.index.interface import IndexStore
 from clawmem_index.text.annotations import embedding_text
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class _Batch:
     borrowed: frozenset[str] = frozenset()  # texts an earlier batch still in flight asks for
 
 
-def embed_pending(store: Store, provider: EmbeddingProvider, *,  # noqa: C901
+def embed_pending(store: IndexStore, provider: EmbeddingProvider, *,  # noqa: C901
                   cache_max_entries: int, batch: int = EMBED_BATCH, progress: Progress | None = None,
                   should_stop: Callable[[], bool] | None = None,
                   fingerprint: str | None = None, cache_only: bool = False,
@@ -139,7 +139,7 @@ def embed_pending(store: Store, provider: EmbeddingProvider, *,  # noqa: C901
 EMBEDDING_ERROR = "embedding_error"  # meta: why the last pass that called the provider stopped (absent: it did not)
 
 
-def _record_failure(store: Store, error: str | None, fingerprint: str | None) -> None:
+def _record_failure(store: IndexStore, error: str | None, fingerprint: str | None) -> None:
     """Keep the provider's last failure in the index, so that an answer missing vectors can say why (a key the
     provider refuses never 'still being made'); a pass that reached the provider's end clears it. Read first: a
     pass with nothing to change (the usual one) takes no write transaction."""

@@ -18,7 +18,7 @@ from clawmem_index.embeddings.base import EmbeddingProvider
 from clawmem_index.engine.embed import EMBEDDING_ERROR
 from clawmem_index.engine.status import Freshness, built_otherwise, has_vectors
 from clawmem_index.errors import PathError, ProviderError, QueryError
-from clawmem_index.index.store import Store
+from clawmem_index.index.interface import IndexStore, SharedReads
 from clawmem_index.search.query_cache import QueryCache
 from clawmem_index.search.ranking import NO_VECTORS, SearchOutcome, SearchRequest, run_search
 from clawmem_index.sources.files import GET_MAX_BYTES, Window, count_lines, read_window
@@ -53,7 +53,7 @@ class Served(Protocol):
     @property
     def provider(self) -> EmbeddingProvider | None: ...
 
-    def reader(self) -> Store: ...
+    def reader(self) -> IndexStore: ...
 
 
 class Queries:
@@ -114,7 +114,8 @@ class Queries:
         return answer
 
     @staticmethod
-    def _embedding_failure(store: Store, mode: str, outcome: SearchOutcome, answer: dict[str, object]) -> str | None:
+    def _embedding_failure(store: IndexStore, mode: str, outcome: SearchOutcome,
+                           answer: dict[str, object]) -> str | None:
         """Why vectors a meaning search needed are missing, when it is the provider's last failure: the answer must
         not say they are still being made when nothing can make them (a refused key)."""
         if mode == "bm25":
@@ -124,11 +125,11 @@ class Queries:
             return None
         return store.get_meta(EMBEDDING_ERROR)
 
-    def _scope(self, store: Store, request: SearchRequest) -> list[str]:
+    def _scope(self, store: IndexStore, request: SearchRequest) -> list[str]:
         """Point a shared index's reader at the workspaces asked for; those it cannot see (absent or not granted)."""
         own = self.index.settings.workspace_id
         asked = tuple(dict.fromkeys(workspace_id(name) for name in request.workspaces or ()))
-        if self.index.backend.name != "postgres":
+        if not isinstance(store, SharedReads):
             if asked and asked != (own,):
                 raise QueryError("only a shared index (index_backend = \"postgres\") searches other workspaces")
             return []
@@ -138,7 +139,7 @@ class Queries:
         store.data_version()
         return [name for name in store.scope if name not in store.visible()]
 
-    def _query_provider(self, store: Store) -> tuple[EmbeddingProvider | None, str | None]:
+    def _query_provider(self, store: IndexStore) -> tuple[EmbeddingProvider | None, str | None]:
         """The provider for query vectors, with a deadline, only if it made the index's vectors.
 
         Vectors of other models do not compare; a provider that cannot start leaves keyword search.
@@ -264,7 +265,8 @@ class Queries:
         # least n / MAX_TOKEN_BYTES tokens) may be cut short by the read, and is then left out.
         room = max((budget + 1) * MAX_TOKEN_BYTES, CONTEXT_READ_BYTES)
         # the search's connection
-        store = self.index.reader() if any(hit.workspace is not None for hit in hits) else None
+        shared = self.index.reader() if any(hit.workspace is not None for hit in hits) else None
+        store = shared if isinstance(shared, SharedReads) else None
 
         def read(workspace: str | None, path: str, first: int, last: int) -> list[str | None]:
             if workspace is None or store is None:

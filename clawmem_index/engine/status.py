@@ -17,7 +17,7 @@ from clawmem_index import __version__
 from clawmem_index.config import Settings
 from clawmem_index.engine.embed import EMBEDDING_ERROR
 from clawmem_index.errors import ClawmemError, IndexUnavailable, ProviderError
-from clawmem_index.index.store import Store
+from clawmem_index.index.interface import IndexStore
 from clawmem_index.sources.workspace import scan, source_scope
 from clawmem_index.text.timefmt import iso_time, seconds
 
@@ -46,7 +46,7 @@ class Observed(Protocol):
     @property
     def provider(self) -> EmbeddingProvider | None: ...
 
-    def reader(self) -> Store: ...
+    def reader(self) -> IndexStore: ...
 
 
 class Freshness:
@@ -61,13 +61,13 @@ class Freshness:
         self.watched_pending = pending_files
         self.watched_on_disk = files_on_disk
 
-    def pending_files(self, store: Store) -> int:
+    def pending_files(self, store: IndexStore) -> int:
         """Files added, changed or deleted on disk since the last sync (stat only, nothing read)."""
         if self.watched_pending is not None:
             return self.watched_pending()
         return self.disk_state(store)[1]
 
-    def start_query_check(self, store: Store) -> Callable[[], dict[str, object]] | None:
+    def start_query_check(self, store: IndexStore) -> Callable[[], dict[str, object]] | None:
         """The pending-files check of a search, started beside it on a thread of its own (None: not so).
 
         Without a watcher a query checks files for up to PENDING_CHECK_SECONDS, which was a fifth of a
@@ -104,7 +104,7 @@ class Freshness:
 
         return result
 
-    def query_pending_files(self, store: Store) -> dict[str, object]:
+    def query_pending_files(self, store: IndexStore) -> dict[str, object]:
         """`pending_files` for a query's answer, at a cost that does not grow with the workspace.
 
         A watcher (the daemon's) knows it exactly. Without one, files are checked against the index
@@ -150,7 +150,7 @@ class Freshness:
         return {"exclude": self.settings.excluded, "max_bytes": self.settings.max_file_bytes,
                 "refuse_hardlinks": self.settings.refuse_hardlinks}
 
-    def disk_state(self, store: Store | None) -> tuple[int, int]:
+    def disk_state(self, store: IndexStore | None) -> tuple[int, int]:
         """(files of the configured sources on disk, files changed since the last sync), by one stat scan."""
         indexed = store.file_stats() if store is not None else {}
         on_disk = pending = present = 0
@@ -300,11 +300,11 @@ def built_otherwise(built: dict[str, Any], current: dict[str, Any]) -> str:
             f" differs: another model file, window, server or size)")
 
 
-def has_vectors(store: Store) -> bool:
+def has_vectors(store: IndexStore) -> bool:
     return '"provider": "none"' not in (store.get_meta("fingerprint") or '"provider": "none"')
 
 
-def record_sync(store: Store, report: SyncReport) -> None:
+def record_sync(store: IndexStore, report: SyncReport) -> None:
     """The run's time and problems in `meta`, for `status`. A pass over some files (a watcher's) keeps
     the problems the last one found with the others: a file skipped as too large stays reported
     after an edit of another, until a pass finds it indexable (or gone)."""

@@ -25,7 +25,8 @@ import xxhash
 
 from clawmem_index.config import Settings
 from clawmem_index.engine.parse import ParsedFile, ParsedSession, Progress, parse_all, parse_session
-from clawmem_index.index.store import FileRow, Store
+from clawmem_index.index.store import FileRow
+from clawmem_index.index.interface import IndexStore
 from clawmem_index.sources.paths import file_date, folder_date, is_profile_path
 from clawmem_index.sources.sessions import describe_malformed, describe_oversized
 from clawmem_index.sources.workspace import (
@@ -92,7 +93,7 @@ def _stat_source_file(settings: Settings, key: str, skipped: list[Skipped]) -> M
                             settings.max_file_bytes, settings.refuse_hardlinks)
 
 
-def sync_workspace(store: Store, settings: Settings, *, progress: Progress | None = None,
+def sync_workspace(store: IndexStore, settings: Settings, *, progress: Progress | None = None,
                    bulk: bool = False, growing: bool = False, paths: Iterable[str] | None = None) -> SyncReport:
     """One pass over the workspace, or over just `paths` (index keys a watcher saw change).
 
@@ -159,7 +160,7 @@ def sync_workspace(store: Store, settings: Settings, *, progress: Progress | Non
     return report
 
 
-def _read_on(store: Store, settings: Settings, f: MemoryFile, report: SyncReport) -> None:
+def _read_on(store: IndexStore, settings: Settings, f: MemoryFile, report: SyncReport) -> None:
     """Read a long transcript on, one budget of bytes at a time, each committed before the next is read:
     a pass over a transcript of any size holds at most one budget's messages (`max_file_bytes`)."""
     for _ in range(f.size // max(1, settings.max_file_bytes) + 2):  # each read takes a budget or reaches the end
@@ -170,7 +171,7 @@ def _read_on(store: Store, settings: Settings, f: MemoryFile, report: SyncReport
             return
 
 
-def _date_by_folders(store: Store) -> None:
+def _date_by_folders(store: IndexStore) -> None:
     """Date the chunks of files an older clawmem indexed undated because their date is in their folders
     (`memory/2026/11/25.md`): from the paths alone, once per index (meta `dating`), no file read again."""
     dates = {path: day for path in store.file_stats() if folder_date(path) is not None
@@ -233,7 +234,7 @@ def _compare(found: Iterable[MemoryFile | None],
     return present, stale
 
 
-def _apply_batch(store: Store, batch: Sequence[ParsedFile | ParsedSession], indexed: dict[str, FileRow],
+def _apply_batch(store: IndexStore, batch: Sequence[ParsedFile | ParsedSession], indexed: dict[str, FileRow],
                  report: SyncReport) -> None:
     """Apply parsed files, each in a savepoint of its own: one that fails is left as it was, never the others.
 
@@ -259,7 +260,7 @@ def _apply_batch(store: Store, batch: Sequence[ParsedFile | ParsedSession], inde
                 report.errors.append(f"{item.file.path}: not indexed ({type(exc).__name__}: {exc})")
 
 
-def _unreadable(store: Store, item: ParsedFile | ParsedSession, previous: FileRow | None,
+def _unreadable(store: IndexStore, item: ParsedFile | ParsedSession, previous: FileRow | None,
                 report: SyncReport) -> bool:
     """Not readable as a regular file now: whatever the index held for it can no longer be served."""
     if not item.refused and item.error is None:
@@ -272,7 +273,7 @@ def _unreadable(store: Store, item: ParsedFile | ParsedSession, previous: FileRo
     return True
 
 
-def _apply_session(store: Store, item: ParsedSession, previous: FileRow | None, report: SyncReport) -> None:
+def _apply_session(store: IndexStore, item: ParsedSession, previous: FileRow | None, report: SyncReport) -> None:
     """Add the chunks of a transcript's new messages; a transcript read whole replaces all of its chunks first."""
     f, transcript = item.file, item.transcript
     assert transcript is not None
@@ -306,7 +307,7 @@ def _apply_session(store: Store, item: ParsedSession, previous: FileRow | None, 
         report.touched += 1
 
 
-def _apply_file(store: Store, item: ParsedFile, previous: FileRow | None, report: SyncReport) -> None:
+def _apply_file(store: IndexStore, item: ParsedFile, previous: FileRow | None, report: SyncReport) -> None:
     f = item.file
     report.bytes_read += item.size
     row = FileRow(f.path, f.source, item.hash, f.mtime_ns, f.size)

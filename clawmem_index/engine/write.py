@@ -31,7 +31,8 @@ from clawmem_index.engine.embed import embed_pending
 from clawmem_index.engine.status import record_failure, record_sync
 from clawmem_index.engine.sync import Progress, SyncReport, sync_workspace
 from clawmem_index.errors import ClawmemError, DiskFull, IndexUnavailable
-from clawmem_index.index.store import Store
+from clawmem_index.index.backends import SqliteBackend
+from clawmem_index.index.interface import IndexStore
 
 if TYPE_CHECKING:
     from clawmem_index.index.backends import Backend
@@ -58,7 +59,7 @@ class Writable(Protocol):
 
     def write_lock(self) -> contextlib.AbstractContextManager[None]: ...
 
-    def open_writer(self) -> Store | None: ...
+    def open_writer(self) -> IndexStore | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +72,7 @@ class Reporters:
     vectors: Progress | None = None
 
 
-def write(index: Writable, work: Callable[[str, Store | None], SyncReport], embed: bool, bars: Reporters,
+def write(index: Writable, work: Callable[[str, IndexStore | None], SyncReport], embed: bool, bars: Reporters,
           notify: Callable[[str], None] | None = None) -> SyncReport:
     """Run `work` under the writer lock, embed what is pending, and record how it went in `meta`."""
     if index.read_only:
@@ -101,7 +102,7 @@ def write(index: Writable, work: Callable[[str, Store | None], SyncReport], embe
     return report
 
 
-def _embed(index: Writable, store: Store, provider: EmbeddingProvider, fingerprint: str, report: SyncReport,
+def _embed(index: Writable, store: IndexStore, provider: EmbeddingProvider, fingerprint: str, report: SyncReport,
            bars: Reporters, notify: Callable[[str], None] | None) -> None:
     """Vectors for what waits: batch jobs for a large backfill (waited for if `batch.wait`), then requests."""
     batch = index.settings.batch
@@ -122,15 +123,15 @@ def _embed(index: Writable, store: Store, provider: EmbeddingProvider, fingerpri
     report.embedded += embedded
 
 
-def sync_or_rebuild(index: Writable, fingerprint: str, store: Store | None, bars: Reporters,
+def sync_or_rebuild(index: Writable, fingerprint: str, store: IndexStore | None, bars: Reporters,
                     paths: Iterable[str] | None) -> SyncReport:
     """A sync in place when the fingerprint is the index's; a switch of vectors when only the provider changed;
     else (a precision change too) a rebuild, followed by a sync of what changed while it was built."""
     # Rows lost behind the writer's back: rebuilt. Checked by a whole pass (a start, `clawmem index`, a
     # rescan), not by each watcher's pass over a few files: it counts the workspace's rows.
     damage = store.damage() if store is not None and paths is None else None
-    if store is None and index.backend.name == "sqlite" and not index.backend.exists():
-        return _first_index(index, fingerprint, bars)
+    if store is None and isinstance(index.backend, SqliteBackend) and not index.backend.exists():
+        return _first_index(index, index.backend, fingerprint, bars)
     if damage is None and store is not None and store.get_meta("fingerprint") == fingerprint:
         try:
             return sync_workspace(store, index.settings, progress=bars.files, paths=paths)
@@ -157,13 +158,13 @@ def sync_or_rebuild(index: Writable, fingerprint: str, store: Store | None, bars
     return report
 
 
-def _first_index(index: Writable, fingerprint: str, bars: Reporters) -> SyncReport:
+def _first_index(index: Writable, backend: SqliteBackend, fingerprint: str, bars: Reporters) -> SyncReport:
     """A workspace's first index file, written where it is searched: there is no older one to keep serving,
     and readers answer from the files indexed so far (the curated memory and the latest days first), saying
     what is not in yet, instead of waiting for the whole pass. Killed part-way, the next pass goes on from
     there. (A shared index's new workspace is built as a generation and switched to: its planner statistics
     are taken before readers see it.)"""
-    live = index.backend.create_live()
+    live = backend.create_live()
     try:
         live.set_meta("fingerprint", fingerprint)
         return sync_workspace(live, index.settings, progress=bars.files, growing=True)
@@ -180,7 +181,7 @@ def _disk_full(index: Writable, exc: apsw.FullError) -> DiskFull:
     return error
 
 
-def _switch_vectors(index: Writable, fingerprint: str, store: Store, bars: Reporters) -> SyncReport:
+def _switch_vectors(index: Writable, fingerprint: str, store: IndexStore, bars: Reporters) -> SyncReport:
     """A new provider or model over the same chunks: new vectors (a parked table, the cache) in place, in one
     transaction.
 
@@ -211,7 +212,7 @@ def _switch_vectors(index: Writable, fingerprint: str, store: Store, bars: Repor
     return report
 
 
-def rebuild(index: Writable, fingerprint: str, bars: Reporters, replacing: Store | None) -> SyncReport:
+def rebuild(index: Writable, fingerprint: str, bars: Reporters, replacing: IndexStore | None) -> SyncReport:
     """Build a new index privately (keyword rows, the vectors the old index or the cache has) and swap it in."""
     if replacing is not None:
         replacing.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from clawmem_index.index.filters import ChunkFilter
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from clawmem_index.index.vector_index import VectorHit
     from clawmem_index.text.annotations import Annotations
 
-__all__ = ["IndexStore"]
+__all__ = ["IndexStore", "SharedReads"]
 
 
 class IndexStore(Protocol):
@@ -33,6 +33,8 @@ class IndexStore(Protocol):
     terms_of: Callable[[str], Any] | None
     # Whether every stored vector is also in the embedding cache (a shared index's cache is the fleet's).
     caches_stored_vectors: bool
+    # Whether vector search runs in the database (sqlite-vec loaded; pgvector always), for `status`.
+    vec_loaded: bool
 
     def close(self) -> None:
         ...
@@ -62,6 +64,10 @@ class IndexStore(Protocol):
 
     def file_stats(self) -> dict[str, tuple[int, int]]:
         """(mtime, size) of every indexed file: all a no-change sync needs to know."""
+        ...
+
+    def file_stat(self, path: str) -> tuple[int, int] | None:
+        """(mtime, size) of one indexed file (None: not indexed)."""
         ...
 
     def file_row(self, path: str) -> FileRow | None:
@@ -258,4 +264,21 @@ class IndexStore(Protocol):
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Escape hatch for diagnostics and tests."""
+        ...
+
+
+@runtime_checkable
+class SharedReads(Protocol):
+    """What a store that reads several workspaces adds (a shared index's; a SQLite index holds one workspace):
+    the engine asks for it by this protocol, not by the backend's name."""
+
+    scope: tuple[str, ...]  # the workspaces a search reads (this one first)
+
+    def visible(self) -> list[str]:
+        """The workspaces in scope this connection found, at its last `data_version`."""
+        ...
+
+    def chunk_lines(self, workspace: str, path: str, start_line: int, end_line: int) -> list[str | None]:
+        """Lines `start_line` to `end_line` of another workspace's file, as the chunks the index holds give them
+        (None for a line no chunk holds)."""
         ...

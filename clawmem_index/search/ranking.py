@@ -15,7 +15,8 @@ from typing import Any, Literal
 from clawmem_index.config import SearchSettings
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.errors import ClawmemError, QueryError
-from clawmem_index.index.store import ChunkFilter, Store, TextHit, VectorHit
+from clawmem_index.index.store import ChunkFilter, TextHit, VectorHit
+from clawmem_index.index.interface import IndexStore
 from clawmem_index.search.boosts import Boosts, most_boost
 from clawmem_index.search.candidates import Candidate, Sides, gather, read_fixed
 from clawmem_index.search.dates import DatePrior
@@ -228,7 +229,7 @@ def snippet(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def run_search(store: Store, provider: EmbeddingProvider | None, request: SearchRequest,  # noqa: C901
+def run_search(store: IndexStore, provider: EmbeddingProvider | None, request: SearchRequest,  # noqa: C901
                settings: SearchSettings, *, today: dt.date | None = None) -> SearchOutcome:
     """Retrieve (within the request's filter) and fuse -> min_score -> decay -> one per citation -> MMR -> snippets.
 
@@ -369,7 +370,7 @@ class _KeywordSide:
     score, are then lookups; a chunk past the read is asked for by rowid), else as deep as asked.
     Rows are fetched only for the depth a search reads."""
 
-    def __init__(self, store: Store, match: str, where: ChunkFilter, cap: int, *, ahead: int = 0) -> None:
+    def __init__(self, store: IndexStore, match: str, where: ChunkFilter, cap: int, *, ahead: int = 0) -> None:
         self._store, self._match, self._where, self._cap, self._ahead = store, match, where, cap, ahead
         self._ranking: list[tuple[int, float]] = []
         self._read = 0  # how deep the ranking was asked for
@@ -412,7 +413,7 @@ class _VectorSide:
     sign-bit candidates for that depth (the prefilter, which dominates the cost, runs once), so the
     proof's next reads (twice, four times as deep) need no second search."""
 
-    def __init__(self, store: Store, blob: bytes, where: ChunkFilter) -> None:
+    def __init__(self, store: IndexStore, blob: bytes, where: ChunkFilter) -> None:
         self._store, self._blob, self._where = store, blob, where
         self._hits: list[VectorHit] = []
         self._read = 0  # how deep the last search was asked to go
@@ -424,7 +425,7 @@ class _VectorSide:
         return self._hits[:depth]
 
 
-def _keywords_decide(store: Store, plan: QueryPlan, where: ChunkFilter, ratio: float) -> bool:
+def _keywords_decide(store: IndexStore, plan: QueryPlan, where: ChunkFilter, ratio: float) -> bool:
     """Whether the best keyword match leads the next by `ratio` (or is the only one): then the query
     is not embedded and the answer is keyword-only (an exact id or a rare name needs no meaning)."""
     match = plan.match
@@ -440,7 +441,7 @@ class _DatedSide:
     """The chunks dated within the days a query names (their windows), nearest first, read ahead as the vector
     side is; with the closeness a chunk not yet read can have at most (0: every window was read whole)."""
 
-    def __init__(self, store: Store, prior: DatePrior, where: ChunkFilter) -> None:
+    def __init__(self, store: IndexStore, prior: DatePrior, where: ChunkFilter) -> None:
         self._store, self._prior = store, prior
         self._windows = prior.windows(where)
         self._read = 0
@@ -462,7 +463,7 @@ class _DatedSide:
         return self._hits, self._bound  # all read: they carry no text, and the proof then needs no deeper read
 
 
-def _with_text(store: Store, ranked: list[Candidate], upto: int) -> None:
+def _with_text(store: IndexStore, ranked: list[Candidate], upto: int) -> None:
     """Read the text of the first `upto` candidates listed only for their date (`dated_chunks` leaves it out:
     a window of busy days holds many chunks, and only an answer's few are shown)."""
     missing = [c for c in ranked[:upto] if not c.text]
@@ -472,7 +473,7 @@ def _with_text(store: Store, ranked: list[Candidate], upto: int) -> None:
             c.text = texts.get(c.seq, "")
 
 
-def _decay(store: Store, settings: SearchSettings, today: dt.date | None) -> Callable[[Candidate], float]:
+def _decay(store: IndexStore, settings: SearchSettings, today: dt.date | None) -> Callable[[Candidate], float]:
     """Each candidate's recency factor (1 for all when decay is off)."""
     if not settings.decay_half_life_days:
         return lambda c: 1.0

@@ -178,6 +178,11 @@ class PgStore:
         return {row[0]: (int(row[1]), int(row[2])) for row in self.conn.execute(
             "SELECT path, mtime, size FROM cm_files WHERE workspace = %s AND gen = %s", (self.workspace, self.gen))}
 
+    def file_stat(self, path: str) -> tuple[int, int] | None:
+        """A round trip for one file: a check of many reads `file_stats` once instead (engine.status)."""
+        row = self.file_row(path)
+        return None if row is None else (row.mtime, row.size)
+
     def file_row(self, path: str) -> FileRow | None:
         row = self.conn.execute(
             "SELECT path, source, hash, mtime, size, state FROM cm_files WHERE workspace = %s AND gen = %s"
