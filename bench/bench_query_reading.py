@@ -11,6 +11,8 @@ and with two of their words quoted as a phrase. Each set is searched with the ne
 defaults) and off (`correct_typos` false, `date_weight` 0: the search of before), alternating per
 round; p50 / p95 of each. The first pass of every set is a warm-up (a word's first use reads its
 list: that cost is the same either way and measured elsewhere).
+--postgres: the same on the shared index, a PostgreSQL started from its PyPI package (a database of its own), where
+each vocabulary lookup a typo's reading makes is a round trip.
 """
 
 from __future__ import annotations
@@ -59,6 +61,18 @@ def query_sets(rng: random.Random, n: int) -> dict[str, list[str]]:
     }
 
 
+def shared_index() -> tuple[Any, dict[str, str]]:
+    """A PostgreSQL started from its PyPI package (as the tests start it), and the settings of a database of it."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import pg_server
+    import psycopg
+
+    server = pg_server.start(shared_buffers="128MB")
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE query_reading")
+    return server, {"index_backend": "postgres", "index_url": server.url("query_reading")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=20000)
@@ -66,13 +80,14 @@ def main() -> None:
     parser.add_argument("--index", type=Path, default=Path("/tmp/clawmem-reading.sqlite"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--postgres", action="store_true", help="the shared index (PostgreSQL) instead of SQLite")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "query_reading.json")
     args = parser.parse_args()
     if not (args.workspace / "memory").is_dir():
         subprocess.run([sys.executable, str(ROOT / "bench" / "generate.py"), str(args.workspace), str(args.files),
                         "--layout", "flat"], check=True)
-    settings = load_settings(workspace=args.workspace, overrides={"index": str(args.index),
-                                                                  "embedding.provider": "none"}, environ={})
+    server, where = shared_index() if args.postgres else (None, {"index": str(args.index)})
+    settings = load_settings(workspace=args.workspace, overrides={**where, "embedding.provider": "none"}, environ={})
     index = MemoryIndex(settings, long_lived=True, pending_files=lambda: 0)
     started = time.perf_counter()
     index.sync()
@@ -104,6 +119,8 @@ def main() -> None:
         out[name] = row
         print(name, json.dumps(row), flush=True)
     index.close()
+    if server is not None:
+        server.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
 
