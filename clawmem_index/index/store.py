@@ -51,6 +51,7 @@ class Store:
     terms_of: Callable[[str], Any] | None = None
     # Each vector is stored once: with its chunks while the index holds its text, in the cache after.
     caches_stored_vectors = False
+    vec_loaded: bool  # sqlite-vec loaded on this connection (set when it opens)
 
     def __init__(self, path: Path, *, create: bool = True, fast_unsafe: bool = False, read_only: bool = False,
                  keep_keyword_scores: bool = True, keyword_postings: PostingsCache | None = None,

@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from clawmem_index.index.interface import IndexStore
+from clawmem_index.index.interface import IndexStore, SharedReads
 from clawmem_index.index.pg.store import PgStore
 from clawmem_index.index.store import Store
 
@@ -18,7 +18,14 @@ def _shape(function: object) -> list[tuple[str, object, object]]:
 
 
 def test_the_interface_names_what_the_engine_uses() -> None:
-    assert len(METHODS) >= 50 and {"transaction", "insert_chunk", "text_search", "vector_search"} <= set(METHODS)
+    """The engine and the search are type-checked against the interface (mypy --strict, tests/test_code_rules.py),
+    so a store method they use outside it fails the build; a shared index's reads of other workspaces are a
+    capability of their own, asked for by `SharedReads`, which only the PostgreSQL store has."""
+    assert {"transaction", "insert_chunk", "text_search", "vector_search", "file_stat"} <= set(METHODS)
+    shared = [name for name, value in vars(SharedReads).items() if callable(value) and not name.startswith("_")]
+    assert shared == ["visible", "chunk_lines"]
+    assert all(_shape(getattr(PgStore, name)) == _shape(getattr(SharedReads, name)) for name in shared)
+    assert not set(shared) & set(dir(Store)), "a SQLite index holds one workspace"
 
 
 @pytest.mark.parametrize("store", [Store, PgStore], ids=["sqlite", "postgres"])
@@ -27,5 +34,5 @@ def test_a_store_implements_all_of_it_with_the_same_parameters(store: type) -> N
     assert not missing, f"{store.__name__} lacks {missing}"
     differ = [name for name in METHODS if _shape(getattr(store, name)) != _shape(getattr(IndexStore, name))]
     assert not differ, f"{store.__name__} differs from IndexStore in {differ}"
-    for attribute in ("terms_of", "caches_stored_vectors"):
-        assert hasattr(store, attribute)
+    for attribute in IndexStore.__annotations__:
+        assert hasattr(store, attribute) or attribute in store.__annotations__, f"{store.__name__}.{attribute}"
