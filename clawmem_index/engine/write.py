@@ -37,7 +37,7 @@ from clawmem_index.index.interface import IndexStore
 if TYPE_CHECKING:
     from clawmem_index.index.backends import Backend
 
-__all__ = ["Reporters", "Writable", "rebuild", "sync_or_rebuild", "write"]
+__all__ = ["Reporters", "Work", "Writable", "rebuild", "sync_or_rebuild", "write"]
 
 
 class Writable(Protocol):
@@ -72,9 +72,16 @@ class Reporters:
     vectors: Progress | None = None
 
 
-def write(index: Writable, work: Callable[[str, IndexStore | None], SyncReport], embed: bool, bars: Reporters,
+# A write's work: given the fingerprint and the live index's connection (None: no usable index), what it did, and
+# the connection to go on with: the same one, or after a rebuild swapped a new index in, one to the new index
+# (None: open one). The connection given is the work's to close only when it returns another.
+Work = Callable[[str, IndexStore | None], tuple[SyncReport, IndexStore | None]]
+
+
+def write(index: Writable, work: Work, embed: bool, bars: Reporters,
           notify: Callable[[str], None] | None = None) -> SyncReport:
-    """Run `work` under the writer lock, embed what is pending, and record how it went in `meta`."""
+    """Run `work` under the writer lock, embed what is pending, and record how it went in `meta`: on one
+    connection, opened here and closed here, unless a rebuild replaced the index it was opened on."""
     if index.read_only:
         raise IndexUnavailable(f"the index {index.backend.describe()} is open read-only here: `clawmem index`"
                                " (or the daemon) updates it")
@@ -84,16 +91,22 @@ def write(index: Writable, work: Callable[[str, IndexStore | None], SyncReport],
     with index.write_lock():
         try:
             fingerprint = index.fingerprint_json()
-            report = work(fingerprint, index.open_writer())
-            store = index.open_writer()
-            assert store is not None
+            given = index.open_writer()
+            store: IndexStore | None = given
             try:
+                report, store = work(fingerprint, given)
+                if store is None:
+                    store = index.open_writer()
+                assert store is not None
                 if embed and index.provider is not None:
                     _embed(index, store, index.provider, fingerprint, report, bars, notify)
                 report.duration = time.perf_counter() - started
                 record_sync(store, report)
             finally:
-                store.close()
+                if store is not None:
+                    store.close()
+                if given is not None and given is not store:
+                    given.close()  # a work that failed before it could say (closing twice is harmless)
         except apsw.FullError as exc:
             raise _disk_full(index, exc) from exc
         except ClawmemError as exc:
@@ -124,41 +137,40 @@ def _embed(index: Writable, store: IndexStore, provider: EmbeddingProvider, fing
 
 
 def sync_or_rebuild(index: Writable, fingerprint: str, store: IndexStore | None, bars: Reporters,
-                    paths: Iterable[str] | None) -> SyncReport:
+                    paths: Iterable[str] | None) -> tuple[SyncReport, IndexStore | None]:
     """A sync in place when the fingerprint is the index's; a switch of vectors when only the provider changed;
-    else (a precision change too) a rebuild, followed by a sync of what changed while it was built."""
+    else (a precision change too) a rebuild, followed by a sync of what changed while it was built (a `Work`)."""
     # Rows lost behind the writer's back: rebuilt. Checked by a whole pass (a start, `clawmem index`, a
     # rescan), not by each watcher's pass over a few files: it counts the workspace's rows.
     damage = store.damage() if store is not None and paths is None else None
     if store is None and isinstance(index.backend, SqliteBackend) and not index.backend.exists():
         return _first_index(index, index.backend, fingerprint, bars)
     if damage is None and store is not None and store.get_meta("fingerprint") == fingerprint:
-        try:
-            return sync_workspace(store, index.settings, progress=bars.files, paths=paths)
-        finally:
-            store.close()
+        return sync_workspace(store, index.settings, progress=bars.files, paths=paths), store
     if damage is None and store is not None and _same_chunking(store.get_meta("fingerprint"), fingerprint) \
             and not _only_precision_differs(store.get_meta("fingerprint"), fingerprint):
         try:
-            return _switch_vectors(index, fingerprint, store, bars)
+            return _switch_vectors(index, fingerprint, store, bars), store
         except apsw.Error:
             pass  # rolled back (a schema-1 vector table, say): rebuild from the files instead
-    report = rebuild(index, fingerprint, bars, store)
+    report, _ = rebuild(index, fingerprint, bars, store)
     live = index.open_writer()
     assert live is not None
     try:
         follow = sync_workspace(live, index.settings)  # what changed while it was built
-    finally:
+    except BaseException:
         live.close()
+        raise
     report.added += follow.added
     report.updated += follow.updated
     report.removed += follow.removed
     report.errors += [e for e in follow.errors if e not in report.errors]
     report.skipped += [s for s in follow.skipped if s not in report.skipped]
-    return report
+    return report, live
 
 
-def _first_index(index: Writable, backend: SqliteBackend, fingerprint: str, bars: Reporters) -> SyncReport:
+def _first_index(index: Writable, backend: SqliteBackend, fingerprint: str,
+                 bars: Reporters) -> tuple[SyncReport, IndexStore]:
     """A workspace's first index file, written where it is searched: there is no older one to keep serving,
     and readers answer from the files indexed so far (the curated memory and the latest days first), saying
     what is not in yet, instead of waiting for the whole pass. Killed part-way, the next pass goes on from
@@ -167,9 +179,10 @@ def _first_index(index: Writable, backend: SqliteBackend, fingerprint: str, bars
     live = backend.create_live()
     try:
         live.set_meta("fingerprint", fingerprint)
-        return sync_workspace(live, index.settings, progress=bars.files, growing=True)
-    finally:
+        return sync_workspace(live, index.settings, progress=bars.files, growing=True), live
+    except BaseException:
         live.close()
+        raise
 
 
 def _disk_full(index: Writable, exc: apsw.FullError) -> DiskFull:
@@ -205,15 +218,16 @@ def _switch_vectors(index: Writable, fingerprint: str, store: IndexStore, bars: 
                                                      index_progress=bars.vectors,
                                                      precision=index.precision)
             report.from_cache += taken_back
-        index.rebuilding = False
     finally:
-        store.close()
+        index.rebuilding = False
     report.chunks_kept = chunks - report.chunks_removed
     return report
 
 
-def rebuild(index: Writable, fingerprint: str, bars: Reporters, replacing: IndexStore | None) -> SyncReport:
-    """Build a new index privately (keyword rows, the vectors the old index or the cache has) and swap it in."""
+def rebuild(index: Writable, fingerprint: str, bars: Reporters,
+            replacing: IndexStore | None) -> tuple[SyncReport, None]:
+    """Build a new index privately (keyword rows, the vectors the old index or the cache has) and swap it in (a
+    `Work`: `replacing`, a connection to the old index, is closed first; the caller opens one to the new)."""
     if replacing is not None:
         replacing.close()
     started = time.perf_counter()
@@ -234,7 +248,7 @@ def rebuild(index: Writable, fingerprint: str, bars: Reporters, replacing: Index
         index.backend.swap_in(fresh)
     index.rebuilding = False
     report.duration = time.perf_counter() - started
-    return report
+    return report, None
 
 
 _CHUNKING_KEYS = ("schema", "keywords", "tokenizer", "chunk_tokens", "chunk_overlap")

@@ -616,3 +616,38 @@ def test_a_file_grown_past_max_file_bytes_since_the_scan_is_not_read(settings: S
     parsed = _parse_one(found, _ParseArgs(400, 80, "cl100k_base", False, None, max_bytes=1000), None)
     assert parsed.refused and parsed.chunks == [] and parsed.size == 0
     assert parsed.error is not None and parsed.error.startswith("larger than max_file_bytes (2,405 > 1,000 bytes)")
+
+
+@pytest.mark.parametrize("provider_change", [False, True], ids=["edit", "new-model"])
+def test_a_write_runs_on_one_connection_that_it_closes(backend: dict[str, str], workspace: Path, write,
+                                                       provider_change: bool) -> None:
+    """An edit (and a switch of model in place) is synced, embedded and recorded on the one connection the write
+    opens, and closed when the write ends: no connection is opened for each stage and none is left open."""
+    from clawmem_index.embeddings.fake import FakeProvider
+
+    write("MEMORY.md", "# Memory\n- the staging host is zephyr\n")
+    settings = load_settings(workspace=workspace, overrides={"embedding.provider": "none", **backend})
+    index = MemoryIndex(settings, provider=FakeProvider(dims=16))
+    index.sync()
+    if provider_change:
+        index.close()
+        index = MemoryIndex(settings, provider=FakeProvider(dims=16, model="another"))
+    opened: list[object] = []
+    closed: list[object] = []
+    real_open = index.backend.open_live
+
+    def open_live():  # type: ignore[no-untyped-def]
+        store = real_open()
+        real_close = store.close
+        store.close = lambda: (closed.append(store), real_close())[1]
+        opened.append(store)
+        return store
+
+    index.backend.open_live = open_live  # type: ignore[method-assign]
+    write("memory/2026-12-07.md", "# Log\n- moved the wombat service\n")
+    report = index.sync(paths=None if provider_change else ["memory/2026-12-07.md"])
+    assert report.added == 1 and report.embedded >= 1
+    assert len(opened) == 1, "one connection for the sync, the embedding and the record"
+    assert closed == opened, "closed when the write ends"
+    assert "wombat" in str(index.search(SearchRequest("wombat", mode="bm25"))["results"])
+    index.close()
