@@ -12,6 +12,7 @@
     │   ├── AuthError          the provider refused our credentials
     │   ├── ProviderReleased   its model process was ended for good (a reload replaced it)
     │   └── ProviderUnavailable  an explicitly chosen provider cannot start (no key, no model, no SDK)
+    ├── StoreError             a write the index refused for one item (that file is not indexed; the rest go on)
     ├── IndexUnavailable       the index cannot be opened or is locked  exit 3, rpc -32030
     │   ├── IndexBusy          another process holds the sync lock
     │   ├── DiskFull           no space left where the index is written (the run stops, resumes later)
@@ -46,6 +47,7 @@ __all__ = [
     "QueryError",
     "RateLimited",
     "ServerBusy",
+    "StoreError",
     "TokenFileError",
     "WorkspaceTaken",
 ]
@@ -112,6 +114,11 @@ class AuthError(ProviderError):
 
 class ProviderUnavailable(ProviderError):
     """A provider the user chose by name cannot start here (no API key, model missing, SDK not installed)."""
+
+
+class StoreError(ClawmemError):
+    """A write the index's database refused (a value it cannot hold, a constraint), in the store's own words: the
+    engine leaves that one file out and goes on, whichever database refused it."""
 
 
 class IndexUnavailable(ClawmemError):

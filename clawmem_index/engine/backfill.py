@@ -22,8 +22,8 @@ from clawmem_index.config import BatchSettings
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.embeddings.jobs import BatchEmbedder
 from clawmem_index.errors import ProviderError
-from clawmem_index.index.store import JobRow
 from clawmem_index.index.interface import IndexStore
+from clawmem_index.index.store import JobRow
 from clawmem_index.text.annotations import embedding_text
 
 __all__ = ["JobsReport", "advance", "batch_capable", "batch_enabled", "covered"]

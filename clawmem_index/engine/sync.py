@@ -20,13 +20,13 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-import apsw
 import xxhash
 
 from clawmem_index.config import Settings
 from clawmem_index.engine.parse import ParsedFile, ParsedSession, Progress, parse_all, parse_session
-from clawmem_index.index.store import FileRow
+from clawmem_index.errors import StoreError
 from clawmem_index.index.interface import IndexStore
+from clawmem_index.index.store import FileRow
 from clawmem_index.sources.paths import file_date, folder_date, is_profile_path
 from clawmem_index.sources.sessions import describe_malformed, describe_oversized
 from clawmem_index.sources.workspace import (
@@ -253,11 +253,12 @@ def _apply_batch(store: IndexStore, batch: Sequence[ParsedFile | ParsedSession],
                         _apply_session(store, item, previous, report)
                     else:
                         _apply_file(store, item, previous, report)
-            except (apsw.Error, UnicodeError, ValueError, OverflowError, MemoryError, RecursionError) as exc:
-                if isinstance(exc, apsw.FullError):  # the disk's, not the file's: every later file would fail too
-                    raise
+            # What the store refused for this file, or what its text did to the code (a full disk is no file's: it
+            # stops the run, as the backend's `writing` says)
+            except (StoreError, UnicodeError, ValueError, OverflowError, MemoryError, RecursionError) as exc:
                 report.__dict__.update(before.__dict__)  # the savepoint undid what was counted
-                report.errors.append(f"{item.file.path}: not indexed ({type(exc).__name__}: {exc})")
+                detail = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+                report.errors.append(f"{item.file.path}: not indexed ({detail})")
 
 
 def _unreadable(store: IndexStore, item: ParsedFile | ParsedSession, previous: FileRow | None,

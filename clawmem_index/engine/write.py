@@ -15,14 +15,12 @@ reads does not load the write path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-import contextlib
 from typing import TYPE_CHECKING, Protocol
-
-import apsw
 
 from clawmem_index.config import Settings, check_workspace
 from clawmem_index.embeddings.base import EmbeddingProvider
@@ -30,7 +28,7 @@ from clawmem_index.engine.backfill import advance, covered
 from clawmem_index.engine.embed import embed_pending
 from clawmem_index.engine.status import record_failure, record_sync
 from clawmem_index.engine.sync import Progress, SyncReport, sync_workspace
-from clawmem_index.errors import ClawmemError, DiskFull, IndexUnavailable
+from clawmem_index.errors import ClawmemError, IndexUnavailable, StoreError
 from clawmem_index.index.backends import SqliteBackend
 from clawmem_index.index.interface import IndexStore
 
@@ -90,28 +88,34 @@ def write(index: Writable, work: Work, embed: bool, bars: Reporters,
     index.rebuilding = False
     with index.write_lock():
         try:
-            fingerprint = index.fingerprint_json()
-            given = index.open_writer()
-            store: IndexStore | None = given
-            try:
-                report, store = work(fingerprint, given)
-                if store is None:
-                    store = index.open_writer()
-                assert store is not None
-                if embed and index.provider is not None:
-                    _embed(index, store, index.provider, fingerprint, report, bars, notify)
-                report.duration = time.perf_counter() - started
-                record_sync(store, report)
-            finally:
-                if store is not None:
-                    store.close()
-                if given is not None and given is not store:
-                    given.close()  # a work that failed before it could say (closing twice is harmless)
-        except apsw.FullError as exc:
-            raise _disk_full(index, exc) from exc
+            with index.backend.writing():
+                report = _write(index, work, embed, bars, notify, started)
         except ClawmemError as exc:
             record_failure(index.backend, exc)
             raise
+    return report
+
+
+def _write(index: Writable, work: Work, embed: bool, bars: Reporters, notify: Callable[[str], None] | None,
+           started: float) -> SyncReport:
+    """`write`'s work and embedding, under its lock, on its one connection."""
+    fingerprint = index.fingerprint_json()
+    given = index.open_writer()
+    store: IndexStore | None = given
+    try:
+        report, store = work(fingerprint, given)
+        if store is None:
+            store = index.open_writer()
+        assert store is not None
+        if embed and index.provider is not None:
+            _embed(index, store, index.provider, fingerprint, report, bars, notify)
+        report.duration = time.perf_counter() - started
+        record_sync(store, report)
+    finally:
+        if store is not None:
+            store.close()
+        if given is not None and given is not store:
+            given.close()  # a work that failed before it could say (closing twice is harmless)
     return report
 
 
@@ -151,7 +155,7 @@ def sync_or_rebuild(index: Writable, fingerprint: str, store: IndexStore | None,
             and not _only_precision_differs(store.get_meta("fingerprint"), fingerprint):
         try:
             return _switch_vectors(index, fingerprint, store, bars), store
-        except apsw.Error:
+        except StoreError:
             pass  # rolled back (a schema-1 vector table, say): rebuild from the files instead
     report, _ = rebuild(index, fingerprint, bars, store)
     live = index.open_writer()
@@ -183,15 +187,6 @@ def _first_index(index: Writable, backend: SqliteBackend, fingerprint: str,
     except BaseException:
         live.close()
         raise
-
-
-def _disk_full(index: Writable, exc: apsw.FullError) -> DiskFull:
-    """What a full disk under the index says, recorded for `status` where there is room for it."""
-    where = index.settings.index_path.parent
-    error = DiskFull(f"the disk holding the index ({where}) is full ({exc}): free some space; the next"
-                     " `clawmem index`, or the daemon's next pass, goes on from what was committed")
-    record_failure(index.backend, error)
-    return error
 
 
 def _switch_vectors(index: Writable, fingerprint: str, store: IndexStore, bars: Reporters) -> SyncReport:

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 import xxhash
 
 from clawmem_index.config import Settings
-from clawmem_index.errors import IndexBusy, IndexCorrupt, IndexUnavailable
+from clawmem_index.errors import DiskFull, IndexBusy, IndexCorrupt, IndexUnavailable
 from clawmem_index.index.connection import checkpoint_by_limit, make_private_dirs, make_private_file
 from clawmem_index.index.interface import IndexStore
 from clawmem_index.index.keyword_index import SHARED_POSTINGS, PostingsCache
@@ -48,6 +48,7 @@ class Backend(Protocol):
     def open_live(self) -> AnyStore | None: ...
     def refresh(self, store: AnyStore) -> None: ...
     def write_lock(self, timeout: float) -> contextlib.AbstractContextManager[None]: ...
+    def writing(self) -> contextlib.AbstractContextManager[None]: ...
     def fresh(self) -> contextlib.AbstractContextManager[AnyStore]: ...
     def swap_in(self, fresh: AnyStore) -> None: ...
     def status(self) -> dict[str, object]: ...
@@ -168,6 +169,18 @@ class SqliteBackend:
             yield
         finally:
             os.close(fd)
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Around a write: a full disk, SQLite's FullError wherever it is met, is said as DiskFull (no file's
+        fault: the run stops, and the next goes on from what was committed)."""
+        import apsw
+
+        try:
+            yield
+        except apsw.FullError as exc:
+            raise DiskFull(f"the disk holding the index ({self.path.parent}) is full ({exc}): free some space; the"
+                           " next `clawmem index`, or the daemon's next pass, goes on from what was committed") from exc
 
     @contextlib.contextmanager
     def fresh(self) -> Iterator[Store]:
@@ -327,6 +340,18 @@ class PostgresBackend:
             live.claim(*self._writer, take_over=True)
         finally:
             live.close()
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Around a write: the server's disk full is said as DiskFull (the run stops; the next goes on)."""
+        import psycopg
+
+        try:
+            yield
+        except psycopg.errors.DiskFull as exc:
+            raise DiskFull(f"the disk of the shared index's server ({self.describe()}) is full ({exc}): free some"
+                           " space there; the next `clawmem index`, or the daemon's next pass, goes on from what"
+                           " was committed") from exc
 
     @contextlib.contextmanager
     def fresh(self) -> Iterator[PgStore]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import apsw
 
+from clawmem_index.errors import StoreError
 from clawmem_index.index.cache import EmbeddingCache
 from clawmem_index.index.parking import Owner, ParkedVectors
 from clawmem_index.index.vector_index import FLOAT32_SQL, FLOATS, HALF_SQL, HALVES, VectorIndex
@@ -74,7 +75,7 @@ class VectorCarry:
             return 0
         try:
             return self._carry_from(other, owner, precision, progress, index_progress)
-        except (apsw.Error, ValueError):
+        except (apsw.Error, StoreError, ValueError):  # its transaction's refusals are StoreErrors
             return 0
 
     def _carry_from(self, other: Path, owner: Owner | None, precision: str,

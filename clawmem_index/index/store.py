@@ -20,6 +20,7 @@ from typing import Any
 
 import apsw
 
+from clawmem_index.errors import StoreError
 from clawmem_index.index.cache import BatchJobs, EmbeddingCache
 from clawmem_index.index.carry import VectorCarry
 from clawmem_index.index.connection import connect
@@ -92,7 +93,8 @@ class Store:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        """BEGIN IMMEDIATE at the outer level, SAVEPOINT inside; rollback never masks the error."""
+        """BEGIN IMMEDIATE at the outer level, SAVEPOINT inside; rollback never masks the error. What SQLite refuses
+        inside is a StoreError (a full disk stays apsw's: the backend's `writing` says it)."""
         if self._depth == 0:
             self.conn.execute("BEGIN IMMEDIATE")
             commit, rollback = "COMMIT", "ROLLBACK"
@@ -103,10 +105,12 @@ class Store:
         self._depth += 1
         try:
             yield
-        except BaseException:
+        except BaseException as exc:
             self._depth -= 1
             with contextlib.suppress(apsw.Error):
                 self.conn.execute(rollback)
+            if isinstance(exc, apsw.Error) and not isinstance(exc, apsw.FullError):  # the disk's: the backend's
+                raise StoreError(f"{type(exc).__name__}: {exc}") from exc
             raise
         else:
             self._depth -= 1

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence, Set as AbstractSet
+from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from clawmem_index.search.spelling import Correction, correct

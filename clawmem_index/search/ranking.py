@@ -15,8 +15,8 @@ from typing import Any, Literal
 from clawmem_index.config import SearchSettings
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.errors import ClawmemError, QueryError
-from clawmem_index.index.store import ChunkFilter, TextHit, VectorHit
 from clawmem_index.index.interface import IndexStore
+from clawmem_index.index.store import ChunkFilter, TextHit, VectorHit
 from clawmem_index.search.boosts import Boosts, most_boost
 from clawmem_index.search.candidates import Candidate, Sides, gather, read_fixed
 from clawmem_index.search.dates import DatePrior

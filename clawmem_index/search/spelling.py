@@ -30,7 +30,8 @@ typo that found any (an ordinary one before the first letter's), the most common
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence, Set as AbstractSet
+from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from clawmem_index.text.spelling import MIN_LETTERS, NEIGHBOURS, a_word_of_the_language, correctable, edits, letters_for

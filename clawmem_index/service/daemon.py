@@ -39,9 +39,9 @@ from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import ClawmemError, IndexUnavailable
 from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.service.embedder import Embedder
-from clawmem_index.service.process import IdleWatch, end_now, resident_bytes
 from clawmem_index.service.listener import listen
 from clawmem_index.service.lock import InstanceLock
+from clawmem_index.service.process import IdleWatch, end_now, resident_bytes
 from clawmem_index.service.server import RpcServer
 from clawmem_index.service.systemd import Notifier, listen_fds
 from clawmem_index.service.watcher import ObserverFactory, WorkspaceWatcher

@@ -31,13 +31,13 @@ from clawmem_index.sources.paths import (
     MEMORY_DIR,
     PROFILE_FILE,
     ROOT_FILES,
-    USERS_DIR,
     SESSION_SUFFIX,
     SKIPPED_DIRS,
+    USERS_DIR,
     SessionsDir,
     excluded,
-    open_memory_file,
     is_profile_path,
+    open_memory_file,
     sessions_dir,
 )
 

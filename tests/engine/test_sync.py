@@ -416,29 +416,34 @@ def test_a_text_in_several_batches_in_flight_is_embedded_once(settings: Settings
     assert store.pending_embeddings() == 0
 
 
-def test_a_file_that_cannot_be_stored_is_reported_and_stops_no_other(settings: Settings, write,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whatever makes one file's rows fail (here SQLite refusing them), the others are indexed and it is retried."""
+def test_a_file_that_cannot_be_stored_is_reported_and_stops_no_other(backend: dict[str, str], workspace: Path,
+                                                                     write, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever makes one file's rows fail (here the database refusing them: SQLite's constraint, PostgreSQL's
+    integrity error, each reaching the engine as a StoreError), the others are indexed and it is retried."""
     import apsw
+    import psycopg
 
+    from clawmem_index.index.pg.store import PgStore
     from clawmem_index.index.store import Store
 
     write("MEMORY.md", "# Memory\nthe staging host is zephyr\n")
     write("memory/bad.md", "# Bad\nthis note will not store\n")
     write("memory/good.md", "# Good\nquokka facts\n")
     refuse = {"memory/bad.md"}
-    insert = Store.insert_chunk
+    kind, refusal = (PgStore, psycopg.IntegrityError) if backend["index_backend"] == "postgres" \
+        else (Store, apsw.ConstraintError)
+    insert = kind.insert_chunk
 
     def failing_insert(self: Store, **fields: object) -> int:
         if fields["path"] in refuse:
-            raise apsw.ConstraintError("refused for the test")
+            raise refusal("refused for the test")
         return insert(self, **fields)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Store, "insert_chunk", failing_insert)
-    index = MemoryIndex(settings)
+    monkeypatch.setattr(kind, "insert_chunk", failing_insert)
+    index = MemoryIndex(load_settings(workspace=workspace, overrides={"embedding.provider": "none", **backend}))
     report = index.sync()
     assert report.added == 2 and report.chunks_added == 2
-    assert report.errors == ["memory/bad.md: not indexed (ConstraintError: refused for the test)"]
+    assert report.errors == [f"memory/bad.md: not indexed ({refusal.__name__}: refused for the test)"]
     assert paths_found(index, "zephyr quokka note") == {"MEMORY.md", "memory/good.md"}
     status = index.status()
     assert not status["fresh"] and status["pending_files"] == 1  # never passed off as indexed
@@ -446,6 +451,7 @@ def test_a_file_that_cannot_be_stored_is_reported_and_stops_no_other(settings: S
     refuse.clear()
     assert index.sync().added == 1 and paths_found(index, "note") == {"memory/bad.md"}
     assert index.status()["fresh"]
+    index.close()
 
 
 def test_chunk_ids_of_identical_texts_take_linear_work() -> None:
@@ -488,7 +494,7 @@ def test_parallel_chunking_keeps_a_bounded_window_of_files_in_flight(settings: S
     from concurrent.futures import ProcessPoolExecutor
 
     from clawmem_index.engine import parse
-    from clawmem_index.index.pg.store import chunk_terms_of
+    from clawmem_index.index.pg.terms import chunk_terms_of
     from clawmem_index.sources.workspace import scan
     from clawmem_index.text.keywords import index_text
 

@@ -844,3 +844,24 @@ def test_interrupting_a_threads_shared_index_reader_cancels_its_statement(worksp
                message="the statement to be cancelled")
     assert outcome == ["cancelled"]
     index.close()
+
+
+def test_each_backend_says_a_full_disk_as_disk_full_and_lets_the_rest_pass(backend: dict[str, str],
+                                                                          workspace: Path) -> None:
+    """The engine catches no driver's exception: around a write, a backend says its own driver's full disk (SQLite's
+    FullError, the server's disk_full) as DiskFull, the one-line error the CLI and `status` show
+    (tests/index/test_full_disk.py fills a real disk under SQLite)."""
+    import apsw
+    import psycopg
+
+    from clawmem_index.errors import DiskFull
+    from clawmem_index.index.backends import backend_for
+
+    chosen = backend_for(settings_for(workspace, backend))
+    full = apsw.FullError("database or disk is full") if chosen.name == "sqlite" \
+        else psycopg.errors.DiskFull("could not extend file: No space left on device")
+    with pytest.raises(DiskFull, match="is full") as raised, chosen.writing():
+        raise full
+    assert raised.value.__cause__ is full and "free some space" in str(raised.value)
+    with pytest.raises(ValueError), chosen.writing():
+        raise ValueError("not the disk's")

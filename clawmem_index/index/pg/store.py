@@ -21,29 +21,31 @@ from typing import Any
 
 import psycopg
 
-from clawmem_index.errors import IndexUnavailable
+from clawmem_index.errors import IndexUnavailable, StoreError
 from clawmem_index.index.filters import ChunkFilter
 from clawmem_index.index.keyword_index import TextHit
-from clawmem_index.index.pg.connection import (READER_SESSION, WRITER_SESSION, Connection, copy_annotations,
-                                               copy_array, copy_text, one_line, pg_text)
+from clawmem_index.index.pg.connection import (
+    READER_SESSION,
+    WRITER_SESSION,
+    Connection,
+    copy_annotations,
+    copy_array,
+    copy_text,
+    one_line,
+    pg_text,
+)
 from clawmem_index.index.pg.embedding_cache import EmbeddingCache, Jobs
 from clawmem_index.index.pg.generations import Generations
 from clawmem_index.index.pg.keyword_search import KeywordSearch
 from clawmem_index.index.pg.live import Live
 from clawmem_index.index.pg.schema import migrate
-from clawmem_index.index.pg.terms import ChunkTerms, chunk_terms
+from clawmem_index.index.pg.terms import ChunkTerms, chunk_terms_of
 from clawmem_index.index.pg.vectors import Vectors
 from clawmem_index.index.rows import ChunkRow, FileRow, JobRow
 from clawmem_index.index.vector_index import VectorHit
 from clawmem_index.text.annotations import Annotations
 
-__all__ = ["PgStore", "chunk_terms_of"]
-
-
-def chunk_terms_of(text: str) -> ChunkTerms:
-    """A chunk's terms as the shared index keeps them (picklable: a parse worker makes them)."""
-    return chunk_terms(pg_text(text))
-
+__all__ = ["PgStore"]
 
 _SEQ_BLOCKS = (256, 8192)  # chunk numbers taken from the sequence in one round trip: first, and at most
 # A rebuild writes in bulk: its GIN insertions are merged into the index in bigger batches, with more memory.
@@ -123,8 +125,10 @@ class PgStore:
                 if outer and not self.read_only:
                     self._flush_terms()
                     self._bump()
-        except BaseException:
+        except BaseException as exc:
             self._term_deltas, self._size_deltas = saved_terms, saved_sizes
+            if isinstance(exc, (psycopg.DataError, psycopg.IntegrityError)):  # a value or a row it cannot hold
+                raise StoreError(f"{type(exc).__name__}: {exc}") from exc
             raise
         if not outer:  # a savepoint that held: its counts join the enclosing block's
             saved_terms.update(self._term_deltas)
@@ -178,10 +182,8 @@ class PgStore:
         return {row[0]: (int(row[1]), int(row[2])) for row in self.conn.execute(
             "SELECT path, mtime, size FROM cm_files WHERE workspace = %s AND gen = %s", (self.workspace, self.gen))}
 
-    def file_stat(self, path: str) -> tuple[int, int] | None:
-        """A round trip for one file: a check of many reads `file_stats` once instead (engine.status)."""
-        row = self.file_row(path)
-        return None if row is None else (row.mtime, row.size)
+    def file_stat(self, path: str) -> tuple[int, int] | None:  # a round trip: engine.status reads `file_stats` once
+        return None if (row := self.file_row(path)) is None else (row.mtime, row.size)
 
     def file_row(self, path: str) -> FileRow | None:
         row = self.conn.execute(
@@ -302,12 +304,10 @@ class PgStore:
     def damage(self, chunks: int | None = None) -> str | None:
         """What this generation lost (or gained) behind its writer's back, or None when whole.
 
-        The writer keeps the chunks' number in `cm_stats` with every change it makes, and every chunk
-        has its row in `cm_vectors`: rows deleted or added by anyone else (an operator's SQL, a hole
-        in the row-level security) leave the numbers apart, and the sync rebuilds the generation.
-        Two counts of the workspace's rows (35 ms at 87,000 chunks): `chunks`, when the caller has
-        just counted them (`counts`), saves one.
-        """
+        The writer keeps the chunks' number in `cm_stats` with every change it makes, and every chunk has its row in
+        `cm_vectors`: rows deleted or added by anyone else (an operator's SQL, a hole in the row-level security)
+        leave the numbers apart, and the sync rebuilds the generation. Two counts of the workspace's rows (35 ms at
+        87,000 chunks): `chunks`, when the caller has just counted them (`counts`), saves one."""
         counted = "%(n)s" if chunks is not None else \
             "(SELECT count(*) FROM cm_chunks WHERE workspace = %(w)s AND gen = %(g)s)"
         row = self.conn.execute(

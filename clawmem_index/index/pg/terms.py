@@ -13,10 +13,11 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from clawmem_index.index.pg.connection import pg_text
 from clawmem_index.text.keywords import index_text
 from clawmem_index.text.stemming import tokens as fts5_tokens
 
-__all__ = ["ChunkTerms", "Phrase", "chunk_terms", "phrase_count", "phrases_of"]
+__all__ = ["ChunkTerms", "Phrase", "chunk_terms", "chunk_terms_of", "phrase_count", "phrases_of"]
 
 _PHRASE = re.compile(r'"((?:[^"]|"")+)"(\*?)')
 _CJK_CHAR = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af\U00020000-\U0002ebef]")
@@ -75,3 +76,8 @@ def phrases_of(match: str) -> list[Phrase]:
         term = found[0] if len(found) == 1 else " ".join(found[:2])
         phrases.append(Phrase(term, prefix=bool(star)))
     return phrases
+
+
+def chunk_terms_of(text: str) -> ChunkTerms:
+    """A chunk's terms as the shared index keeps them (picklable: a parse worker makes them)."""
+    return chunk_terms(pg_text(text))
