@@ -55,6 +55,20 @@ def test_mypy_is_strict_there(tmp_path: Path) -> None:
     assert out.returncode == 1 and "no-untyped-def" in out.stdout, out.stdout + out.stderr
 
 
+def test_both_stores_are_the_interface_to_mypy(tmp_path: Path) -> None:
+    """The engine holds stores as `IndexStore`: each store must be one as mypy reads it (an attribute of another
+    type, a method of other parameters fails here, not only at run time)."""
+    (tmp_path / "stores.py").write_text(
+        "from clawmem_index.index.interface import IndexStore\n"
+        "from clawmem_index.index.pg.store import PgStore\n"
+        "from clawmem_index.index.store import Store\n\n\n"
+        "def held(sqlite: Store, shared: PgStore) -> list[IndexStore]:\n"
+        "    return [sqlite, shared]\n")
+    out = run("mypy", "--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(tmp_path / "cache"),
+              str(tmp_path / "stores.py"))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_no_module_is_past_the_size_a_reader_takes_in() -> None:
     sizes = {str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines())
              for path in sorted((ROOT / "clawmem_index").rglob("*.py"))}

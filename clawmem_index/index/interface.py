@@ -28,9 +28,12 @@ __all__ = ["IndexStore", "SharedReads"]
 class IndexStore(Protocol):
     """What every index store answers."""
 
-    # What the store makes of a chunk's text before storing it, done where the text is chunked (None:
-    # the database tokenizes it, as FTS5 does).
-    terms_of: Callable[[str], Any] | None
+    @property
+    def terms_of(self) -> Callable[[str], Any] | None:
+        """What the store makes of a chunk's text before storing it, done where the text is chunked (None: the
+        database tokenizes it, as FTS5 does). Read-only here, so a store may name what its terms are."""
+        ...
+
     # Whether every stored vector is also in the embedding cache (a shared index's cache is the fleet's).
     caches_stored_vectors: bool
     # Whether vector search runs in the database (sqlite-vec loaded; pgvector always), for `status`.

@@ -34,5 +34,7 @@ def test_a_store_implements_all_of_it_with_the_same_parameters(store: type) -> N
     assert not missing, f"{store.__name__} lacks {missing}"
     differ = [name for name in METHODS if _shape(getattr(store, name)) != _shape(getattr(IndexStore, name))]
     assert not differ, f"{store.__name__} differs from IndexStore in {differ}"
-    for attribute in IndexStore.__annotations__:
+    properties = [name for name, value in vars(IndexStore).items() if isinstance(value, property)]
+    assert "terms_of" in properties
+    for attribute in [*IndexStore.__annotations__, *properties]:
         assert hasattr(store, attribute) or attribute in store.__annotations__, f"{store.__name__}.{attribute}"
