@@ -63,7 +63,7 @@ def test_both_stores_are_the_interface_to_mypy(tmp_path: Path) -> None:
         "from clawmem_index.index.pg.store import PgStore\n"
         "from clawmem_index.index.store import Store\n\n\n"
         "def held(sqlite: Store, shared: PgStore) -> list[IndexStore]:\n"
-        "    return [sqlite, shared]\n")
+        "    return [sqlite, shared]\n")  # and each backend is a Backend of its own stores: backends.py is typed
     out = run("mypy", "--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(tmp_path / "cache"),
               str(tmp_path / "stores.py"))
     assert out.returncode == 0, out.stdout + out.stderr

@@ -45,7 +45,7 @@ class Served(Protocol):
     files are, and the provider query vectors come from."""
 
     settings: Settings
-    backend: Backend
+    backend: Backend[Any]
     freshness: Freshness
     provider_note: str  # why the provider is what it is ("" when as configured)
     fallback_used: bool  # the provider is `auto`'s fallback, not the one asked for

@@ -38,7 +38,7 @@ class Observed(Protocol):
     and the provider it answers with."""
 
     settings: Settings
-    backend: Backend
+    backend: Backend[Any]
     freshness: Freshness
     provider_note: str  # why the provider is what it is ("" when as configured)
     rebuilt_by: str  # what a provider mismatch leads to
@@ -52,7 +52,7 @@ class Observed(Protocol):
 class Freshness:
     """The files added, changed or deleted on disk since the last sync: told by a watcher, or found by a stat scan."""
 
-    def __init__(self, settings: Settings, backend: Backend, *, read_only: bool,
+    def __init__(self, settings: Settings, backend: Backend[Any], *, read_only: bool,
                  pending_files: Callable[[], int] | None, files_on_disk: Callable[[], int] | None) -> None:
         """`pending_files` and `files_on_disk` are answered by a watcher without a scan (the daemon's)."""
         self.settings = settings
@@ -322,7 +322,7 @@ def record_sync(store: IndexStore, report: SyncReport) -> None:
     store.delete_meta("last_error")
 
 
-def record_failure(backend: Backend, exc: ClawmemError) -> None:
+def record_failure(backend: Backend[Any], exc: ClawmemError) -> None:
     """Remember a failed sync in the index, so `status` cannot call the index fresh (best effort)."""
     try:
         store = backend.open_live()

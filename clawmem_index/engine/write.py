@@ -20,7 +20,7 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from clawmem_index.config import Settings, check_workspace
 from clawmem_index.embeddings.base import EmbeddingProvider
@@ -43,7 +43,7 @@ class Writable(Protocol):
     connection, and the provider and fingerprint the write embeds and records with."""
 
     settings: Settings
-    backend: Backend
+    backend: Backend[Any]
     read_only: bool
     rebuilding: bool  # set while a rebuild or a switch of vectors runs (`status` says so)
 
