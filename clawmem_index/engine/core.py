@@ -212,7 +212,8 @@ class MemoryIndex:
         from clawmem_index.engine.write import Reporters, rebuild, write
 
         bars = Reporters(progress, embed_progress, vectors_progress)
-        return write(self, lambda fingerprint, store: rebuild(self, fingerprint, bars, store), embed, bars, notify)
+        return write(self, lambda fingerprint, store: (rebuild(self, fingerprint, bars, store), None), embed, bars,
+                     notify)  # the connection to the new index is opened by `write`
 
     def open_writer(self) -> IndexStore | None:
         """A connection that may write the live index (the embedder's), None when there is none (missing or

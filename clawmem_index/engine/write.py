@@ -115,7 +115,7 @@ def _write(index: Writable, work: Work, embed: bool, bars: Reporters, notify: Ca
         if store is not None:
             store.close()
         if given is not None and given is not store:
-            given.close()  # a work that failed before it could say (closing twice is harmless)
+            given.close()  # a work that failed, or a rebuild's (closed already: closing twice is harmless)
     return report
 
 
@@ -157,7 +157,7 @@ def sync_or_rebuild(index: Writable, fingerprint: str, store: IndexStore | None,
             return _switch_vectors(index, fingerprint, store, bars), store
         except StoreError:
             pass  # rolled back (a schema-1 vector table, say): rebuild from the files instead
-    report, _ = rebuild(index, fingerprint, bars, store)
+    report = rebuild(index, fingerprint, bars, store)
     live = index.open_writer()
     assert live is not None
     try:
@@ -219,10 +219,9 @@ def _switch_vectors(index: Writable, fingerprint: str, store: IndexStore, bars: 
     return report
 
 
-def rebuild(index: Writable, fingerprint: str, bars: Reporters,
-            replacing: IndexStore | None) -> tuple[SyncReport, None]:
-    """Build a new index privately (keyword rows, the vectors the old index or the cache has) and swap it in (a
-    `Work`: `replacing`, a connection to the old index, is closed first; the caller opens one to the new)."""
+def rebuild(index: Writable, fingerprint: str, bars: Reporters, replacing: IndexStore | None) -> SyncReport:
+    """Build a new index privately (keyword rows, the vectors the old index or the cache has) and swap it in
+    (`replacing`, a connection to the old index, is closed first: the caller opens one to the new)."""
     if replacing is not None:
         replacing.close()
     started = time.perf_counter()
@@ -243,7 +242,7 @@ def rebuild(index: Writable, fingerprint: str, bars: Reporters,
         index.backend.swap_in(fresh)
     index.rebuilding = False
     report.duration = time.perf_counter() - started
-    return report, None
+    return report
 
 
 _CHUNKING_KEYS = ("schema", "keywords", "tokenizer", "chunk_tokens", "chunk_overlap")
