@@ -68,13 +68,13 @@ def read_candidates(work: Path, model: str | None) -> list[tuple[dict, list[Cand
         store = searcher.hybrid.reader()
         for q in asked:
             match = build_match(q["question"])
-            ranked = dict(store.text_ranking(match, DEPTH)) if match else {}
+            ranked = dict(store.keywords.ranking(match, DEPTH)) if match else {}
             blob = pack(unit(searcher.vectors.embed_query(q["question"])))
-            distances = {h.seq: h.distance for h in store.vector_search(blob, DEPTH)}
+            distances = {h.seq: h.distance for h in store.vectors.search(blob, DEPTH)}
             seqs = set(ranked) | set(distances)
             if match:
-                ranked.update(store.text_scores_of(match, [s for s in seqs if s not in ranked]))
-            distances.update(store.vector_distances_of(blob, [s for s in seqs if s not in distances]))
+                ranked.update(store.keywords.scores_of(match, [s for s in seqs if s not in ranked]))
+            distances.update(store.vectors.distances_of(blob, [s for s in seqs if s not in distances]))
             rows = store.conn.execute("SELECT seq, path, start_line, end_line FROM chunks WHERE seq IN"
                                       " (SELECT value FROM json_each(?))", (json.dumps(sorted(seqs)),))
             cands = [Cand(seq, None if seq not in ranked else -ranked[seq],

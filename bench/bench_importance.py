@@ -119,7 +119,7 @@ def main() -> None:
             daily = quality.build(root / name, args.work / f"imp-{name}-{mode}.sqlite", args.model, keyword_only,
                                   print)
             provider = None if keyword_only else quality.QueryVectors(daily.provider)
-            newest = daily.reader().newest_date()  # asked the day after the last session, as bench_quality asks
+            newest = daily.reader().facts.newest_date()  # asked the day after the last session, as bench_quality asks
             now = None if newest is None else (dt.date.fromisoformat(newest) + dt.timedelta(days=1)).isoformat()
             differ["daily"] += sum(a != b for a, b in zip(answers(daily, provider, mode, asked, now),
                                                           answers(daily, provider, mode, asked, now, neutral=True),

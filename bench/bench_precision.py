@@ -40,14 +40,14 @@ def vectors(n: int, dims: int, seed: int) -> np.ndarray:
 
 def build(path: Path, data: np.ndarray, precision: str) -> Store:
     store = Store(path)
-    store.ensure_vector_table(data.shape[1], precision)
-    store.set_vector_owner("bench", "m", "k")
+    store.vectors.ensure(data.shape[1], precision)
+    store.cache.set_vector_owner("bench", "m", "k")
     with store.transaction():
         seqs = [store.insert_chunk(id=f"c{i}", path=f"memory/n{i // 4}.md", source="memory", start_line=i % 4 + 1,
                                    end_line=i % 4 + 1, hash=f"h{i}", text=f"chunk {i}", fts_text=f"chunk {i}")
                 for i in range(len(data))]
-        store.store_vectors([(seq, f"h{i}", pack(data[i].tolist())) for i, seq in enumerate(seqs)], "m")
-    store.index_vectors()
+        store.embeddings.store_vectors([(seq, f"h{i}", pack(data[i].tolist())) for i, seq in enumerate(seqs)], "m")
+    store.vectors.build_index()
     store.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return store
 
@@ -76,16 +76,16 @@ def main() -> None:
         stores = {p: build(Path(work) / f"{p}.sqlite", data, p) for p in ("float32", "float16")}
         answers = {}
         for precision, store in stores.items():
-            answers[precision] = [[(h.path, h.start_line) for h in store.vector_search(b, 10)] for b in blobs]
+            answers[precision] = [[(h.path, h.start_line) for h in store.vectors.search(b, 10)] for b in blobs]
             size = (Path(work) / f"{precision}.sqlite").stat().st_size
-            print(f"{precision}: file {size / 1e6:.1f} MB, method {store.vector_method()}")
+            print(f"{precision}: file {size / 1e6:.1f} MB, method {store.vectors.method()}")
         same = sum(a == b for a, b in zip(answers["float32"], answers["float16"], strict=True))
         print(f"top-10 lists identical at both precisions: {same} of {len(blobs)}")
         some = [list(range(1, 61))] * len(blobs)
         for round_ in range(args.rounds):
             for precision, store in stores.items():
-                search = timed(lambda b, s=store: s.vector_search(b, 24), blobs)
-                lookups = timed(lambda b, s=store: s.vector_distances_of(b, some[0]), blobs)
+                search = timed(lambda b, s=store: s.vectors.search(b, 24), blobs)
+                lookups = timed(lambda b, s=store: s.vectors.distances_of(b, some[0]), blobs)
                 print(f"round {round_ + 1} {precision}: vector_search p50 {statistics.median(search):.2f} ms"
                       f" p95 {np.percentile(search, 95):.2f} ms; distances_of(60) p50"
                       f" {statistics.median(lookups):.2f} ms p95 {np.percentile(lookups, 95):.2f} ms")

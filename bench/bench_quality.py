@@ -178,7 +178,7 @@ class Searcher:
         # the answers' modes (bm25: an early return), and "typo-read": questions with a word read as a typo
         self.modes: dict[str, Counter[str]] = defaultdict(Counter)
         # Questions are asked the day after the conversation's last session ("yesterday" means its last day).
-        newest = self.keyword.reader().newest_date()
+        newest = self.keyword.reader().facts.newest_date()
         self.now = (dt.date.fromisoformat(newest) + dt.timedelta(days=1)).isoformat() if newest else None
 
     def search(self, config: Config, query: str, n: int | None = None) -> list[dict[str, Any]]:

@@ -175,9 +175,9 @@ def vector_recall(url: str, workspace: str, queries: int = 50) -> float:
         for _ in range(queries):
             blob = hashed_vector(rng.choice(COMMON)
                                  + f" {rng.choice(['alert', 'garden', 'quorum', 'ticket'])}").tobytes()
-            approx = store.vector_search(blob, 10)
+            approx = store.vectors.search(blob, 10)
             store.execute("SET enable_indexscan = off")
-            exact = store.vector_search(blob, 10)
+            exact = store.vectors.search(blob, 10)
             store.execute("SET enable_indexscan = on")
             tenth = exact[-1].distance if exact else 0.0
             found += sum(1 for h in approx if h.distance <= tenth + 1e-6)  # ties with the 10th count as found

@@ -53,7 +53,7 @@ def main() -> None:
                     took = time.perf_counter() - started
                     kind = "cold index" if step == 0 else "switch in place"
                     print(f"{kind} to model {model}: {took:.2f} s, embedded {report.embedded}, from the cache"
-                          f" {report.from_cache}; searches: {index.reader().vector_method()}", flush=True)
+                          f" {report.from_cache}; searches: {index.reader().vectors.method()}", flush=True)
                 finally:
                     index.close()
     finally:

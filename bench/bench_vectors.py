@@ -142,7 +142,7 @@ def build(path: Path, vectors: np.ndarray, chunks: Sequence[tuple[str, str]]) ->
     """An index of len(vectors) chunks (reused when complete), plus the schema-1 exact table for comparison."""
     if path.exists():
         store = Store(path, create=False)
-        if (store.get_meta("bench_chunks"), store.get_meta("vector_partitions")) == (
+        if (store.meta.get("bench_chunks"), store.meta.get("vector_partitions")) == (
                 str(len(vectors)), str(vector_index.VECTOR_PARTITIONS)):
             return store
         store.close()
@@ -150,7 +150,7 @@ def build(path: Path, vectors: np.ndarray, chunks: Sequence[tuple[str, str]]) ->
     started = time.perf_counter()
     store = Store(path, fast_unsafe=True)
     dims = vectors.shape[1]
-    store.ensure_vector_table(dims)
+    store.vectors.ensure(dims)
     store.execute(f"CREATE VIRTUAL TABLE bench_exact USING vec0(embedding float[{dims}] distance_metric=cosine)")
     batch = 5000
     for start in range(0, len(vectors), batch):
@@ -161,9 +161,9 @@ def build(path: Path, vectors: np.ndarray, chunks: Sequence[tuple[str, str]]) ->
                 seq = store.insert_chunk(id=f"c{i}", path=path_i, source="memory", start_line=1, end_line=1,
                                          hash=f"h{i}", text=text, fts_text=text)
                 blob = vectors[i].tobytes()
-                store.store_vector(seq, blob, "bench")
+                store.embeddings.store_vector(seq, blob, "bench")
                 store.conn.execute("INSERT INTO bench_exact(rowid, embedding) VALUES(?, ?)", (seq, blob))
-    store.set_meta("bench_chunks", str(len(vectors)))
+    store.meta.set("bench_chunks", str(len(vectors)))
     log(f"  built {path.name}: {len(vectors)} chunks in {time.perf_counter() - started:.0f}s")
     store.close()
     return Store(path, create=False)
@@ -208,7 +208,7 @@ def recall(store: Store, vectors: np.ndarray, seqs: np.ndarray, queries: np.ndar
     position = {int(s): i for i, s in enumerate(seqs)}
     found = 0
     for qi, query in enumerate(queries):
-        hits = store.vector_search(query.tobytes(), k)
+        hits = store.vectors.search(query.tobytes(), k)
         found += sum(1 for h in hits if sims[qi, position[h.seq]] >= kth[qi] - 1e-6)
     return found / (k * len(queries))
 
@@ -282,16 +282,16 @@ def main() -> None:
         blobs = [q.tobytes() for q in queries]
         nq = len(blobs)
         figures: dict[str, Any] = {
-            "method": store.vector_method(),
+            "method": store.vectors.method(),
             "exact": timed(lambda i: exact_hits(store, blobs[i], K), nq, args.rounds),
-            "quantized": timed(lambda i: store.vector_search(blobs[i], K), nq, args.rounds),
+            "quantized": timed(lambda i: store.vectors.search(blobs[i], K), nq, args.rounds),
             "hybrid_search": timed(lambda i: run_search(store, provider, SearchRequest(texts[i]), settings),
                                    nq, args.rounds),
             "bm25_search": timed(lambda i: run_search(store, None, SearchRequest(texts[i], mode="bm25"), settings),
                                  nq, args.rounds),
             "quantized_with_prefix": {
                 f"{prefix} ({share:.0%} of chunks)": timed(
-                    lambda i, prefix=prefix: store.vector_search(blobs[i], K, ChunkFilter(path_prefix=prefix)),
+                    lambda i, prefix=prefix: store.vectors.search(blobs[i], K, ChunkFilter(path_prefix=prefix)),
                     nq, args.rounds)
                 for prefix, share in prefixes(store)},
             f"recall@{K}": round(recall(store, vectors, seqs_of(store), queries, K), 4),

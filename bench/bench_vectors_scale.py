@@ -65,14 +65,14 @@ def vector_reads(store: Store, search: Callable[[int], object], n: int) -> dict[
     """How many hybrid queries proved their answer on the first vector read, and how many read deeper
     (a second search of the vector index: thousands of candidates more)."""
     calls = 0
-    real = store.vector_search
+    real = store.vectors.search
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
         return real(*args, **kwargs)
 
-    store.vector_search = counted  # type: ignore[method-assign]
+    store.vectors.search = counted  # type: ignore[method-assign]
     reads: dict[str, int] = {}
     try:
         for i in range(n):
@@ -81,7 +81,7 @@ def vector_reads(store: Store, search: Callable[[int], object], n: int) -> dict[
             key = "one read" if calls <= 1 else "deeper reads"
             reads[key] = reads.get(key, 0) + 1
     finally:
-        del store.vector_search
+        del store.vectors.search
     return reads
 
 
@@ -101,21 +101,21 @@ def build(path: Path, vectors: np.ndarray, sentences: list[str], precision: str,
     """The index; `before` measures it with the sign bits alone, before the embedding pass's end makes cells."""
     started = time.perf_counter()
     store = Store(path, fast_unsafe=True)
-    store.ensure_vector_table(vectors.shape[1], precision)
+    store.vectors.ensure(vectors.shape[1], precision)
     for start in range(0, len(vectors), 5000):
         with store.transaction():
             for i in range(start, min(start + 5000, len(vectors))):
                 text = sentences[i % len(sentences)]
                 seq = store.insert_chunk(id=f"c{i}", path=f"memory/n{i // 2000}/{i % 2000}.md", source="memory",
                                          start_line=1, end_line=1, hash=f"h{i}", text=text, fts_text=text)
-                store.store_vector(seq, vectors[i].tobytes(), "bench")
+                store.embeddings.store_vector(seq, vectors[i].tobytes(), "bench")
     stored = time.perf_counter() - started
     figures: dict[str, Any] = {"store_s": round(stored, 1)}
     if before:
         figures["before_cells"] = before(store)
         log(f"before the cells: {figures['before_cells']}")
     started = time.perf_counter()
-    store.index_vectors()
+    store.vectors.build_index()
     figures["cells_s"] = round(time.perf_counter() - started, 1)
     store.close()
     return figures
@@ -147,10 +147,10 @@ def main() -> None:
     def vector_figures(store: Store) -> dict[str, Any]:
         seqs = np.array([row[0] for row in store.execute(f"SELECT rowid FROM {store.vectors.table()} ORDER BY rowid")])
         position = {int(s): i for i, s in enumerate(seqs)}
-        found = sum(1 for qi in range(n) for h in store.vector_search(blobs[qi], 10)
+        found = sum(1 for qi in range(n) for h in store.vectors.search(blobs[qi], 10)
                     if sims[qi, position[h.seq]] >= kth[qi] - 1e-6)
-        return {"method": store.vector_method(), "recall@10": round(found / (10 * n), 4),
-                "vector_24": timed(lambda i: store.vector_search(blobs[i], 24), n, args.rounds,
+        return {"method": store.vectors.method(), "recall@10": round(found / (10 * n), 4),
+                "vector_24": timed(lambda i: store.vectors.search(blobs[i], 24), n, args.rounds,
                                    tail=0.95, warm_passes=1)}
 
     if not path.exists():

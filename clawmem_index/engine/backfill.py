@@ -60,7 +60,7 @@ def batch_enabled(provider: EmbeddingProvider | None, settings: BatchSettings) -
 def covered(store: IndexStore, provider: EmbeddingProvider) -> set[str]:
     """Chunk hashes that running jobs will embed: synchronous passes leave them to the jobs."""
     info = provider.info
-    return {h for job in store.jobs(info.provider, info.model, info.provider_key) for h in job.hashes}
+    return {h for job in store.batch_jobs.jobs(info.provider, info.model, info.provider_key) for h in job.hashes}
 
 
 def advance(store: IndexStore, provider: EmbeddingProvider, settings: BatchSettings, *, submit: bool = True,
@@ -76,7 +76,7 @@ def advance(store: IndexStore, provider: EmbeddingProvider, settings: BatchSetti
         return report
     jobs_provider: BatchEmbedder = provider  # type: ignore[assignment]
     info = provider.info
-    for job in store.jobs(info.provider, info.model, info.provider_key):
+    for job in store.batch_jobs.jobs(info.provider, info.model, info.provider_key):
         _poll(store, jobs_provider, job, settings, clock(), report, due_only)
     if submit and not report.failed:  # after a failed job, its chunks go synchronous rather than to a new job
         _submit(store, jobs_provider, settings, clock, report)
@@ -93,13 +93,13 @@ def _poll(store: IndexStore, provider: BatchEmbedder, job: JobRow, settings: Bat
         state = provider.poll_batch(job.id)
     except ProviderError as exc:
         with store.transaction():
-            store.touch_job(job.id, job.state, f"poll failed: {exc}")
+            store.batch_jobs.touch_job(job.id, job.state, f"poll failed: {exc}")
         report.running += 1
         return
     if state.state == "running":
         if now - job.submitted_at <= settings.timeout_minutes * 60:
             with store.transaction():
-                store.touch_job(job.id, "running", state.detail)
+                store.batch_jobs.touch_job(job.id, "running", state.detail)
             report.running += 1
             return
         try:
@@ -112,7 +112,7 @@ def _poll(store: IndexStore, provider: BatchEmbedder, job: JobRow, settings: Bat
         report.collected += _collect(store, provider, job, state.vectors)
         report.completed += 1
         with store.transaction():
-            store.drop_job(job.id)
+            store.batch_jobs.drop_job(job.id)
         if state.missing:
             report.failed.append(f"job {job.id}: {len(state.missing)} texts came back without a vector")
         return
@@ -127,13 +127,13 @@ def _collect(store: IndexStore, provider: BatchEmbedder, job: JobRow, vectors: A
         if direction is not None:
             blobs[h] = pack(direction)
     with store.transaction():
-        store.cache_embeddings(job.provider, job.model, job.provider_key, blobs.items())
+        store.cache.cache_embeddings(job.provider, job.model, job.provider_key, blobs.items())
     return len(blobs)
 
 
 def _drop(store: IndexStore, job: JobRow, report: JobsReport, why: str) -> None:
     with store.transaction():
-        store.drop_job(job.id)
+        store.batch_jobs.drop_job(job.id)
     report.failed.append(why)
 
 
@@ -142,7 +142,7 @@ def _submit(store: IndexStore, provider: BatchEmbedder, settings: BatchSettings,
     info = provider.info  # type: ignore[attr-defined]
     if report.running >= settings.concurrency:
         return
-    waiting = store.uncached_pending(info.provider, info.model, info.provider_key,
+    waiting = store.embeddings.uncached_pending(info.provider, info.model, info.provider_key,
                                      exclude=covered(store, provider))  # type: ignore[arg-type]
     if len(waiting) < settings.threshold:
         return
@@ -159,7 +159,7 @@ def _submit(store: IndexStore, provider: BatchEmbedder, settings: BatchSettings,
             return
         now = clock()
         with store.transaction():
-            store.add_job(JobRow(job_id, info.provider, info.model, info.provider_key, tuple(h for h, _ in chunk),
-                                 now, now))
+            store.batch_jobs.add_job(JobRow(job_id, info.provider, info.model, info.provider_key,
+                                            tuple(h for h, _ in chunk), now, now))
         report.submitted += 1
         report.running += 1

@@ -157,7 +157,7 @@ class MemoryIndex:
 
     def has_been_built(self) -> bool:
         """Whether a sync ever completed into this index: until one has, a new daemon's queries wait."""
-        return self.backend.exists() and self.reader().get_meta("last_sync") is not None
+        return self.backend.exists() and self.reader().meta.get("last_sync") is not None
 
     def close(self) -> None:
         with self._stores_lock:

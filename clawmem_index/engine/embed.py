@@ -72,12 +72,13 @@ def embed_pending(store: IndexStore, provider: EmbeddingProvider, *,  # noqa: C9
         cursor = 0
         first = True
         while not (should_stop and should_stop()):
-            pending = store.pending_chunks(min(size, FIRST_BATCH) if first else size, after=cursor)
+            pending = store.embeddings.pending_chunks(min(size, FIRST_BATCH) if first else size, after=cursor)
             first = False
             if not pending:
                 return
             cursor = pending[-1][0]
-            cached = store.cached_embeddings(info.provider, info.model, key, (h for _, h, _ in pending), touch=False)
+            cached = store.cache.cached_embeddings(info.provider, info.model, key, (h for _, h, _ in pending),
+                                                   touch=False)
             missing: dict[str, str] = {}
             borrowed: set[str] = set()
             for _, h, text in pending:
@@ -106,19 +107,19 @@ def embed_pending(store: IndexStore, provider: EmbeddingProvider, *,  # noqa: C9
             made.update((h, blob) for h, blob in fresh.items() if h in lent)
             known = {**item.cached, **fresh, **{h: made[h] for h in item.borrowed if h in made}}
             with store.transaction():
-                if fingerprint is not None and store.get_meta("fingerprint") != fingerprint:
+                if fingerprint is not None and store.meta.get("fingerprint") != fingerprint:
                     break  # replaced by a rebuild for another model: these vectors belong to no chunk of it
                 dims = next((len(blob) // 4 for blob in known.values() if blob is not None), 0)
                 if dims:
-                    store.ensure_vector_table(dims, precision)
-                    store.set_vector_owner(info.provider, info.model, key)
-                given = store.store_vectors([(seq, h, known[h]) for seq, h, _ in item.pending if h in known],
+                    store.vectors.ensure(dims, precision)
+                    store.cache.set_vector_owner(info.provider, info.model, key)
+                given = store.embeddings.store_vectors([(seq, h, known[h]) for seq, h, _ in item.pending if h in known],
                                             info.model)
                 done += len(given)
                 given_seqs = {seq for seq, _ in given}
                 held = {h for seq, h, _ in item.pending if seq in given_seqs}
-                store.uncache(info.provider, info.model, key, held & item.cached.keys())  # stored once: in the chunk
-                store.cache_embeddings(info.provider, info.model, key, (  # for a chunk that changed meanwhile,
+                store.cache.uncache(info.provider, info.model, key, held & item.cached.keys())  # stored once: in it
+                store.cache.cache_embeddings(info.provider, info.model, key, (  # for a chunk that changed meanwhile,
                     # or every one when the cache is the fleet's (caches_stored_vectors)
                     (h, blob) for h, blob in fresh.items()
                     if blob is not None and (store.caches_stored_vectors or h not in held)))
@@ -129,10 +130,10 @@ def embed_pending(store: IndexStore, provider: EmbeddingProvider, *,  # noqa: C9
     if not cache_only and (error is not None or not (should_stop and should_stop())):
         _record_failure(store, error, fingerprint)  # a pass stopped short (the daemon stopping) says nothing
     if not (should_stop and should_stop()):
-        store.index_vectors(index_progress)  # a backend that indexes vectors whole (pgvector's HNSW) does it now
+        store.vectors.build_index(index_progress)  # a backend that indexes vectors whole (pgvector's HNSW) does it now
     if cache_max_entries:
         with store.transaction():
-            store.prune_cache(cache_max_entries)
+            store.cache.prune_cache(cache_max_entries)
     return done, error
 
 
@@ -143,13 +144,13 @@ def _record_failure(store: IndexStore, error: str | None, fingerprint: str | Non
     """Keep the provider's last failure in the index, so that an answer missing vectors can say why (a key the
     provider refuses never 'still being made'); a pass that reached the provider's end clears it. Read first: a
     pass with nothing to change (the usual one) takes no write transaction."""
-    if store.get_meta(EMBEDDING_ERROR) == error:
+    if store.meta.get(EMBEDDING_ERROR) == error:
         return
     with store.transaction():
-        if fingerprint is not None and store.get_meta("fingerprint") != fingerprint:
+        if fingerprint is not None and store.meta.get("fingerprint") != fingerprint:
             return  # the index was replaced meanwhile: this pass's outcome is not about it
         if error is None:
-            if store.get_meta(EMBEDDING_ERROR) is not None:
-                store.delete_meta(EMBEDDING_ERROR)
-        elif store.get_meta(EMBEDDING_ERROR) != error:
-            store.set_meta(EMBEDDING_ERROR, error)
+            if store.meta.get(EMBEDDING_ERROR) is not None:
+                store.meta.delete(EMBEDDING_ERROR)
+        elif store.meta.get(EMBEDDING_ERROR) != error:
+            store.meta.set(EMBEDDING_ERROR, error)

@@ -85,7 +85,7 @@ class Queries:
             if outcome.degraded is None and len(outcome.results) <= CACHED_RESULTS:
                 self.answers.put(key, outcome)
         # Whose vectors the index holds (a keyword-only answer from an index with vectors says so too).
-        built = json.loads(store.get_meta("fingerprint") or "{}")
+        built = json.loads(store.meta.get("fingerprint") or "{}")
         answer: dict[str, object] = {
             "results": [r.as_dict() for r in outcome.results],
             "provider": built.get("provider", "none"),
@@ -123,7 +123,7 @@ class Queries:
         waiting = answer["index"]["pending_embeddings"]  # type: ignore[index]
         if not waiting and outcome.degraded != NO_VECTORS:
             return None
-        return store.get_meta(EMBEDDING_ERROR)
+        return store.meta.get(EMBEDDING_ERROR)
 
     def _scope(self, store: IndexStore, request: SearchRequest) -> list[str]:
         """Point a shared index's reader at the workspaces asked for; those it cannot see (absent or not granted)."""
@@ -144,7 +144,7 @@ class Queries:
 
         Vectors of other models do not compare; a provider that cannot start leaves keyword search.
         """
-        built = json.loads(store.get_meta("fingerprint") or "{}")
+        built = json.loads(store.meta.get("fingerprint") or "{}")
         try:
             provider = self.index.provider
         except ProviderError as exc:

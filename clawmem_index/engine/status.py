@@ -196,7 +196,7 @@ def status(index: Observed, *, last_error: str | None = None) -> dict[str, objec
     try:  # a shared index's server that stalls (a lock, overload) is answered as a dead one is
         store = index.reader()
         files, chunks = store.counts()
-        meta = store.all_meta()
+        meta = store.meta.all()
         held = None
         if freshness.watched_pending is not None:
             pending_files = freshness.watched_pending()
@@ -211,7 +211,7 @@ def status(index: Observed, *, last_error: str | None = None) -> dict[str, objec
                                " folder's files are not in it (`clawmem take-over` moves it here)")
                 held = None
         pending_embeddings = store.pending_embeddings() if has_vectors(store) else 0
-        damage, batch_jobs, vector_search = store.damage(chunks), store.job_count(), store.vector_method()
+        damage, batch_jobs, vector_search = store.damage(chunks), store.batch_jobs.job_count(), store.vectors.method()
     except IndexUnavailable as exc:
         data.update(fresh=False, stale_reasons=[str(exc)])
         return data
@@ -301,7 +301,7 @@ def built_otherwise(built: dict[str, Any], current: dict[str, Any]) -> str:
 
 
 def has_vectors(store: IndexStore) -> bool:
-    return '"provider": "none"' not in (store.get_meta("fingerprint") or '"provider": "none"')
+    return '"provider": "none"' not in (store.meta.get("fingerprint") or '"provider": "none"')
 
 
 def record_sync(store: IndexStore, report: SyncReport) -> None:
@@ -311,15 +311,15 @@ def record_sync(store: IndexStore, report: SyncReport) -> None:
     problems = [*report.errors, *report.skipped]
     count = len(problems)
     if report.scope is not None:
-        last = json.loads(store.get_meta("last_sync") or "{}")
+        last = json.loads(store.meta.get("last_sync") or "{}")
         before = list(last.get("problems", []))
         standing = [p for p in before if not any(p.startswith(f"{key}: ") for key in report.scope)]
         problems += standing
         count += int(last.get("problem_count", len(before))) - (len(before) - len(standing))
-    store.set_meta("last_sync", json.dumps({
+    store.meta.set("last_sync", json.dumps({
         "at": time.time(), "duration": report.duration, "problems": problems[:_KEPT_PROBLEMS],
         "problem_count": count, "embed_error": report.embed_error}))
-    store.delete_meta("last_error")
+    store.meta.delete("last_error")
 
 
 def record_failure(backend: Backend[Any], exc: ClawmemError) -> None:
@@ -331,5 +331,5 @@ def record_failure(backend: Backend[Any], exc: ClawmemError) -> None:
     if store is None:
         return
     with contextlib.suppress(Exception):
-        store.set_meta("last_error", json.dumps({"at": time.time(), "error": str(exc)}))
+        store.meta.set("last_error", json.dumps({"at": time.time(), "error": str(exc)}))
     store.close()

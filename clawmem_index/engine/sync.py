@@ -104,7 +104,7 @@ def sync_workspace(store: IndexStore, settings: Settings, *, progress: Progress 
     started = time.perf_counter()
     report = SyncReport()
     skipped: list[Skipped] = []
-    if store.get_meta("dating") != DATING:
+    if store.meta.get("dating") != DATING:
         _date_by_folders(store)
     if paths is None:
         memory, sessions = source_scope(settings)
@@ -178,7 +178,7 @@ def _date_by_folders(store: IndexStore) -> None:
              and (day := file_date(path)) is not None}
     with store.transaction():
         store.date_undated(dates)
-        store.set_meta("dating", DATING)
+        store.meta.set("dating", DATING)
 
 
 def _recent_first(files: list[MemoryFile]) -> list[MemoryFile]:

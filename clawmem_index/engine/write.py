@@ -149,10 +149,10 @@ def sync_or_rebuild(index: Writable, fingerprint: str, store: IndexStore | None,
     damage = store.damage() if store is not None and paths is None else None
     if store is None and isinstance(index.backend, SqliteBackend) and not index.backend.exists():
         return _first_index(index, index.backend, fingerprint, bars)
-    if damage is None and store is not None and store.get_meta("fingerprint") == fingerprint:
+    if damage is None and store is not None and store.meta.get("fingerprint") == fingerprint:
         return sync_workspace(store, index.settings, progress=bars.files, paths=paths), store
-    if damage is None and store is not None and _same_chunking(store.get_meta("fingerprint"), fingerprint) \
-            and not _only_precision_differs(store.get_meta("fingerprint"), fingerprint):
+    if damage is None and store is not None and _same_chunking(store.meta.get("fingerprint"), fingerprint) \
+            and not _only_precision_differs(store.meta.get("fingerprint"), fingerprint):
         try:
             return _switch_vectors(index, fingerprint, store, bars), store
         except StoreError:
@@ -182,7 +182,7 @@ def _first_index(index: Writable, backend: SqliteBackend, fingerprint: str,
     are taken before readers see it.)"""
     live = backend.create_live()
     try:
-        live.set_meta("fingerprint", fingerprint)
+        live.meta.set("fingerprint", fingerprint)
         return sync_workspace(live, index.settings, progress=bars.files, growing=True), live
     except BaseException:
         live.close()
@@ -199,12 +199,12 @@ def _switch_vectors(index: Writable, fingerprint: str, store: IndexStore, bars: 
     """
     index.rebuilding = True
     try:
-        store.release_vector_index()  # a graph kept would take each new vector one by one
+        store.vectors.release_index()  # a graph kept would take each new vector one by one
         with store.transaction():
             info = index.provider.info if index.provider is not None else None
-            chunks = store.reset_vectors(None if info is None else (info.provider, info.model, info.provider_key),
-                                         index.precision)
-            store.set_meta("fingerprint", fingerprint)
+            owner = None if info is None else (info.provider, info.model, info.provider_key)
+            chunks = store.embeddings.reset_vectors(owner, index.precision)
+            store.meta.set("fingerprint", fingerprint)
             report = sync_workspace(store, index.settings, progress=bars.files)
             taken_back = store.counts()[1] - store.pending_embeddings()  # a parked model's own table
             if index.provider is not None:
@@ -227,12 +227,12 @@ def rebuild(index: Writable, fingerprint: str, bars: Reporters, replacing: Index
     started = time.perf_counter()
     index.rebuilding = True
     with index.backend.fresh() as fresh:
-        fresh.set_meta("fingerprint", fingerprint)
+        fresh.meta.set("fingerprint", fingerprint)
         report = sync_workspace(fresh, index.settings, progress=bars.files, bulk=True)
         provider = index.provider
         info = None if provider is None else provider.info
         precision = index.precision
-        report.from_cache = fresh.carry_vectors(
+        report.from_cache = fresh.carry.carry_vectors(
             None if info is None else (info.provider, info.model, info.provider_key), precision,
             progress=bars.chunks, index_progress=bars.vectors)
         if provider is not None:

@@ -196,7 +196,7 @@ class SqliteBackend:
             try:
                 if self.path.exists():
                     with contextlib.suppress(Exception):
-                        store.copy_cache_from(self.path)
+                        store.carry.copy_cache_from(self.path)
                 yield store
             finally:
                 store.close()

@@ -4,7 +4,7 @@ Each vector is stored once. The chunks' own vectors (chunks_vec) are those of th
 meta `vector_owner`; `embedding_cache` holds only the vectors of texts the index no longer has (a
 deleted note, another model's vectors). A lookup sees both; a chunk that takes a cached vector takes
 it out of the cache, and a vector whose last chunk goes moves in. The model a switch leaves behind is
-parked instead (its table renamed aside: `Store.reset_vectors`), counted in the cache's bound.
+parked instead (its table renamed aside: `ChunkVectors.reset_vectors`), counted in the cache's bound.
 `max_entries` bounds the cache and the parked vectors: the chunks' vectors are never pruned.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import apsw
 
@@ -137,19 +137,6 @@ class EmbeddingCache:
             "DELETE FROM embedding_cache WHERE rowid IN"
             " (SELECT rowid FROM embedding_cache ORDER BY updated_at, rowid LIMIT ?)", (excess,))
         return excess
-
-    def uncached_pending(self, provider: str, model: str, key: str, *,
-                         exclude: Collection[str] = ()) -> dict[str, str]:
-        """Texts of the chunks waiting for a vector that no cached or chunk's vector gives, by hash
-        (what a batch job would embed)."""
-        live = "" if self.vector_owner() != (provider, model, key) else (
-            f" AND NOT EXISTS (SELECT 1 FROM chunks AS o JOIN {self.vectors.table()} AS v ON v.rowid = o.seq"
-            " WHERE o.hash = c.hash)")
-        rows = self.conn.execute(
-            "SELECT c.hash, c.text FROM chunks AS c WHERE c.embedded = 0 AND NOT EXISTS (SELECT 1 FROM"
-            " embedding_cache AS e WHERE e.provider = ? AND e.model = ? AND e.provider_key = ? AND e.hash = c.hash)"
-            f"{live}", (provider, model, key))
-        return {str(h): str(text) for h, text in rows if h not in exclude}
 
 
 class BatchJobs:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import apsw
 
 from clawmem_index.index.filters import ChunkFilter
+from clawmem_index.index.vocabulary import FtsVocabulary
 
 __all__ = ["KeywordIndex", "PostingsCache", "TextHit"]
 
@@ -179,6 +180,7 @@ class KeywordIndex:
         self._scorer: TermScorer | None = None  # made at the first list read; None after, if it cannot be
         self._scorer_tried = False
         self._scorer_fresh: bool | None = None  # whether it could read this version's counts (None: not yet)
+        self._vocabulary = FtsVocabulary(conn)
 
     def add(self, seq: int, text: str, *, id: str, path: str, source: str, model: str, start_line: int,
             end_line: int) -> None:
@@ -194,6 +196,10 @@ class KeywordIndex:
 
     def remove(self, seq: int) -> None:
         self._conn.execute("DELETE FROM chunks_fts WHERE rowid = ?", (seq,))
+
+    def vocabulary(self, prefix: str) -> dict[str, int] | None:
+        """The stems chunks_fts holds that begin with `prefix`, with how many chunks hold each (vocabulary)."""
+        return self._vocabulary.stems(prefix)
 
     def search(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[TextHit]:
         """The best `limit` chunks for an FTS5 MATCH expression, best first (bm25 ascending: FTS5 ranks

@@ -1,10 +1,12 @@
 """The index file: its transactions, files and chunks; what lives beside them, each part in its own module.
 
-The store is the index's small interface (PgStore's too); what lives beside the chunks has its own
-module: `connection` (opening the file), `schema` (migrations, meta), `keyword_index` (FTS5, BM25),
-`vector_index` (vectors, KNN), `parking` (a model's vectors set aside), `cache` (the embedding cache
-and batch jobs) and `carry` (what a rebuild takes over from the file it replaces). The rows it hands
-out (`rows`) are PgStore's too.
+The store is the core of the index's interface (clawmem_index.index.interface, PgStore's too); its
+parts are attributes, each a module of its own: `meta` (schema: migrations, meta), `keywords`
+(keyword_index: FTS5, BM25, the vocabulary), `vectors` (vector_index: vectors, KNN), `embeddings`
+(embedded: which chunks hold a vector), `cache` (the embedding cache) and `batch_jobs` (cache),
+`carry` (what a rebuild takes over from the file it replaces) and `facts` (the chunks' dates and
+annotations); `parked` (parking) holds a model's vectors set aside. `connection` opens the file. The
+rows it hands out (`rows`) are PgStore's too.
 
 apsw runs in autocommit mode; `transaction()` is the one way to group writes, nesting as savepoints.
 """
@@ -12,9 +14,8 @@ apsw runs in autocommit mode; `transaction()` is the one way to group writes, ne
 from __future__ import annotations
 
 import contextlib
-import json
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +25,16 @@ from clawmem_index.errors import StoreError
 from clawmem_index.index.cache import BatchJobs, EmbeddingCache
 from clawmem_index.index.carry import VectorCarry
 from clawmem_index.index.connection import connect
+from clawmem_index.index.embedded import ChunkVectors
+from clawmem_index.index.facts import ChunkFacts
 from clawmem_index.index.filters import ChunkFilter
 from clawmem_index.index.keyword_index import KeywordIndex, PostingsCache, TextHit
-from clawmem_index.index.parking import Owner, ParkedVectors
+from clawmem_index.index.parking import ParkedVectors
 from clawmem_index.index.rows import ChunkRow, FileRow, JobRow
 from clawmem_index.index.schema import MIGRATIONS, SCHEMA_VERSION, Meta
 from clawmem_index.index.vector_cells import SharedCells
-from clawmem_index.index.vector_index import FLOATS, HALVES, VectorHit, VectorIndex
-from clawmem_index.index.vocabulary import FtsVocabulary
-from clawmem_index.text.annotations import ANNOTATION_KINDS, Annotations
+from clawmem_index.index.vector_index import VectorHit, VectorIndex
+from clawmem_index.text.annotations import Annotations
 from clawmem_index.text.storable import storable
 
 # The rows, schema version and hits are the store's interface: importable from here as they always were.
@@ -41,7 +43,6 @@ __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ChunkFilter", "ChunkRow", "FileRow",
 
 
 _NO_ANNOTATIONS = Annotations()
-_ANNOTATED = "importance IS NOT NULL OR triggers IS NOT NULL OR projects IS NOT NULL"  # as chunks_annotated's
 
 
 class Store:
@@ -75,12 +76,14 @@ class Store:
         self._depth = 0
         self.meta = Meta(self.conn)
         self.keywords = KeywordIndex(self.conn, keep_scores=keep_keyword_scores, postings=keyword_postings)
-        self.stems = FtsVocabulary(self.conn)
-        self.vectors = VectorIndex(self.conn, self.meta, loaded=self.vec_loaded, shared_cells=shared_cells)
+        self.vectors = VectorIndex(self.conn, self.meta, self.transaction, loaded=self.vec_loaded,
+                                   shared_cells=shared_cells)
         self.parked = ParkedVectors(self.conn, self.meta, self.vectors)
         self.cache = EmbeddingCache(self.conn, self.meta, self.vectors, self.parked)
+        self.embeddings = ChunkVectors(self.conn, self.meta, self.vectors, self.parked, self.cache)
         self.batch_jobs = BatchJobs(self.conn)
         self.carry = VectorCarry(self.conn, self.vectors, self.parked, self.cache, self.transaction)
+        self.facts = ChunkFacts(self.conn)
 
     def close(self) -> None:
         self.conn.close()
@@ -120,20 +123,6 @@ class Store:
 
     def integrity_ok(self) -> bool:
         return [row[0] for row in self.conn.execute("PRAGMA integrity_check")] == ["ok"]
-
-    # -- meta ---------------------------------------------------------------------------------
-
-    def get_meta(self, key: str) -> str | None:
-        return self.meta.get(key)
-
-    def set_meta(self, key: str, value: str) -> None:
-        self.meta.set(key, value)
-
-    def delete_meta(self, key: str) -> None:
-        self.meta.delete(key)
-
-    def all_meta(self) -> dict[str, str]:
-        return self.meta.all()
 
     # -- files and chunks ---------------------------------------------------------------------
 
@@ -230,231 +219,9 @@ class Store:
         only its user writes: what can go wrong with it is what `integrity_ok` finds."""
         return None
 
-    # -- search (the keyword and vector indexes) -----------------------------------------------
-
-    def text_search(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[TextHit]:
-        """The best `limit` chunks for an FTS5 MATCH expression, best first."""
-        return self.keywords.search(match, limit, where)
-
-    def vector_search(self, query_blob: bytes, limit: int, where: ChunkFilter | None = None, *,
-                      candidates_for: int | None = None) -> list[VectorHit]:
-        """The `limit` chunks nearest by cosine distance (exact distances), nearest first, within `where`."""
-        return self.vectors.search(query_blob, limit, where, candidates_for=candidates_for)
-
-    def text_ranking(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[tuple[int, float]]:
-        """(seq, bm25) of the best `limit` chunks for `match`, best first, without their rows."""
-        return self.keywords.ranking(match, limit, where)
-
-    def text_hits(self, ranked: Sequence[tuple[int, float]]) -> list[TextHit]:
-        """The `TextHit`s of (seq, bm25) pairs, in their order (a chunk deleted meanwhile is left out)."""
-        return self.keywords.hits(ranked)
-
-    def dated_chunks(self, where: ChunkFilter, first: str, last: str, limit: int) -> list[TextHit]:
-        """Up to `limit` dated chunks `where` passes (a window of days), nearest to the days `first` to `last` first
-        (0 days within them), then by seq; their text is left out ("": a busy window holds many) and their bm25 is 0
-        (listed for their date, not for a keyword)."""
-        condition, args = where.sql("w")
-        rows = self.conn.execute(
-            "SELECT w.seq, w.path, w.source, w.start_line, w.end_line, '', w.date FROM chunks AS w"
-            f" WHERE {condition} AND w.date IS NOT NULL"
-            " ORDER BY max(julianday(:first) - julianday(w.date), julianday(w.date) - julianday(:last), 0), w.seq"
-            " LIMIT :limit", {**args, "first": first, "last": last, "limit": limit})
-        return [TextHit(*row[:6], 0.0, row[6]) for row in rows]
-
-    def vocabulary(self, prefix: str) -> dict[str, int] | None:
-        """The stems the keyword index holds that begin with `prefix`, each with how many chunks hold it (None:
-        too many do to read at once; ask a longer prefix)."""
-        return self.stems.stems(prefix)
-
-    def text_scores_of(self, match: str, seqs: Iterable[int]) -> dict[int, float]:
-        """The BM25 score each of `seqs` gets for `match` in any search (absent: it does not match)."""
-        return self.keywords.scores_of(match, seqs)
-
-    def vector_distances_of(self, query_blob: bytes, seqs: Sequence[int]) -> dict[int, float]:
-        """The cosine distance each of `seqs` (with a vector) gets in any vector search."""
-        return self.vectors.distances_of(query_blob, seqs)
-
     def data_version(self) -> int:
         """Changes whenever another connection commits to the index (SQLite's own counter, per connection)."""
         return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
-
-    def annotation_kinds(self) -> frozenset[str]:
-        """Which annotations some chunk carries ("importance", "triggers", "projects"; none: ranking looks at none)."""
-        row = self.conn.execute(f"SELECT max(importance IS NOT NULL), max(triggers IS NOT NULL),"
-                                f" max(projects IS NOT NULL) FROM chunks WHERE {_ANNOTATED}").fetchone()
-        return frozenset(kind for kind, present in zip(ANNOTATION_KINDS, row or (), strict=False) if present)
-
-    def annotations_of(self, seqs: Collection[int]) -> dict[int, Annotations]:
-        """The annotations of those of `seqs` that carry any."""
-        found: dict[int, Annotations] = {}
-        ordered = sorted(set(seqs))
-        for start in range(0, len(ordered), 500):
-            part = ordered[start:start + 500]
-            found.update((seq, Annotations(importance, triggers, projects)) for seq, importance, triggers, projects in
-                         self.conn.execute(f"SELECT seq, importance, triggers, projects FROM chunks WHERE seq IN"
-                                           f" ({','.join('?' * len(part))}) AND ({_ANNOTATED})", part))
-        return found
-
-    def newest_date(self) -> str | None:
-        """The latest date a chunk carries (recency decay counts ages from it)."""
-        row = self.conn.execute("SELECT max(date) FROM chunks WHERE date IS NOT NULL").fetchone()
-        return None if row is None or row[0] is None else str(row[0])
-
-    def vec_table_exists(self) -> bool:
-        """Whether stored vectors can be searched (a schema-1 vec0 table needs sqlite-vec)."""
-        return self.vectors.readable()
-
-    def vector_method(self) -> str:
-        """How `vector_search` answers on this connection (for diagnostics and benchmarks)."""
-        return self.vectors.method()
-
-    def vectors_in_cells(self) -> bool:
-        """Whether vector search reads k-means cells (a large index: a deeper read ranks thousands of
-        vectors fetched one by one, tens of milliseconds)."""
-        return self.vectors.layout().cells
-
-    def ensure_vector_table(self, dims: int, precision: str = "float32") -> None:
-        self.vectors.ensure(dims, precision)
-
-    def index_vectors(self, progress: Callable[[int, int], None] | None = None) -> None:
-        """After an embedding pass: past CELL_MIN vectors, (re)build the cells searches read (vector_cells)."""
-        with self.transaction():
-            self.vectors.maintain(progress)
-
-    def release_vector_index(self) -> None:
-        """Before every vector is replaced in place: nothing to drop here (no graph is kept)."""
-
-    # -- vectors of chunks ----------------------------------------------------------------------
-
-    def store_vector(self, seq: int, blob: bytes | None, model: str) -> None:
-        """Record a chunk's vector (None, zero or not finite: no usable vector; never matched, not retried)."""
-        self.vectors.put([(seq, blob)])
-        self.conn.execute("UPDATE chunks SET embedded = 1, model = ? WHERE seq = ?", (model, seq))
-
-    def store_vectors(self, items: Sequence[tuple[int, str, bytes | None]], model: str) -> list[tuple[int, bytes]]:
-        """`store_vector` for many chunks at once, each only if it still waits for the text `hash` names.
-
-        A chunk may have changed or gone while its vector was made (the provider is called outside
-        any transaction); those are left alone. Returns the chunks given their answer (seq, blob).
-        """
-        if not items:
-            return []
-        waiting = {int(seq): str(h) for seq, h in self.conn.execute(
-            "SELECT seq, hash FROM chunks WHERE embedded = 0 AND seq IN (SELECT value FROM json_each(?))",
-            (json.dumps([seq for seq, _, _ in items]),))}
-        current = [(seq, blob) for seq, h, blob in items if waiting.get(seq) == h]
-        if not current:
-            return []
-        self.vectors.put(current)
-        self.conn.execute("UPDATE chunks SET embedded = 1, model = ? WHERE seq IN (SELECT value FROM json_each(?))",
-                          (model, json.dumps([seq for seq, _ in current])))
-        return current
-
-    def pending_chunks(self, limit: int, after: int = 0) -> list[tuple[int, str, str]]:
-        """Up to `limit` chunks waiting for a vector, in seq order from `after` (a cursor, so a pass ends)."""
-        return [(int(r[0]), str(r[1]), str(r[2])) for r in self.conn.execute(
-            "SELECT seq, hash, text FROM chunks WHERE embedded = 0 AND seq > ? ORDER BY seq LIMIT ?", (after, limit))]
-
-    # -- embedding cache (clawmem_index.index.cache) --------------------------------------------
-
-    def set_vector_owner(self, provider: str, model: str, key: str) -> None:
-        """Whose vectors the chunks hold (set with the first vector of a model)."""
-        self.cache.set_vector_owner(provider, model, key)
-
-    def cached_embeddings(self, provider: str, model: str, key: str, hashes: Iterable[str], *,
-                          touch: bool = True) -> dict[str, bytes]:
-        """Vectors of this model by chunk hash, from the cache and the chunks' own; `touch` marks them used."""
-        return self.cache.cached_embeddings(provider, model, key, hashes, touch=touch)
-
-    def touch_cached(self, provider: str, model: str, key: str, hashes: Iterable[str]) -> None:
-        """Mark cache entries as just used, so pruning (oldest used first) keeps them."""
-        self.cache.touch_cached(provider, model, key, hashes)
-
-    def uncache(self, provider: str, model: str, key: str, hashes: Iterable[str]) -> None:
-        """Take entries out of the cache: chunks hold these vectors now."""
-        self.cache.uncache(provider, model, key, hashes)
-
-    def cache_embeddings(self, provider: str, model: str, key: str, vectors: Iterable[tuple[str, bytes]]) -> None:
-        """Keep each (text hash, packed vector) for `provider`/`model`/`key`, replacing what it held."""
-        self.cache.cache_embeddings(provider, model, key, vectors)
-
-    def prune_cache(self, max_entries: int) -> int:
-        """Drop the oldest-used entries past `max_entries`, counting a parked model's vectors."""
-        return self.cache.prune_cache(max_entries)
-
-    # -- a rebuild taking over the file it replaces (clawmem_index.index.carry) -----------------
-
-    def copy_cache_from(self, other: Path) -> None:
-        """Carry another index's cache, parked vectors and batch jobs over: a rebuild must not re-embed what it knew."""
-        self.carry.copy_cache_from(other)
-
-    def carry_vectors(self, owner: Owner | None, precision: str = "float32", *,
-                      progress: Callable[[int, int], None] | None = None,
-                      index_progress: Callable[[int, int], None] | None = None) -> int:
-        """The chunks' vectors of the index `copy_cache_from` read; returns how many chunks took one."""
-        return self.carry.carry_vectors(owner, precision, progress=progress, index_progress=index_progress)
-
-    # -- a change of model ------------------------------------------------------------------------
-
-    def reset_vectors(self, next_owner: Owner | None = None, precision: str = "float32") -> int:
-        """Forget every vector (a new model's go in their place); returns how many chunks the index holds.
-
-        The live model's vectors are parked (clawmem_index.index.parking) when `next_owner` is another
-        model, else they go to the cache; a model parked earlier goes to the cache first, unless it is
-        `next_owner` at the same `precision`: then its table is taken back, and only the chunks that
-        changed meanwhile wait for a vector. Only inside a transaction that also stores the new
-        fingerprint: readers keep the old vectors until it commits. A schema-1 vec0 table cannot be
-        dropped without sqlite-vec: apsw.Error.
-        """
-        layout = self.vectors.layout()
-        owner = self.cache.vector_owner()
-        parked = self.parked.owner()
-        table = HALVES if precision == "float16" else FLOATS
-        back = next_owner is not None and parked == (next_owner, table)
-        if parked is not None and not back:
-            self.parked.to_cache()
-        if back:
-            self.parked.start_return()
-        if owner is not None and next_owner is not None and owner != next_owner and not layout.legacy:
-            self.parked.park(owner, layout.table)
-        else:
-            self.cache.cache_live(None)
-        self.vectors.drop_all()
-        self.meta.delete("vector_owner")
-        self.conn.execute("UPDATE chunks SET embedded = 0, model = ''")
-        chunks = self.conn.changes()
-        dims = self.parked.finish_return(next_owner, table) if back and next_owner is not None else 0
-        if dims and next_owner is not None:  # (`back` implies an owner: said again for the type checker)
-            self.meta.set("vector_dims", str(dims))
-            self.meta.set("vector_owner", json.dumps(list(next_owner)))
-            self.uncache(*next_owner, (str(r[0]) for r in self.conn.execute(
-                f"SELECT c.hash FROM chunks AS c JOIN {table} AS v ON v.rowid = c.seq")))  # stored once
-            self.vectors.maintain()  # past CELL_MIN vectors the cells, straight from the vectors
-            self.vectors.ensure(dims, precision)  # else the sign bits
-        return chunks
-
-    # -- batch jobs (clawmem_index.index.cache) ---------------------------------------------------
-
-    def add_job(self, job: JobRow) -> None:
-        self.batch_jobs.add_job(job)
-
-    def jobs(self, provider: str, model: str, key: str) -> list[JobRow]:
-        """The batch jobs this provider identity has running, oldest first."""
-        return self.batch_jobs.jobs(provider, model, key)
-
-    def uncached_pending(self, provider: str, model: str, key: str, *,
-                         exclude: Collection[str] = ()) -> dict[str, str]:
-        """Texts of the chunks waiting for a vector that no cached or chunk's vector gives, by hash."""
-        return self.cache.uncached_pending(provider, model, key, exclude=exclude)
-
-    def job_count(self) -> int:
-        return self.batch_jobs.job_count()
-
-    def touch_job(self, job_id: str, state: str, detail: str) -> None:
-        self.batch_jobs.touch_job(job_id, state, detail)
-
-    def drop_job(self, job_id: str) -> None:
-        self.batch_jobs.drop_job(job_id)
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Escape hatch for diagnostics and tests."""

@@ -26,6 +26,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,9 +114,10 @@ class VectorIndex:
     """chunks_vec (+ chunks_vec_bits) on one connection; `loaded`: sqlite-vec is loaded there; `shared_cells`:
     the cells' centroids and members this connection shares with the other readers of its process."""
 
-    def __init__(self, conn: apsw.Connection, meta: Meta, *, loaded: bool,
-                 shared_cells: SharedCells | None = None) -> None:
+    def __init__(self, conn: apsw.Connection, meta: Meta, transaction: Callable[[], AbstractContextManager[None]], *,
+                 loaded: bool, shared_cells: SharedCells | None = None) -> None:
         self._conn = conn
+        self._transaction = transaction
         self._meta = meta
         self.loaded = loaded
         self._layout: tuple[int, _VectorLayout] | None = None
@@ -162,6 +164,19 @@ class VectorIndex:
         if layout.bits and self._meta.get(_BITS_STALE) is None:
             return f"sqlite-vec binary-quantized KNN, {rescoring}"
         return "exact cosine scan of float16 vectors in numpy" if layout.half else "sqlite-vec exact cosine scan"
+
+    def in_cells(self) -> bool:
+        """Whether a search reads k-means cells (a large index: a deeper read ranks thousands of vectors fetched
+        one by one, tens of milliseconds)."""
+        return self.layout().cells
+
+    def build_index(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """After an embedding pass, in one transaction: `maintain`."""
+        with self._transaction():
+            self.maintain(progress)
+
+    def release_index(self) -> None:
+        """Before every vector is replaced in place: nothing to drop here (no graph is kept)."""
 
     def ensure(self, dims: int, precision: str = "float32") -> None:
         """The tables for `dims`-d vectors; with sqlite-vec, also (re)builds sign bits that are missing or stale.

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from clawmem_index.config import SearchSettings
 from clawmem_index.embeddings.base import EmbeddingProvider, pack, unit
 from clawmem_index.errors import ClawmemError, QueryError
-from clawmem_index.index.interface import IndexStore
+from clawmem_index.index.interface import FactPart, IndexStore, KeywordPart, VectorPart
 from clawmem_index.index.store import ChunkFilter, TextHit, VectorHit
 from clawmem_index.search.boosts import Boosts, most_boost
 from clawmem_index.search.candidates import Candidate, Sides, gather, read_fixed
@@ -262,16 +262,16 @@ def run_search(store: IndexStore, provider: EmbeddingProvider | None, request: S
 
     def has_notes(mention: DateMention) -> bool:
         """Whether the index has a note dated near `mention` (a date with none stays words)."""
-        return any(store.dated_chunks(window, first, last, 1) for window, first, last in
+        return any(store.facts.dated_chunks(window, first, last, 1) for window, first, last in
                    prior_of((mention,)).windows(where))
 
     def found_by(words: list[str]) -> list[frozenset[str]]:
         """The stems of each of the chunks `words` find best in scope: the context a typo is read in."""
         match = match_of(words)
         return [] if match is None else [frozenset(tokens(hit.text)) for hit in
-                                         store.text_hits(store.text_ranking(match, CONTEXT_CHUNKS, where))]
+                                         store.keywords.hits(store.keywords.ranking(match, CONTEXT_CHUNKS, where))]
 
-    plan = plan_query(query, store.vocabulary if settings.correct_typos and mode != "vector" else None,
+    plan = plan_query(query, store.keywords.vocabulary if settings.correct_typos and mode != "vector" else None,
                       _today(request.now) if settings.date_weight else None, has_notes, found_by)
     prior = prior_of(plan.dates) if plan.dates else None
     if mode == "hybrid" and settings.early_return_ratio and _keywords_decide(store, plan, where,
@@ -280,7 +280,7 @@ def run_search(store: IndexStore, provider: EmbeddingProvider | None, request: S
     if mode != "bm25":
         if provider is None:
             degraded = "no embedding provider: keyword results only"
-        elif not store.vec_table_exists():
+        elif not store.vectors.readable():
             degraded = NO_VECTORS
         else:
             try:
@@ -293,21 +293,21 @@ def run_search(store: IndexStore, provider: EmbeddingProvider | None, request: S
     match = plan.match if mode != "vector" else None
     vector_blob = blob
     # With a vector side, the keyword list is read deep at once: its scores fill in vector candidates.
-    keywords = None if match is None else _KeywordSide(store, match, where, settings.candidate_cap,
+    keywords = None if match is None else _KeywordSide(store.keywords, match, where, settings.candidate_cap,
                                                        ahead=settings.candidate_cap if vector_blob else 0)
     sides = Sides(
         text=None if keywords is None else keywords.hits,
-        vector=None if vector_blob is None else _VectorSide(store, vector_blob, where).hits,
+        vector=None if vector_blob is None else _VectorSide(store.vectors, vector_blob, where).hits,
         text_of=None if keywords is None else keywords.scores_of,
-        vector_of=None if vector_blob is None else lambda seqs: store.vector_distances_of(vector_blob, seqs),
-        text_ahead=TEXT_AHEAD if vector_blob is not None and store.vectors_in_cells() else 0,
-        dated=None if prior is None else _DatedSide(store, prior, where).hits,
+        vector_of=None if vector_blob is None else lambda seqs: store.vectors.distances_of(vector_blob, seqs),
+        text_ahead=TEXT_AHEAD if vector_blob is not None and store.vectors.in_cells() else 0,
+        dated=None if prior is None else _DatedSide(store.facts, prior, where).hits,
         closeness=None if prior is None else prior.closeness, date_weight=0.0 if prior is None else prior.weight,
     )
     decay = _decay(store, settings, today)
     # Annotations weigh only what carries them: an index without any is ranked exactly as before.
-    kinds = store.annotation_kinds()
-    boosts = Boosts(store.annotations_of, request.projects) if kinds else None
+    kinds = store.facts.annotation_kinds()
+    boosts = Boosts(store.facts.annotations_of, request.projects) if kinds else None
     factor = decay if boosts is None else (lambda c: decay(c) * boosts(c))
     weighing: dict[str, Any] = {} if boosts is None else {"prepare": boosts.prepare,
                                                           "factor_max": most_boost(kinds, request.projects)}
@@ -339,7 +339,7 @@ def run_search(store: IndexStore, provider: EmbeddingProvider | None, request: S
     if not ranked and settings.prefix_fallback and asked != "vector":  # a vector search asked for meaning alone
         prefix = build_prefix_match(plan.words)
         if prefix is not None:
-            pools = gather(Sides(text=_KeywordSide(store, prefix, where, settings.candidate_cap).hits),
+            pools = gather(Sides(text=_KeywordSide(store.keywords, prefix, where, settings.candidate_cap).hits),
                            weights=(1.0, 0.0), want=want, pool=settings.candidate_pool, cap=settings.candidate_cap,
                            factor=factor, min_score=min_score, **weighing)
             ranked = _passing(pools.candidates, min_score)
@@ -370,8 +370,8 @@ class _KeywordSide:
     score, are then lookups; a chunk past the read is asked for by rowid), else as deep as asked.
     Rows are fetched only for the depth a search reads."""
 
-    def __init__(self, store: IndexStore, match: str, where: ChunkFilter, cap: int, *, ahead: int = 0) -> None:
-        self._store, self._match, self._where, self._cap, self._ahead = store, match, where, cap, ahead
+    def __init__(self, keywords: KeywordPart, match: str, where: ChunkFilter, cap: int, *, ahead: int = 0) -> None:
+        self._keywords, self._match, self._where, self._cap, self._ahead = keywords, match, where, cap, ahead
         self._ranking: list[tuple[int, float]] = []
         self._read = 0  # how deep the ranking was asked for
         self._known: dict[int, float] | None = None
@@ -380,14 +380,14 @@ class _KeywordSide:
     def ranking(self, depth: int) -> list[tuple[int, float]]:
         if depth > self._read and len(self._ranking) >= self._read:
             self._read = min(self._cap, max(depth, self._ahead))
-            self._ranking = self._store.text_ranking(self._match, self._read, self._where)
+            self._ranking = self._keywords.ranking(self._match, self._read, self._where)
             self._known = None
         return self._ranking
 
     def hits(self, depth: int) -> list[TextHit]:
         ranking = self.ranking(depth)
         if len(self._hits) < min(depth, len(ranking)):
-            self._hits = self._store.text_hits(ranking[:depth])
+            self._hits = self._keywords.hits(ranking[:depth])
         return self._hits[:depth]
 
     def scores_of(self, seqs: list[int]) -> dict[int, float]:
@@ -397,7 +397,7 @@ class _KeywordSide:
         known = self._known
         found = {seq: known[seq] for seq in seqs if seq in known}
         if len(ranking) >= self._read:  # not every match was read: ask for the rest
-            found.update(self._store.text_scores_of(self._match, [seq for seq in seqs if seq not in known]))
+            found.update(self._keywords.scores_of(self._match, [seq for seq in seqs if seq not in known]))
         return found
 
 
@@ -413,15 +413,15 @@ class _VectorSide:
     sign-bit candidates for that depth (the prefilter, which dominates the cost, runs once), so the
     proof's next reads (twice, four times as deep) need no second search."""
 
-    def __init__(self, store: IndexStore, blob: bytes, where: ChunkFilter) -> None:
-        self._store, self._blob, self._where = store, blob, where
+    def __init__(self, vectors: VectorPart, blob: bytes, where: ChunkFilter) -> None:
+        self._vectors, self._blob, self._where = vectors, blob, where
         self._hits: list[VectorHit] = []
         self._read = 0  # how deep the last search was asked to go
 
     def hits(self, depth: int) -> list[VectorHit]:
         if depth > len(self._hits) and len(self._hits) >= self._read:
             self._read = depth * READ_AHEAD
-            self._hits = self._store.vector_search(self._blob, self._read, self._where, candidates_for=depth)
+            self._hits = self._vectors.search(self._blob, self._read, self._where, candidates_for=depth)
         return self._hits[:depth]
 
 
@@ -431,7 +431,7 @@ def _keywords_decide(store: IndexStore, plan: QueryPlan, where: ChunkFilter, rat
     match = plan.match
     if match is None:
         return False
-    top = store.text_search(match, 2, where)
+    top = store.keywords.search(match, 2, where)
     if not top:
         return False
     return len(top) == 1 or -top[0].bm25 >= ratio * max(0.0, -top[1].bm25)
@@ -441,8 +441,8 @@ class _DatedSide:
     """The chunks dated within the days a query names (their windows), nearest first, read ahead as the vector
     side is; with the closeness a chunk not yet read can have at most (0: every window was read whole)."""
 
-    def __init__(self, store: IndexStore, prior: DatePrior, where: ChunkFilter) -> None:
-        self._store, self._prior = store, prior
+    def __init__(self, facts: FactPart, prior: DatePrior, where: ChunkFilter) -> None:
+        self._facts, self._prior = facts, prior
         self._windows = prior.windows(where)
         self._read = 0
         self._hits: list[TextHit] = []
@@ -454,7 +454,7 @@ class _DatedSide:
             found: dict[int, TextHit] = {}
             self._bound = 0.0
             for window, first, last in self._windows:
-                listed = self._store.dated_chunks(window, first, last, self._read)
+                listed = self._facts.dated_chunks(window, first, last, self._read)
                 for hit in listed:
                     found.setdefault(hit.seq, hit)
                 if len(listed) >= self._read:
@@ -468,7 +468,7 @@ def _with_text(store: IndexStore, ranked: list[Candidate], upto: int) -> None:
     a window of busy days holds many chunks, and only an answer's few are shown)."""
     missing = [c for c in ranked[:upto] if not c.text]
     if missing:
-        texts = {hit.seq: hit.text for hit in store.text_hits([(c.seq, 0.0) for c in missing])}
+        texts = {hit.seq: hit.text for hit in store.keywords.hits([(c.seq, 0.0) for c in missing])}
         for c in missing:
             c.text = texts.get(c.seq, "")
 
@@ -478,7 +478,7 @@ def _decay(store: IndexStore, settings: SearchSettings, today: dt.date | None) -
     if not settings.decay_half_life_days:
         return lambda c: 1.0
     if today is None:
-        newest = store.newest_date()
+        newest = store.facts.newest_date()
         today = dt.date.fromisoformat(newest) if newest else dt.date.today()
     reference, half_life, floor = today, settings.decay_half_life_days, settings.decay_floor
     return lambda c: decay_factor(c.date, half_life, reference, floor)

@@ -175,7 +175,7 @@ class Embedder:
         if store is None:
             return
         try:
-            if store.get_meta("fingerprint") != fingerprint:
+            if store.meta.get("fingerprint") != fingerprint:
                 return  # built for another model: the writer rebuilds it first, then wakes this thread
             warm = getattr(provider, "warm", None)
             if warm is not None:

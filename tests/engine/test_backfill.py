@@ -161,7 +161,7 @@ def test_a_rebuild_keeps_the_jobs_it_waits_for(settings: Settings, write: Any) -
     index = MemoryIndex(batched(settings), provider=provider)
     index.sync()
     index.reindex()
-    assert index.reader().job_count() == 1
+    assert index.reader().batch_jobs.job_count() == 1
     provider.finish()
     assert index.sync().embedded == 25 and provider.documents_embedded == 0
     index.close()

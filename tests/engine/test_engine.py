@@ -100,7 +100,7 @@ def test_a_killed_rebuild_leaves_the_old_index_serving_and_no_stray_files(settin
     make_notes(write, 300)
     index = MemoryIndex(settings)
     index.sync()
-    old_fingerprint = index.reader().get_meta("fingerprint")
+    old_fingerprint = index.reader().meta.get("fingerprint")
     old_rows = index.reader().execute("SELECT count(*) FROM chunks")
     index.close()
     rng = random.Random(99)
@@ -109,7 +109,7 @@ def test_a_killed_rebuild_leaves_the_old_index_serving_and_no_stray_files(settin
         assert run_and_kill(workspace, settings.index_path, 100, "sync", rng.randint(1, 250))
         assert integrity_ok(settings.index_path)
         store = Store(settings.index_path, create=False)
-        assert store.get_meta("fingerprint") == old_fingerprint
+        assert store.meta.get("fingerprint") == old_fingerprint
         assert store.execute("SELECT count(*) FROM chunks") == old_rows
         store.close()
         answer = MemoryIndex(settings).search(SearchRequest("day 17 item", mode="bm25"))
@@ -125,7 +125,7 @@ def test_changing_chunk_size_or_tokenizer_rebuilds_the_index(settings: Settings,
     index = MemoryIndex(settings)
     index.sync()
     before = index.reader().counts()[1]
-    fp_before = json.loads(index.reader().get_meta("fingerprint") or "{}")
+    fp_before = json.loads(index.reader().meta.get("fingerprint") or "{}")
 
     smaller = load_settings(workspace=workspace, overrides={"index": str(settings.index_path),
                                                             "embedding.provider": "none", "chunking.tokens": 100})
@@ -134,13 +134,13 @@ def test_changing_chunk_size_or_tokenizer_rebuilds_the_index(settings: Settings,
     store = Store(settings.index_path, create=False)
     request_close = store.close
     assert store.counts()[1] > before
-    assert json.loads(store.get_meta("fingerprint") or "{}")["chunk_tokens"] == 100
+    assert json.loads(store.meta.get("fingerprint") or "{}")["chunk_tokens"] == 100
 
     other_tok = load_settings(workspace=workspace, overrides={"index": str(settings.index_path),
                                                              "embedding.provider": "none", "chunking.tokens": 100,
                                                              "chunking.tokenizer": "o200k_base"})
     MemoryIndex(other_tok).sync()
-    assert json.loads(store.get_meta("fingerprint") or "{}")["tokenizer"] == "o200k_base"
+    assert json.loads(store.meta.get("fingerprint") or "{}")["tokenizer"] == "o200k_base"
     assert fp_before["tokenizer"] == "cl100k_base"
     request_close()
 

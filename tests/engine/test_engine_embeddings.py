@@ -88,7 +88,7 @@ def test_switching_models_rebuilds_and_switching_back_embeds_nothing(workspace: 
         index = MemoryIndex(settings, provider=provider)
         try:
             report = index.sync(embed_progress=lambda done, total: filled.append((done, total)))
-            return report, index.reader().get_meta("fingerprint") or ""
+            return report, index.reader().meta.get("fingerprint") or ""
         finally:
             index.close()
 

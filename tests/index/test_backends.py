@@ -223,7 +223,7 @@ def test_a_vocabulary_block_too_big_to_read_is_read_by_longer_prefixes(backend: 
     index = MemoryIndex(settings_for(workspace, backend))
     try:
         index.sync()
-        assert index.reader().vocabulary("de") is None, "more than the rows a block may have"
+        assert index.reader().keywords.vocabulary("de") is None, "more than the rows a block may have"
         found = index.search(SearchRequest("deplyo", mode="bm25"))
         assert found["query"]["corrected"] == [{"word": "deplyo", "read_as": ["deploy"]}]
         assert [r["path"] for r in found["results"]] == ["memory/ops.md"]

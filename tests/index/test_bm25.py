@@ -122,7 +122,7 @@ def test_a_commit_storing_no_tokens_reads_no_counts(store: Store) -> None:
     scorer = checked_scorer(store, 5, "staging")
     statements: list[str] = []
     store.conn.exec_trace = lambda cursor, sql, bindings: statements.append(sql) or True
-    store.set_meta("last_sync", "{}")
+    store.meta.set("last_sync", "{}")
     assert computed(scorer, "staging") == reference(store, "staging")
     put(store, 6, "staging")
     assert computed(scorer, "staging") == reference(store, "staging")

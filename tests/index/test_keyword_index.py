@@ -55,8 +55,8 @@ def reference(store: Store, match: str, k: int, where: ChunkFilter | None = None
 
 def ranked(store: Store, match: str, k: int, where: ChunkFilter | None = None) -> list[tuple[int, float]]:
     """What the store ranks, asked both ways (with the chunks' rows, and without: what a search reads)."""
-    hits = [(hit.seq, hit.bm25) for hit in store.text_search(match, k, where)]
-    assert store.text_ranking(match, k, where) == hits
+    hits = [(hit.seq, hit.bm25) for hit in store.keywords.search(match, k, where)]
+    assert store.keywords.ranking(match, k, where) == hits
     return hits
 
 
@@ -106,7 +106,7 @@ def test_search_and_scores_are_exactly_what_fts5_ranks(corpus: list[tuple[list[s
                 assert ranked(store, match, depth, where) == reference(store, match, depth, where)
             everything = dict(reference(store, match, len(corpus)))
             asked = [seq for seq, in store.conn.execute("SELECT seq FROM chunks")] + [-1, 5 * 10**9]
-            assert store.text_scores_of(match, asked) == everything
+            assert store.keywords.scores_of(match, asked) == everything
             assert store.keywords._sums_exact  # the sums were used, not handed back to FTS5
         finally:
             store.close()
@@ -118,7 +118,7 @@ def test_kept_scores_answer_later_queries_without_fts5(store: Store) -> None:
     statements: list[str] = []
     with summing():
         expected = reference(store, build_match("staging rollback deploy") or "", 10)
-        store.text_search(build_match("staging deploy rollback") or "", 10)
+        store.keywords.search(build_match("staging deploy rollback") or "", 10)
         store.conn.exec_trace = lambda cursor, sql, bindings: statements.append(sql) or True
         assert ranked(store, build_match("staging rollback deploy") or "", 10) == expected
         store.conn.exec_trace = None
@@ -161,7 +161,7 @@ def test_match_counts_kept_between_writes_stay_bounded(store: Store, monkeypatch
     monkeypatch.setattr(keyword_index, "COUNTS_KEPT", 4)
     add(store, None, "staging deploy")
     for i in range(20):
-        store.text_search(build_match(f"word{i} other{i}") or "", 5)
+        store.keywords.search(build_match(f"word{i} other{i}") or "", 5)
         assert len(store.keywords._counts) <= 4
 
 
@@ -183,7 +183,7 @@ def test_each_change_of_the_keyword_index_is_confirmed_against_fts5_again(store:
         ranked(store, match, 3)
         assert len(checks) == keyword_index.CHECKED  # once, not at every query
         other = Store(tmp_path / "k.sqlite")
-        other.set_meta("last_sync", "{}")  # a commit that leaves the keyword index as it was
+        other.meta.set("last_sync", "{}")  # a commit that leaves the keyword index as it was
         ranked(store, match, 3)
         assert len(checks) == keyword_index.CHECKED
         add(other, None, "staging staging")
@@ -267,7 +267,7 @@ def test_a_one_shot_index_lets_fts5_rank_and_the_daemons_keeps_scores(workspace:
     with summing():
         for index, kept in ((one_shot, False), (daemon, True)):
             store = index.reader()
-            assert store.text_ranking(match, 5) == reference(store, match, 5)
+            assert store.keywords.ranking(match, 5) == reference(store, match, 5)
             assert (store.keywords._postings.held > 0) is kept
             index.close()
 
@@ -327,7 +327,7 @@ def test_a_commit_leaving_the_keyword_index_as_it_was_keeps_the_scores(store: St
     with summing():
         ranked(store, match, 5)
         other = Store(tmp_path / "k.sqlite")
-        other.set_meta("last_sync", "{}")  # as a batch of vectors does: the version changes, FTS5's rows do not
+        other.meta.set("last_sync", "{}")  # as a batch of vectors does: the version changes, FTS5's rows do not
         other.close()
         reads = reads_of_lists(store)
         assert ranked(store, match, 5) == reference(store, match, 5)

@@ -57,14 +57,15 @@ def test_a_switch_back_takes_the_parked_table_back_without_copying_a_vector(sett
     late = Store(settings.index_path, create=False)  # a batch job of fake-a's lands while it is parked
     with late.transaction():
         some = next(iter(mine))
-        late.cache_embeddings(again.info.provider, again.info.model, again.info.provider_key, [(some, mine[some])])
+        late.cache.cache_embeddings(again.info.provider, again.info.model, again.info.provider_key,
+                                    [(some, mine[some])])
     late.close()
     back = switch_to(settings, again)
     store = back.reader()
     assert again.documents_embedded == 0
     assert vectors_by_hash(store) == mine and cached(store, "fake-a") == {}  # stored once: in the chunk
     assert store.execute("SELECT count(*) FROM parked_vectors") == [(5,)]  # fake-b's now
-    assert store.get_meta("vector_owner") and "fake-a" in (store.get_meta("vector_owner") or "")
+    assert store.meta.get("vector_owner") and "fake-a" in (store.meta.get("vector_owner") or "")
     assert back.search(SearchRequest("greenhouse fact 3", mode="vector", min_score=0.0))["results"] == hits
     assert back.status()["pending_embeddings"] == 0
     back.close()
@@ -104,7 +105,7 @@ def test_a_third_model_sends_the_parked_one_to_the_cache(settings: Settings, wri
     assert cached(store, "fake-a") == old and len(cached(store, "fake-b")) == 0
     ages = store.execute("SELECT max(updated_at) FROM embedding_cache WHERE model = 'fake-a'")[0][0]
     assert ages < before  # dated when they left the chunks (what pruning, oldest first, goes by)
-    assert store.get_meta("parked_owner") and "fake-b" in (store.get_meta("parked_owner") or "")
+    assert store.meta.get("parked_owner") and "fake-b" in (store.meta.get("parked_owner") or "")
     third.close()
     again = FakeProvider(model="fake-a")
     back = switch_to(settings, again)
@@ -117,7 +118,7 @@ def test_a_rebuild_carries_the_parked_vectors(settings: Settings, write) -> None
     switch_to(settings, FakeProvider(model="fake-a")).close()
     other = switch_to(settings, FakeProvider(model="fake-b"))
     other.reindex()
-    assert cached(other.reader(), "fake-a") and other.reader().get_meta("parked_owner") is None
+    assert cached(other.reader(), "fake-a") and other.reader().meta.get("parked_owner") is None
     other.close()
     again = FakeProvider(model="fake-a")
     switch_to(settings, again).close()
@@ -133,7 +134,7 @@ def test_parked_vectors_count_against_the_cache_bound(workspace: Path, write, tm
     other = switch_to(settings, FakeProvider(model="fake-b"))
     other.sync()  # an embedding pass prunes to the bound: 8 parked vectors are over it
     store = other.reader()
-    assert store.get_meta("parked_owner") is None
+    assert store.meta.get("parked_owner") is None
     assert store.execute("SELECT count(*) FROM embedding_cache") == [(3,)]
     other.close()
 
@@ -174,23 +175,23 @@ def test_a_parked_index_past_cell_min_comes_back_in_cells_without_building_sign_
     rng = np.random.default_rng(3)
     vectors = rng.standard_normal((1200, 32)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    store.ensure_vector_table(32)
-    store.set_vector_owner("p", "a", "k")
+    store.vectors.ensure(32)
+    store.cache.set_vector_owner("p", "a", "k")
     with store.transaction():
         for i, vector in enumerate(vectors):
             seq = store.insert_chunk(id=f"v{i}", path="memory/a.md", source="memory", start_line=1, end_line=1,
                                      hash=f"h{i}", text=f"text {i}", fts_text=f"text {i}")
-            store.store_vector(seq, vector.tobytes(), "a")
-    store.index_vectors()
-    cells = store.vector_method()
+            store.embeddings.store_vector(seq, vector.tobytes(), "a")
+    store.vectors.build_index()
+    cells = store.vectors.method()
     with store.transaction():
-        store.reset_vectors(("p", "b", "k"))
+        store.embeddings.reset_vectors(("p", "b", "k"))
     built: list[int] = []
     real = VectorIndex._build_bits
     monkeypatch.setattr(VectorIndex, "_build_bits", lambda self, *a, **k: built.append(1) or real(self, *a, **k))
     with store.transaction():
-        store.reset_vectors(("p", "a", "k"))
-    assert store.vector_method() == cells and "cells" in cells and built == []
+        store.embeddings.reset_vectors(("p", "a", "k"))
+    assert store.vectors.method() == cells and "cells" in cells and built == []
     assert store.pending_embeddings() == 0
-    assert store.vector_search(vectors[17].tobytes(), 1)[0].seq == 18
+    assert store.vectors.search(vectors[17].tobytes(), 1)[0].seq == 18
     store.close()

@@ -56,9 +56,9 @@ def test_chunks_of_an_unpartitioned_index_move_into_their_workspaces_partitions(
     store = PgStore(empty_url, "alpha", read_only=True, scope=("alpha", "beta"))
     try:
         store.data_version()
-        assert [(h.workspace, h.text) for h in store.text_search('"note"', 5)] == \
+        assert [(h.workspace, h.text) for h in store.keywords.search('"note"', 5)] == \
             [("alpha", "alpha notes"), ("beta", "beta notes")]
-        assert [h.workspace for h in store.vector_search(b"\x00\x00\x80?\x00\x00\x80?\x00\x00\x00\x00", 2)] == \
+        assert [h.workspace for h in store.vectors.search(b"\x00\x00\x80?\x00\x00\x80?\x00\x00\x00\x00", 2)] == \
             ["beta", "alpha"]
     finally:
         store.close()
@@ -112,11 +112,11 @@ def test_a_role_granted_before_vectors_had_their_own_table_keeps_its_rights_to_t
             seq = writer.insert_chunk(id="c", path="MEMORY.md", source="memory", start_line=1, end_line=1, hash="h",
                                       text="alpha", fts_text="alpha")
         assert writer.pending_embeddings() == 1
-        assert writer.store_vectors([(seq, "h", b"\x00\x00\x80?\x00\x00\x00\x00")], "m") == \
+        assert writer.embeddings.store_vectors([(seq, "h", b"\x00\x00\x80?\x00\x00\x00\x00")], "m") == \
             [(seq, b"\x00\x00\x80?\x00\x00\x00\x00")]
         assert writer.pending_embeddings() == 0
         writer.data_version()
-        assert [h.seq for h in writer.vector_search(b"\x00\x00\x80?\x00\x00\x00\x00", 1)] == [seq]
+        assert [h.seq for h in writer.vectors.search(b"\x00\x00\x80?\x00\x00\x00\x00", 1)] == [seq]
     finally:
         writer.close()
 
@@ -150,11 +150,11 @@ def test_a_search_through_a_lean_graph_keeps_a_wide_candidate_list(pg_url: str) 
         with store.transaction():
             seq = store.insert_chunk(id="c", path="MEMORY.md", source="memory", start_line=1, end_line=1, hash="h",
                                      text="alpha", fts_text="alpha")
-        store.store_vectors([(seq, "h", b"\x00\x00\x80?\x00\x00\x00\x00")], "m")
-        store.index_vectors()
+        store.embeddings.store_vectors([(seq, "h", b"\x00\x00\x80?\x00\x00\x00\x00")], "m")
+        store.vectors.build_index()
         store.data_version()
         for wanted, ef in ((6, "300"), (100, "400"), (5000, "1000")):
-            assert [h.seq for h in store.vector_search(b"\x00\x00\x80?\x00\x00\x00\x00", 6, candidates_for=wanted)] \
+            assert [h.seq for h in store.vectors.search(b"\x00\x00\x80?\x00\x00\x00\x00", 6, candidates_for=wanted)] \
                 == [seq]
             assert store.execute("SHOW hnsw.ef_search") == [(ef,)]
     finally:

@@ -146,8 +146,8 @@ def _embedded(store: PgStore, n: int, seed: int = 3) -> list[tuple[int, list[flo
         seqs = [_add(store, f"memory/v{i}.md", f"vector note {i}") for i in range(n)]
     vectors = [[rng.uniform(-1, 1) for _ in range(3)] for _ in seqs]
     with store.transaction():
-        store.ensure_vector_table(3)
-        store.store_vectors([(seq, f"h-memory/v{i}.md-0", struct.pack("3f", *vector))
+        store.vectors.ensure(3)
+        store.embeddings.store_vectors([(seq, f"h-memory/v{i}.md-0", struct.pack("3f", *vector))
                              for i, (seq, vector) in enumerate(zip(seqs, vectors, strict=True))], "m")
     return list(zip(seqs, vectors, strict=True))
 
@@ -163,10 +163,10 @@ def test_vectors_get_their_hnsw_index_when_the_pass_ends_and_searches_use_it(sto
 
     stored = _embedded(store, 40)
     assert not _index_of(store, store.gen), "stored row by row into no graph: the pass's writes stay cheap"
-    assert store.vector_method().startswith("pgvector exact cosine scan")
-    store.index_vectors()
+    assert store.vectors.method().startswith("pgvector exact cosine scan")
+    store.vectors.build_index()
     assert _index_of(store, store.gen)
-    assert store.vector_method() == "pgvector HNSW (cosine), exact distances"
+    assert store.vectors.method() == "pgvector HNSW (cosine), exact distances"
 
     sent: list[tuple[str, object]] = []
     execute = store.conn.execute
@@ -177,7 +177,7 @@ def test_vectors_get_their_hnsw_index_when_the_pass_ends_and_searches_use_it(sto
 
     monkeypatch.setattr(store.conn, "execute", recording)
     query = [0.3, -0.2, 0.9]
-    hits = store.vector_search(struct.pack("3f", *query), 5)
+    hits = store.vectors.search(struct.pack("3f", *query), 5)
     monkeypatch.undo()
     search, args = next((q, a) for q, a in sent if "<=>" in q)
     store.execute("SET enable_seqscan = off")  # 40 rows: a scan would be cheaper; is the index usable at all?
@@ -196,13 +196,13 @@ def test_vectors_get_their_hnsw_index_when_the_pass_ends_and_searches_use_it(sto
 def test_a_rebuilds_vectors_are_indexed_before_its_switch_and_the_old_index_goes_after(store: PgStore,
                                                                                        pg_url: str) -> None:
     _embedded(store, 10)
-    store.index_vectors()
+    store.vectors.build_index()
     old = store.gen
     fresh = PgStore(pg_url, "alpha", new_generation=True)
     try:
         _embedded(fresh, 10, seed=4)
         assert not _index_of(fresh, fresh.gen)
-        fresh.index_vectors()
+        fresh.vectors.build_index()
         assert _index_of(fresh, fresh.gen) and _index_of(store, old), "readers keep the live one until the switch"
         store.switch_to(fresh)
         assert _index_of(store, fresh.gen) and not _index_of(store, old)
@@ -214,24 +214,24 @@ def test_vectors_of_another_size_get_their_own_graph_and_the_old_one_goes(store:
     import struct
 
     stored = _embedded(store, 6)
-    store.index_vectors()
-    store.reset_vectors()  # a model of another size, over the same chunks
+    store.vectors.build_index()
+    store.embeddings.reset_vectors()  # a model of another size, over the same chunks
     with store.transaction():
-        store.ensure_vector_table(2)
-        store.store_vectors([(seq, f"h-memory/v{i}.md-0", struct.pack("2f", 1.0, float(i)))
+        store.vectors.ensure(2)
+        store.embeddings.store_vectors([(seq, f"h-memory/v{i}.md-0", struct.pack("2f", 1.0, float(i)))
                              for i, (seq, _) in enumerate(stored)], "m2")
-    store.index_vectors()
+    store.vectors.build_index()
     assert _index_of(store, store.gen, 2) and not _index_of(store, store.gen, 3)
-    assert len(store.vector_search(struct.pack("2f", 1.0, 2.0), 3)) == 3
+    assert len(store.vectors.search(struct.pack("2f", 1.0, 2.0), 3)) == 3
 
 
 def test_a_failed_rebuilds_index_goes_with_its_rows(store: PgStore, pg_url: str) -> None:
     _embedded(store, 5)
-    store.index_vectors()
+    store.vectors.build_index()
     stray = PgStore(pg_url, "alpha", new_generation=True)
     try:
         _embedded(stray, 5)
-        stray.index_vectors()
+        stray.vectors.build_index()
         assert _index_of(stray, stray.gen)
         stray.drop_own_generation()
         assert not _index_of(stray, stray.gen) and _index_of(store, store.gen)
@@ -252,7 +252,7 @@ def test_a_writer_role_gets_its_index_built_and_no_role_builds_or_drops_anothers
     agent = PgStore(writer_url, "alpha")
     try:
         _embedded(agent, 8)
-        agent.index_vectors()
+        agent.vectors.build_index()
         assert _index_of(agent, agent.gen), "built by the tables' owner on the writer's behalf"
     finally:
         agent.close()
@@ -276,11 +276,13 @@ def test_the_texts_a_batch_job_would_embed_are_the_pending_ones_the_fleets_cache
     with store.transaction():
         for n, text in enumerate(("cached text", "new text", "excluded text")):
             _add(store, "memory/a.md", text, n)
-    store.cache_embeddings("p", "m", "k", [("h-memory/a.md-0", b"\x00\x00\x80?")])
-    assert store.uncached_pending("p", "m", "k", exclude={"h-memory/a.md-2"}) == {"h-memory/a.md-1": "new text"}
-    assert store.cached_embeddings("p", "m", "k", ["h-memory/a.md-0", "h-memory/a.md-1"]) == \
+    store.cache.cache_embeddings("p", "m", "k", [("h-memory/a.md-0", b"\x00\x00\x80?")])
+    assert store.embeddings.uncached_pending("p", "m", "k", exclude={"h-memory/a.md-2"}) == \
+        {"h-memory/a.md-1": "new text"}
+    assert store.cache.cached_embeddings("p", "m", "k", ["h-memory/a.md-0", "h-memory/a.md-1"]) == \
         {"h-memory/a.md-0": b"\x00\x00\x80?"}
-    assert set(store.uncached_pending("q", "m", "k")) == {f"h-memory/a.md-{n}" for n in range(3)}, "another model's"
+    assert set(store.embeddings.uncached_pending("q", "m", "k")) == {f"h-memory/a.md-{n}" for n in range(3)}, \
+        "another model's"
 
 
 def test_an_in_place_model_switch_builds_a_new_graph_whole_instead_of_filling_the_old_one(tmp_path,  # type: ignore[no-untyped-def]
@@ -297,7 +299,7 @@ def test_an_in_place_model_switch_builds_a_new_graph_whole_instead_of_filling_th
 
     def graph(index: MemoryIndex) -> int | None:
         store = index.reader()
-        dims = store.get_meta("vector_dims")
+        dims = store.meta.get("vector_dims")
         found = store.execute("SELECT to_regclass(cm_vector_index_name(%s, %s, %s))::oid",
                               (store.workspace, store.gen, int(dims)))
         return found[0][0] if found else None
@@ -315,7 +317,7 @@ def test_an_in_place_model_switch_builds_a_new_graph_whole_instead_of_filling_th
         assert report.embedded == 6
         after = graph(second)
         assert after is not None and after != before, "the old graph was dropped and a new one built whole"
-        assert second.reader().vector_method() == "pgvector HNSW (cosine), exact distances"
+        assert second.reader().vectors.method() == "pgvector HNSW (cosine), exact distances"
         store = second.reader()
         assert store.execute("SELECT DISTINCT model FROM cm_vectors WHERE workspace = %s AND gen = %s",
                              (store.workspace, store.gen)) == [("b",)]

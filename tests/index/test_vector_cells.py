@@ -33,13 +33,13 @@ def clustered(seed: int, clusters: int, size: int, dims: int = 64) -> np.ndarray
 
 
 def fill(store: Store, vectors: np.ndarray, first: int = 0, paths: list[str] | None = None) -> list[int]:
-    store.ensure_vector_table(vectors.shape[1])
+    store.vectors.ensure(vectors.shape[1])
     seqs = []
     with store.transaction():
         for i, vec in enumerate(vectors, start=first):
             seq = store.insert_chunk(id=f"v{i}", path=paths[i - first] if paths else "memory/a.md", source="memory",
                                      start_line=1, end_line=1, hash=f"v{i}", text=f"text {i}", fts_text=f"text {i}")
-            store.store_vector(seq, vec.tobytes(), "m")
+            store.embeddings.store_vector(seq, vec.tobytes(), "m")
             seqs.append(seq)
     return seqs
 
@@ -61,14 +61,14 @@ def ranked_as_stored(store: Store, vectors: np.ndarray, stored: dict[int, np.nda
     found = 0
     for i in range(0, len(vectors), len(vectors) // 10):
         query = near(vectors[i], i)
-        hits = store.vector_search(query.tobytes(), 10)
+        hits = store.vectors.search(query.tobytes(), 10)
         found += len({h.seq for h in hits} & set(exact(stored, query, 10)))
         for hit in hits:
             assert hit.distance == pytest.approx(1.0 - float(stored[hit.seq] @ query), abs=1e-6)
         assert [h.distance for h in hits] == sorted(h.distance for h in hits)
         assert store.vectors.distances_of(query.tobytes(), [h.seq for h in hits]) == pytest.approx(
             {h.seq: h.distance for h in hits}, abs=1e-9)  # what `search` gave, as the fusion reads them
-        prefixed = store.vector_search(query.tobytes(), 5, ChunkFilter(path_prefix="memory/b/"))
+        prefixed = store.vectors.search(query.tobytes(), 5, ChunkFilter(path_prefix="memory/b/"))
         assert [h.seq for h in prefixed] == exact(inside, query, 5)
     return found / 100
 
@@ -81,16 +81,16 @@ def members(store: Store) -> list[int]:
 def test_past_cell_min_the_sign_bits_move_into_cells_that_find_the_exact_nearest(store: Store) -> None:
     vectors = clustered(1, 100, 20)
     by_seq = dict(zip(fill(store, vectors), vectors, strict=True))
-    assert store.vector_method() == BITS  # until the embedding pass ends
-    store.index_vectors()
-    assert store.vector_method() == CELLS
+    assert store.vectors.method() == BITS  # until the embedding pass ends
+    store.vectors.build_index()
+    assert store.vectors.method() == CELLS
     assert store.execute("SELECT name FROM sqlite_master WHERE name = 'chunks_vec_bits'") == []
     assert store.execute("SELECT count(*) FROM chunks_vec_cells") == [(vector_cells.cell_count(2000),)]
     assert sorted(members(store)) == sorted(by_seq)
     found = 0
     for i in range(0, 2000, 100):
         query = near(vectors[i], i)
-        hits = store.vector_search(query.tobytes(), 10)
+        hits = store.vectors.search(query.tobytes(), 10)
         found += len({h.seq for h in hits} & set(exact(by_seq, query, 10)))
         for hit in hits:  # float32 storage: exact up to rounding, not a hamming count
             assert hit.distance == pytest.approx(1.0 - float(by_seq[hit.seq] @ query), abs=1e-5)
@@ -114,7 +114,7 @@ def test_a_query_reads_only_the_cells_nearest_it(store: Store, monkeypatch: pyte
     monkeypatch.setattr(vector_cells, "PROBE_MIN_VECTORS", probe_min)
     vectors = clustered(2, 100, 20)
     fill(store, vectors)
-    store.index_vectors()
+    store.vectors.build_index()
     assert vector_cells.cell_count(2000) == 128
     owner = cell_of(store)
     for i in (0, 500, 1500):
@@ -127,71 +127,71 @@ def test_a_query_reads_only_the_cells_nearest_it(store: Store, monkeypatch: pyte
 
 def test_below_cell_min_the_index_keeps_its_sign_bits(store: Store) -> None:
     fill(store, clustered(3, 40, 20))
-    store.index_vectors()
-    assert store.vector_method() == BITS
+    store.vectors.build_index()
+    assert store.vectors.method() == BITS
     assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(800,)]
 
 
 def test_vectors_stored_after_the_build_join_the_cell_of_their_nearest_centroid(store: Store) -> None:
     fill(store, clustered(4, 100, 20))
-    store.index_vectors()
+    store.vectors.build_index()
     newcomers = clustered(5, 5, 1)
     added = fill(store, newcomers, first=2000)
     owner = cell_of(store)
     assert len(owner) == 2005
     for seq, vector in zip(added, newcomers, strict=True):
         assert {owner[seq]} == nearest_cells(store, vector, 1)
-        assert store.vector_search(vector.tobytes(), 1)[0].seq == seq
+        assert store.vectors.search(vector.tobytes(), 1)[0].seq == seq
 
 
 def test_removed_vectors_never_come_back_and_enough_removals_rebuild_the_cells(store: Store) -> None:
     vectors = clustered(6, 100, 20)
     seqs = fill(store, vectors)
-    store.index_vectors()
-    built = store.get_meta("vector_cells_built")
+    store.vectors.build_index()
+    built = store.meta.get("vector_cells_built")
     with store.transaction():
         store.delete_chunks(seqs[:400])  # a fifth: kept in the cells, dead
     assert len(members(store)) == 2000
     for i in range(0, 400, 40):
-        hits = store.vector_search(vectors[i].tobytes(), 30)
+        hits = store.vectors.search(vectors[i].tobytes(), 30)
         assert hits and not {h.seq for h in hits} & set(seqs[:400])
-    store.index_vectors()
-    assert store.get_meta("vector_cells_built") == built  # 400 dead of 2,000 members: not yet
+    store.vectors.build_index()
+    assert store.meta.get("vector_cells_built") == built  # 400 dead of 2,000 members: not yet
     with store.transaction():
         store.delete_chunks(seqs[400:600])
-    store.index_vectors()
-    assert store.get_meta("vector_cells_built") != built
+    store.vectors.build_index()
+    assert store.meta.get("vector_cells_built") != built
     assert sorted(members(store)) == sorted(seqs[600:])
-    assert store.get_meta("vector_cells_dead") == "0"
+    assert store.meta.get("vector_cells_dead") == "0"
 
 
 def test_a_reused_seq_is_ranked_once_by_its_new_vector(store: Store) -> None:
     vectors = clustered(7, 100, 20)
     seqs = fill(store, vectors)
-    store.index_vectors()
+    store.vectors.build_index()
     with store.transaction():
         store.delete_chunks([seqs[-1]])
     newcomer = clustered(8, 1, 1)
     (again,) = fill(store, newcomer, first=5000)
     assert again == seqs[-1]  # SQLite gives the freed largest rowid out again
-    hits = store.vector_search(newcomer[0].tobytes(), 3)
+    hits = store.vectors.search(newcomer[0].tobytes(), 3)
     assert hits[0].seq == again and [h.seq for h in hits].count(again) == 1
     assert hits[0].distance == pytest.approx(0.0, abs=1e-5)
-    old = store.vector_search(vectors[-1].tobytes(), 20)
+    old = store.vectors.search(vectors[-1].tobytes(), 20)
     assert all(h.distance == pytest.approx(1.0 - float(newcomer[0] @ vectors[-1]), abs=1e-5)
                for h in old if h.seq == again)
 
 
 def test_the_cells_go_when_the_index_shrinks_below_half_cell_min(store: Store) -> None:
     seqs = fill(store, clustered(9, 100, 20))
-    store.index_vectors()
+    store.vectors.build_index()
     with store.transaction():
         store.delete_chunks(seqs[:1600])
-    store.index_vectors()
-    assert store.vector_method() == BITS
+    store.vectors.build_index()
+    assert store.vectors.method() == BITS
     assert store.execute("SELECT name FROM sqlite_master WHERE name = 'chunks_vec_cells'") == []
     assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(400,)]
-    assert store.vector_search(store.execute("SELECT embedding FROM chunks_vec WHERE rowid = ?", (seqs[1700],))[0][0],
+    assert store.vectors.search(store.execute("SELECT embedding FROM chunks_vec WHERE rowid = ?", (seqs[1700],))[0][0],
                                1)[0].seq == seqs[1700]
 
 
@@ -200,11 +200,11 @@ def test_a_path_prefix_keeps_only_its_chunks_through_the_cells(store: Store, mon
     vectors = clustered(10, 100, 20)
     paths = [f"memory/{'ab'[i % 2]}/{i}.md" for i in range(2000)]
     by_seq = dict(zip(fill(store, vectors, paths=paths), vectors, strict=True))
-    store.index_vectors()
+    store.vectors.build_index()
     inside = {seq: vec for (seq, vec), path in zip(by_seq.items(), paths, strict=True) if path.startswith("memory/a/")}
     for i in range(0, 2000, 250):
         query = near(vectors[i], i)
-        hits = store.vector_search(query.tobytes(), 5, ChunkFilter(path_prefix="memory/a/"))
+        hits = store.vectors.search(query.tobytes(), 5, ChunkFilter(path_prefix="memory/a/"))
         assert all(h.path.startswith("memory/a/") for h in hits)
         assert [h.seq for h in hits] == exact(inside, query, 5)
 
@@ -218,43 +218,43 @@ def test_cells_are_kept_by_a_writer_without_sqlite_vec(tmp_path: Path, monkeypat
         without.setattr(connection, "_load_sqlite_vec", lambda conn: (False, "not available"))
         plain = Store(path)
         fill(plain, clustered(11, 100, 20))
-        plain.index_vectors()
+        plain.vectors.build_index()
         newcomers = clustered(12, 1, 3)
         added = fill(plain, newcomers, first=2000)
         plain.close()
     loaded = Store(path, create=False)
-    assert loaded.vector_method() == CELLS
-    assert loaded.vector_search(newcomers[0].tobytes(), 1)[0].seq == added[0]
+    assert loaded.vectors.method() == CELLS
+    assert loaded.vectors.search(newcomers[0].tobytes(), 1)[0].seq == added[0]
     assert len(members(loaded)) == 2003
     loaded.close()
 
 
 def test_a_model_switch_drops_the_cells_with_the_vectors(store: Store) -> None:
     fill(store, clustered(13, 100, 20))
-    store.index_vectors()
+    store.vectors.build_index()
     with store.transaction():
         store.vectors.drop_all()
     assert store.execute("SELECT name FROM sqlite_master WHERE name LIKE 'chunks_vec%'") == []
-    assert store.get_meta("vector_cells") is None
+    assert store.meta.get("vector_cells") is None
 
 
 def test_the_cells_are_trained_again_when_the_index_has_doubled(store: Store) -> None:
     fill(store, clustered(14, 60, 20))
-    store.index_vectors()
-    assert store.get_meta("vector_cells_trained") == "1200"
+    store.vectors.build_index()
+    assert store.meta.get("vector_cells_trained") == "1200"
     fill(store, clustered(15, 50, 20), first=1200)
-    store.index_vectors()
-    assert store.get_meta("vector_cells_trained") == "1200"  # 2,200: not yet twice the size
+    store.vectors.build_index()
+    assert store.meta.get("vector_cells_trained") == "1200"  # 2,200: not yet twice the size
     fill(store, clustered(18, 10, 20), first=2200)
-    store.index_vectors()
-    assert store.get_meta("vector_cells_trained") == "2400"
+    store.vectors.build_index()
+    assert store.meta.get("vector_cells_trained") == "2400"
     assert sorted(members(store)) == sorted(r[0] for r in store.execute("SELECT rowid FROM chunks_vec"))
 
 
 def test_vectors_an_older_writer_added_beside_the_cells_are_found_and_the_cells_rebuilt(store: Store) -> None:
     """An older clawmem knows no cells: it makes the sign-bit table again and writes its vectors there."""
     fill(store, clustered(16, 100, 20))
-    store.index_vectors()
+    store.vectors.build_index()
     newcomer = clustered(17, 1, 1)
     with store.transaction():  # what the older writer's ensure_vector_table and put do
         store.vectors._build_bits(64, replace=False)
@@ -265,25 +265,25 @@ def test_vectors_an_older_writer_added_beside_the_cells_are_found_and_the_cells_
                       " VALUES(?, ?, vec_quantize_binary(vec_f32(?)))",
                       (seq, seq % 32, newcomer[0].tobytes()))
         store.execute("UPDATE chunks SET embedded = 1 WHERE seq = ?", (seq,))
-    assert store.vector_method() == BITS
-    assert store.vector_search(newcomer[0].tobytes(), 1)[0].seq == seq
-    store.index_vectors()
-    assert store.vector_method() == CELLS
+    assert store.vectors.method() == BITS
+    assert store.vectors.search(newcomer[0].tobytes(), 1)[0].seq == seq
+    store.vectors.build_index()
+    assert store.vectors.method() == CELLS
     assert seq in members(store)
-    assert store.vector_search(newcomer[0].tobytes(), 1)[0].seq == seq
+    assert store.vectors.search(newcomer[0].tobytes(), 1)[0].seq == seq
 
 
 def test_chunks_embedded_without_a_usable_vector_build_no_cells(store: Store) -> None:
     """A provider that answered zero vectors: the chunks count as embedded, but no vector is stored."""
-    store.ensure_vector_table(64)
+    store.vectors.ensure(64)
     with store.transaction():
         for i in range(1200):
             seq = store.insert_chunk(id=f"z{i}", path="memory/z.md", source="memory", start_line=1, end_line=1,
                                      hash=f"z{i}", text=f"zero {i}", fts_text=f"zero {i}")
-            store.store_vector(seq, bytes(4 * 64), "m")
+            store.embeddings.store_vector(seq, bytes(4 * 64), "m")
     fill(store, clustered(19, 10, 20), first=5000)
-    store.index_vectors()
-    assert store.vector_method() == BITS
+    store.vectors.build_index()
+    assert store.vectors.method() == BITS
     assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(200,)]
 
 
@@ -300,8 +300,8 @@ def test_without_sqlite_vec_a_search_ranks_by_exact_cosine_in_numpy(tmp_path: Pa
     vectors = clustered(20, 100, 20)
     paths = [f"memory/{'ab'[i % 2]}/{i}.md" for i in range(2000)]
     by_seq = dict(zip(fill(plain, vectors, paths=paths), vectors, strict=True))
-    plain.index_vectors()
-    assert plain.vector_method() == "in-process cosine (sqlite-vec not loaded)"
+    plain.vectors.build_index()
+    assert plain.vectors.method() == "in-process cosine (sqlite-vec not loaded)"
     assert (plain.execute("SELECT count(*) FROM sqlite_master WHERE name = 'chunks_vec_cells'") == [(1,)]) == cells
     inside = {seq: vec for (seq, vec), path in zip(by_seq.items(), paths, strict=True) if path.startswith("memory/b/")}
     asked: list[int] = []
@@ -316,14 +316,14 @@ def test_a_cells_build_reports_its_progress_to_the_end(store: Store) -> None:
     vectors = clustered(12, 100, 20)
     fill(store, vectors)
     seen: list[tuple[int, int]] = []
-    store.index_vectors(lambda done, total: seen.append((done, total)))
+    store.vectors.build_index(lambda done, total: seen.append((done, total)))
     sample = min(len(vectors), vector_cells.SAMPLE_PER_CELL * vector_cells.cell_count(len(vectors)))
     total = vector_cells.TRAIN_ROUNDS * sample + len(vectors)
     assert seen[0] == (0, total) and seen[-1] == (total, total)
     assert len(seen) > vector_cells.TRAIN_ROUNDS + 1  # every round and every batch, not only the ends
     assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:], strict=False))
     seen.clear()
-    store.index_vectors(lambda done, total: seen.append((done, total)))
+    store.vectors.build_index(lambda done, total: seen.append((done, total)))
     assert seen == []  # nothing to build: nothing to report
 
 
@@ -343,7 +343,7 @@ def test_hamming_distances_of_any_width_and_count_match_a_bit_by_bit_count(dims:
 def test_readers_sharing_cells_read_each_cell_once(store: Store) -> None:
     vectors = clustered(32, 100, 20)
     fill(store, vectors)
-    store.index_vectors()
+    store.vectors.build_index()
     shared = vector_cells.SharedCells()
     first, second = (Store(store.path, create=False, shared_cells=shared) for _ in range(2))
     query = near(vectors[0], 0).tobytes()
@@ -358,7 +358,7 @@ def test_readers_sharing_cells_read_each_cell_once(store: Store) -> None:
 
 def test_shared_cells_follow_appends_and_each_reader_keeps_its_snapshot(store: Store) -> None:
     fill(store, clustered(33, 100, 20))
-    store.index_vectors()
+    store.vectors.build_index()
     shared = vector_cells.SharedCells()
     older, newer = (Store(store.path, create=False, shared_cells=shared) for _ in range(2))
     newcomers = clustered(34, 5, 1)
@@ -376,7 +376,7 @@ def test_shared_cells_follow_appends_and_each_reader_keeps_its_snapshot(store: S
 def test_shared_cells_stay_within_their_budget(store: Store) -> None:
     vectors = clustered(35, 100, 20)
     fill(store, vectors)
-    store.index_vectors()
+    store.vectors.build_index()
     shared = vector_cells.SharedCells(budget=5_000)  # ~20 of the 128 cells (16 members of 16 bytes each)
     reader = Store(store.path, create=False, shared_cells=shared)
     for i in range(0, 2000, 50):
@@ -396,16 +396,16 @@ def test_a_rebuilt_file_swapped_in_is_searched_by_its_own_cells(tmp_path: Path, 
     fill(live, old)
     seqs = fill(rebuilt, new)
     for store in (live, rebuilt):
-        store.index_vectors()
-    assert live.get_meta("vector_cells_built") == rebuilt.get_meta("vector_cells_built")
+        store.vectors.build_index()
+    assert live.meta.get("vector_cells_built") == rebuilt.meta.get("vector_cells_built")
     reader = Store(live.path, create=False, shared_cells=vector_cells.SharedCells() if shared else None)
     for i in range(0, 2000, 200):
-        reader.vector_search(near(old[i], i).tobytes(), 1)
+        reader.vectors.search(near(old[i], i).tobytes(), 1)
     with live.conn.backup("main", rebuilt.conn, "main") as backup:  # what SqliteBackend.swap_in does
         while not backup.done:
             backup.step(-1)
     for i in range(0, 2000, 200):
-        assert reader.vector_search(near(new[i], i).tobytes(), 1)[0].seq == seqs[i]
+        assert reader.vectors.search(near(new[i], i).tobytes(), 1)[0].seq == seqs[i]
 
 
 def test_threads_sharing_cells_pick_what_their_own_snapshot_holds_while_a_writer_appends_and_rebuilds(
@@ -415,7 +415,7 @@ def test_threads_sharing_cells_pick_what_their_own_snapshot_holds_while_a_writer
 
     vectors = clustered(38, 100, 20)
     seqs = fill(store, vectors)
-    store.index_vectors()
+    store.vectors.build_index()
     shared = vector_cells.SharedCells(budget=20_000)  # small: cells dropped and read again while others read
     readers = [Store(store.path, create=False, shared_cells=shared) for _ in range(4)]
     queries = [near(vectors[i], i).tobytes() for i in range(0, 2000, 97)]
@@ -441,9 +441,9 @@ def test_threads_sharing_cells_pick_what_their_own_snapshot_holds_while_a_writer
         if round_ == 2:
             with store.transaction():
                 store.delete_chunks(seqs[:700])  # past a quarter dead: the next pass trains new cells
-            built = store.get_meta("vector_cells_built")
-            store.index_vectors()
-            assert store.get_meta("vector_cells_built") != built
+            built = store.meta.get("vector_cells_built")
+            store.vectors.build_index()
+            assert store.meta.get("vector_cells_built") != built
         for thread in threads:
             thread.join()
     assert wrong == []

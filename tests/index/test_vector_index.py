@@ -33,13 +33,13 @@ def test_half_precision_stores_two_bytes_a_dimension_and_ranks_them_exactly(
     if not loaded:
         monkeypatch.setattr(connection, "_load_sqlite_vec", lambda conn: (False, "not available"))
     store = Store(tmp_path / "s.sqlite")
-    store.ensure_vector_table(64, "float16")
+    store.vectors.ensure(64, "float16")
     vectors = clustered(30, 100, 20)
     paths = [f"memory/{'ab'[i % 2]}/{i}.md" for i in range(2000)]
     stored = halved(dict(zip(fill(store, vectors, paths=paths), vectors, strict=True)))
-    store.index_vectors()
-    assert ("float16" in store.vector_method()) == loaded
-    assert ("cells" in store.vector_method()) == (cells and loaded)
+    store.vectors.build_index()
+    assert ("float16" in store.vectors.method()) == loaded
+    assert ("cells" in store.vectors.method()) == (cells and loaded)
     assert store.execute("SELECT DISTINCT length(embedding) FROM chunks_vec_half") == [(2 * 64,)]
     inside = {seq: vec for (seq, vec), path in zip(stored.items(), paths, strict=True) if path.startswith("memory/b/")}
     assert ranked_as_stored(store, vectors, stored, inside) >= 0.95
@@ -48,18 +48,18 @@ def test_half_precision_stores_two_bytes_a_dimension_and_ranks_them_exactly(
 
 def test_a_half_precision_table_gives_its_vectors_out_as_float32(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.sqlite")
-    store.ensure_vector_table(64, "float16")
+    store.vectors.ensure(64, "float16")
     vectors = clustered(31, 2, 3)
     seqs = fill(store, vectors)
     with store.transaction():
-        store.set_vector_owner("fake", "m", "k")
+        store.cache.set_vector_owner("fake", "m", "k")
     hashes = [f"v{i}" for i in range(len(seqs))]
-    given = store.cached_embeddings("fake", "m", "k", hashes)
+    given = store.cache.cached_embeddings("fake", "m", "k", hashes)
     for i, h in enumerate(hashes):
         assert np.frombuffer(given[h], dtype="<f4").tolist() == \
             vectors[i].astype(np.float16).astype(np.float32).tolist()
     with store.transaction():
-        store.reset_vectors()  # a model switch moves the chunks' vectors into the cache
+        store.embeddings.reset_vectors()  # a model switch moves the chunks' vectors into the cache
     cached = store.execute("SELECT hash, embedding, dims FROM embedding_cache ORDER BY hash")
     assert {(h, len(blob), dims) for h, blob, dims in cached} == {(h, 4 * 64, 64) for h in hashes}
     assert store.execute("SELECT name FROM sqlite_master WHERE name LIKE 'chunks_vec%'") == []  # the next one chooses
@@ -68,12 +68,12 @@ def test_a_half_precision_table_gives_its_vectors_out_as_float32(tmp_path: Path)
 
 def test_an_existing_table_keeps_its_precision_until_its_vectors_go(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.sqlite")
-    store.ensure_vector_table(8, "float32")
-    store.ensure_vector_table(8, "float16")
+    store.vectors.ensure(8, "float32")
+    store.vectors.ensure(8, "float16")
     fill(store, clustered(32, 1, 2, dims=8))
     assert store.execute("SELECT DISTINCT length(embedding) FROM chunks_vec") == [(32,)]
     with pytest.raises(ValueError, match="precision"):
-        Store(tmp_path / "t.sqlite").ensure_vector_table(8, "int4")
+        Store(tmp_path / "t.sqlite").vectors.ensure(8, "int4")
     store.close()
 
 
@@ -116,7 +116,7 @@ def test_an_older_clawmem_sees_no_float16_vectors_and_what_it_leaves_is_read_rig
     there (it embeds again) rather than reading two bytes as four; the float32 table it then makes
     is the live one, and the half table it left beside it goes at the next write."""
     store = Store(tmp_path / "s.sqlite")
-    store.ensure_vector_table(8, "float16")
+    store.vectors.ensure(8, "float16")
     vectors = clustered(33, 2, 3, dims=8)
     seqs = fill(store, vectors)
     assert store.execute("SELECT name FROM sqlite_master WHERE name = 'chunks_vec'") == []  # what older versions read
@@ -124,9 +124,9 @@ def test_an_older_clawmem_sees_no_float16_vectors_and_what_it_leaves_is_read_rig
         store.execute("CREATE TABLE chunks_vec(rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL)")
         for seq, vec in zip(seqs, vectors, strict=True):
             store.execute("INSERT INTO chunks_vec(rowid, embedding) VALUES(?, ?)", (seq, vec.tobytes()))
-    assert store.vector_search(vectors[0].tobytes(), 1)[0].distance == pytest.approx(0.0, abs=1e-6)  # read as float32
+    assert store.vectors.search(vectors[0].tobytes(), 1)[0].distance == pytest.approx(0.0, abs=1e-6)  # read as float32
     with store.transaction():
-        store.ensure_vector_table(8, "float16")
+        store.vectors.ensure(8, "float16")
     assert store.execute("SELECT name FROM sqlite_master WHERE name IN ('chunks_vec', 'chunks_vec_half')") == [
         ("chunks_vec",)]
     store.close()
@@ -153,8 +153,8 @@ def test_a_search_of_wide_vectors_ranks_its_share_of_candidates_and_finds_the_ne
         rng.standard_normal(centres.shape)
     vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
     stored = dict(zip(fill(store, vectors), vectors, strict=True))
-    store.index_vectors()
-    assert ("cells" in store.vector_method()) == cells
+    store.vectors.build_index()
+    assert ("cells" in store.vectors.method()) == cells
     asked: list[int] = []
     real = vector_index.VectorIndex._candidates
 
@@ -166,7 +166,7 @@ def test_a_search_of_wide_vectors_ranks_its_share_of_candidates_and_finds_the_ne
     found = 0
     for i in range(0, len(vectors), len(vectors) // 10):
         query = near(vectors[i], i, noise=0.05 * 8 / np.sqrt(1536))
-        found += len({h.seq for h in store.vector_search(query.tobytes(), 10)} & set(exact(stored, query, 10)))
+        found += len({h.seq for h in store.vectors.search(query.tobytes(), 10)} & set(exact(stored, query, 10)))
     assert set(asked) == {vector_index.candidate_count(10, 1536)} == {vector_index.MIN_CANDIDATES // 2}
     assert found >= 95
     store.close()
@@ -177,7 +177,7 @@ def test_a_batch_of_vectors_is_stored_by_a_few_statements_not_one_a_vector(tmp_p
                                                                            dims: int) -> None:
     """Each statement gives up the GIL and takes it back: behind a busy thread, one a vector stalls a backfill."""
     store = Store(tmp_path / "s.sqlite")
-    store.ensure_vector_table(dims, precision)
+    store.vectors.ensure(dims, precision)
     vectors = np.random.default_rng(dims).standard_normal((200, dims)).astype(np.float32)
     with store.transaction():
         items = [(store.insert_chunk(id=f"v{i}", path="memory/a.md", source="memory", start_line=1, end_line=1,
@@ -191,7 +191,7 @@ def test_a_batch_of_vectors_is_stored_by_a_few_statements_not_one_a_vector(tmp_p
 
     store.conn.exec_trace = traced
     with store.transaction():
-        assert len(store.store_vectors(items, "m")) == 200
+        assert len(store.embeddings.store_vectors(items, "m")) == 200
     store.conn.exec_trace = None
     assert len(statements) <= 12, statements
     stored = {seq: np.frombuffer(store.vectors.float32(bytes(blob)), dtype="<f4") for seq, blob in store.execute(
@@ -200,7 +200,7 @@ def test_a_batch_of_vectors_is_stored_by_a_few_statements_not_one_a_vector(tmp_p
     assert [stored[seq].tolist() for seq, _, _ in items] == expected.tolist()
     assert store.execute("SELECT count(*) FROM chunks WHERE embedded = 1 AND model = 'm'")[0][0] == 200
     query = vectors[7] / np.linalg.norm(vectors[7])
-    assert store.vector_search(query.astype(np.float32).tobytes(), 1)[0].seq == items[7][0]  # sign bits stored too
+    assert store.vectors.search(query.astype(np.float32).tobytes(), 1)[0].seq == items[7][0]  # sign bits stored too
 
 
 @pytest.mark.parametrize("dims", [13, 16])
@@ -208,12 +208,12 @@ def test_sign_bits_built_in_one_pass_are_those_stored_with_each_batch(tmp_path: 
     """`_build_bits` (a table made again, or a writer without sqlite-vec caught up) pads as `put` does."""
     store = Store(tmp_path / "s.sqlite")
     rng = np.random.default_rng(dims)
-    store.ensure_vector_table(dims)
+    store.vectors.ensure(dims)
     with store.transaction():
         for i, vector in enumerate(rng.standard_normal((40, dims)).astype(np.float32)):
             seq = store.insert_chunk(id=f"v{i}", path="memory/a.md", source="memory", start_line=1, end_line=1,
                                      hash=f"h{i}", text=f"text {i}", fts_text=f"text {i}")
-            store.store_vector(seq, (vector / np.linalg.norm(vector)).tobytes(), "m")
+            store.embeddings.store_vector(seq, (vector / np.linalg.norm(vector)).tobytes(), "m")
     stored = store.execute("SELECT rowid, part, embedding FROM chunks_vec_bits ORDER BY rowid")
     with store.transaction():
         store.vectors._build_bits(dims, replace=True)
@@ -237,19 +237,19 @@ def test_a_small_index_gets_small_sign_bit_chunks_until_it_outgrows_them(tmp_pat
     store = Store(tmp_path / "s.sqlite")
     vectors = clustered(5, 30, 20)
     stored = dict(zip(fill(store, vectors[:400]), vectors[:400], strict=True))
-    store.index_vectors()
+    store.vectors.build_index()
     assert bits_chunk(store) == vector_index.BITS_CHUNK_SMALL
     stored.update(zip(fill(store, vectors[400:], first=400), vectors[400:], strict=True))
     assert bits_chunk(store) == vector_index.BITS_CHUNK_SMALL  # rebuilt after a pass, not inside it
-    store.index_vectors()
+    store.vectors.build_index()
     assert bits_chunk(store) == vector_index.BITS_CHUNK
-    store.index_vectors()
+    store.vectors.build_index()
     assert bits_chunk(store) == vector_index.BITS_CHUNK  # and stays so
     assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(600,)]
     found = 0
     for i in range(0, 600, 30):  # the rebuilt bits hold every vector, those of the second pass too
         query = near(vectors[i], i)
-        found += len({h.seq for h in store.vector_search(query.tobytes(), 10)} & set(exact(stored, query, 10)))
+        found += len({h.seq for h in store.vectors.search(query.tobytes(), 10)} & set(exact(stored, query, 10)))
     assert found >= 0.95 * 20 * 10
     store.close()
 
@@ -273,12 +273,12 @@ def test_a_small_index_with_large_sign_bit_chunks_gets_small_ones_after_its_next
     stored = dict(zip(fill(store, vectors), vectors, strict=True))
     assert bits_chunk(store) == vector_index.BITS_CHUNK
     monkeypatch.setattr(vector_index, "BITS_SMALL_MAX", 16_384)
-    store.index_vectors()
+    store.vectors.build_index()
     assert bits_chunk(store) == vector_index.BITS_CHUNK_SMALL
     assert store.execute("SELECT count(*) FROM chunks_vec_bits") == [(200,)]
     query = near(vectors[3], 3)
-    assert {h.seq for h in store.vector_search(query.tobytes(), 5)} == set(exact(stored, query, 5))
-    store.index_vectors()  # nothing crosses a line again: the table stays
+    assert {h.seq for h in store.vectors.search(query.tobytes(), 5)} == set(exact(stored, query, 5))
+    store.vectors.build_index()  # nothing crosses a line again: the table stays
     assert bits_chunk(store) == vector_index.BITS_CHUNK_SMALL
     store.close()
 

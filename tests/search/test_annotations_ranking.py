@@ -106,7 +106,7 @@ def test_without_annotations_nothing_is_looked_up_and_answers_are_unchanged(back
     index = index_for(workspace, backend)
     index.sync()
     store = index.reader()
-    assert store.annotation_kinds() == frozenset()
+    assert store.facts.annotation_kinds() == frozenset()
     plain = found(index, "rollback tokyo")
     assert found(index, "rollback tokyo", projects=("github.com/acme/app",)) == plain
     assert all(key not in plain[0] for key in ("importance", "triggers", "projects"))

@@ -97,10 +97,11 @@ def test_the_window_of_days_is_read_as_a_list_nearest_first(daily: MemoryIndex) 
     store = daily.reader()
     prior = DatePrior(tuple(find_dates("yesterday", dt.date(2026, 11, 25))), 0.3, 2.0, 2)
     (window, first, last), = prior.windows(store_filter())
-    listed = [h.date for h in store.dated_chunks(window, first, last, 10)]
+    listed = [h.date for h in store.facts.dated_chunks(window, first, last, 10)]
     assert listed[0] == "2026-11-24" and set(listed) == {f"2026-11-{d}" for d in range(22, 26)}
-    assert len(store.dated_chunks(window, first, last, 2)) == 2
-    assert all(h.text == "" for h in store.dated_chunks(window, first, last, 10)), "their text is read for answers"
+    assert len(store.facts.dated_chunks(window, first, last, 2)) == 2
+    assert all(h.text == "" for h in store.facts.dated_chunks(window, first, last, 10)), \
+        "their text is read for answers"
 
 
 def store_filter():  # type: ignore[no-untyped-def]

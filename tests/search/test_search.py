@@ -194,7 +194,8 @@ def test_over_k_means_cells_a_hybrid_search_reads_the_keyword_side_ahead(setting
                                                                         monkeypatch: pytest.MonkeyPatch,
                                                                         cells: bool) -> None:
     """A deeper vector read over cells costs tens of ms; 256 keyword hits spare most of them."""
-    from clawmem_index.index.store import Store
+    from clawmem_index.index.keyword_index import KeywordIndex
+    from clawmem_index.index.vector_index import VectorIndex
     from clawmem_index.search import ranking as search
 
     for i in range(300):
@@ -202,9 +203,9 @@ def test_over_k_means_cells_a_hybrid_search_reads_the_keyword_side_ahead(setting
     index = MemoryIndex(settings, provider=FakeProvider())
     index.sync()
     read: list[int] = []
-    real_hits = Store.text_hits
-    monkeypatch.setattr(Store, "vectors_in_cells", lambda self: cells)
-    monkeypatch.setattr(Store, "text_hits", lambda self, ranked: read.append(len(ranked)) or real_hits(self, ranked))
+    real_hits = KeywordIndex.hits
+    monkeypatch.setattr(VectorIndex, "in_cells", lambda self: cells)
+    monkeypatch.setattr(KeywordIndex, "hits", lambda self, ranked: read.append(len(ranked)) or real_hits(self, ranked))
     assert answer(index, "deploy staging", mode="hybrid")
     if cells:
         assert read[0] == search.TEXT_AHEAD
@@ -558,24 +559,24 @@ def test_the_vector_side_reads_ahead_so_the_proofs_deeper_reads_need_no_second_s
     from clawmem_index.index.store import ChunkFilter, VectorHit
     from clawmem_index.search.ranking import READ_AHEAD, _VectorSide
 
-    class Store:
+    class Vectors:
         def __init__(self, size: int) -> None:
             self.hits = [VectorHit(i, f"p{i}", "memory", 1, 1, "", i / 1000) for i in range(size)]
             self.asked: list[tuple[int, int | None]] = []
 
-        def vector_search(self, blob: bytes, limit: int, where: ChunkFilter, *,
-                          candidates_for: int | None = None) -> list[VectorHit]:
+        def search(self, blob: bytes, limit: int, where: ChunkFilter, *,
+                   candidates_for: int | None = None) -> list[VectorHit]:
             self.asked.append((limit, candidates_for))
             return self.hits[:limit]
 
-    store = Store(1000)
-    side = _VectorSide(store, b"", ChunkFilter())  # type: ignore[arg-type]
+    vectors = Vectors(1000)
+    side = _VectorSide(vectors, b"", ChunkFilter())  # type: ignore[arg-type]
     assert [h.seq for h in side.hits(10)] == list(range(10))
     assert len(side.hits(20)) == 20 and len(side.hits(10 * READ_AHEAD)) == 10 * READ_AHEAD
-    assert store.asked == [(10 * READ_AHEAD, 10)]  # one search, its prefilter sized for the depth asked
+    assert vectors.asked == [(10 * READ_AHEAD, 10)]  # one search, its prefilter sized for the depth asked
     assert len(side.hits(100)) == 100
-    assert store.asked[-1] == (100 * READ_AHEAD, 100)
-    small = Store(15)
+    assert vectors.asked[-1] == (100 * READ_AHEAD, 100)
+    small = Vectors(15)
     side = _VectorSide(small, b"", ChunkFilter())  # type: ignore[arg-type]
     assert len(side.hits(10)) == 10 and len(side.hits(80)) == 15
     assert len(small.asked) == 1  # it had everything there is

@@ -6,6 +6,7 @@ its vectors read the same ones, so a rebuild's switch is seen by the next search
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from clawmem_index.index.filters import ChunkFilter
@@ -21,7 +22,7 @@ _ANNOTATED = "c.importance IS NOT NULL OR c.triggers IS NOT NULL OR c.projects I
 class Live:
     """The workspaces in scope, each at its live generation and version, as `PgStore.data_version` last read
     them (until it has, `read` is false: the store's own workspace at its generation), and what a search
-    reads of their chunks."""
+    reads of their chunks: the store's `facts` part."""
 
     def __init__(self, conn: Connection, generations: list[tuple[str, int]]) -> None:
         self.conn = conn
@@ -50,15 +51,15 @@ class Live:
                                 f" WHERE {scope} AND ({_ANNOTATED})", args).fetchone()
         return frozenset(kind for kind, present in zip(ANNOTATION_KINDS, row or (), strict=False) if present)
 
-    def annotations(self, seqs: list[int]) -> dict[int, Annotations]:
+    def annotations_of(self, seqs: Collection[int]) -> dict[int, Annotations]:
         """The annotations of those chunks in scope that carry any."""
         scope, args = self.sql("c")
         return {int(seq): Annotations(importance, triggers, projects) for seq, importance, triggers, projects in
                 self.conn.execute(f"SELECT c.seq, c.importance, c.triggers, c.projects FROM cm_chunks AS c"
                                   f" WHERE c.seq = ANY(%(seqs)s) AND {scope} AND ({_ANNOTATED})",
-                                  {**args, "seqs": seqs})}
+                                  {**args, "seqs": sorted(set(seqs))})}
 
-    def dated(self, where: ChunkFilter, first: str, last: str, limit: int) -> list[TextHit]:
+    def dated_chunks(self, where: ChunkFilter, first: str, last: str, limit: int) -> list[TextHit]:
         """Up to `limit` dated chunks in scope `where` passes, nearest to the days `first` to `last` first (0 days
         within them), then by seq (their text left out)."""
         scope, args = self.sql("c")

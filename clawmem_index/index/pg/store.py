@@ -5,10 +5,12 @@ read other workspaces: `scope`). A writer works on one generation: the live one,
 rebuild fills and `switch_to` makes live. A reader takes each workspace's live generation when
 `data_version` is asked (the start of every search), so a switch is seen by the next search.
 
-The store keeps files, chunks, their terms and the term statistics; the rest has its own module:
-`connection` (the session, transactions, COPY), `generations` (the workspace's row, partition and
-generations), `live` (the workspaces a search reads), `keyword_search` (BM25 from the terms),
-`vectors` (pgvector rows and their HNSW graphs) and `embedding_cache` (the fleet's cache, batch jobs).
+The store keeps files, chunks, their terms and the term statistics; its parts (the interface's) and
+the rest have their own module: `connection` (the session, transactions, COPY), `generations` (the
+workspace's row, partition and generations), `meta`, `live` (the workspaces a search reads, and the
+`facts` of their chunks), `keyword_search` (`keywords`: BM25 from the terms), `vectors` (`vectors` and
+`embeddings`: pgvector rows and their HNSW graphs) and `embedding_cache` (`cache` and `carry`: the
+fleet's cache; `batch_jobs`).
 """
 
 from __future__ import annotations
@@ -16,14 +18,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
 
 from clawmem_index.errors import IndexUnavailable, StoreError
-from clawmem_index.index.filters import ChunkFilter
-from clawmem_index.index.keyword_index import TextHit
 from clawmem_index.index.pg.connection import (
     READER_SESSION,
     WRITER_SESSION,
@@ -38,11 +38,11 @@ from clawmem_index.index.pg.embedding_cache import EmbeddingCache, Jobs
 from clawmem_index.index.pg.generations import Generations
 from clawmem_index.index.pg.keyword_search import KeywordSearch
 from clawmem_index.index.pg.live import Live
+from clawmem_index.index.pg.meta import PgMeta
 from clawmem_index.index.pg.schema import migrate
 from clawmem_index.index.pg.terms import ChunkTerms, chunk_terms_of
 from clawmem_index.index.pg.vectors import Vectors
-from clawmem_index.index.rows import ChunkRow, FileRow, JobRow
-from clawmem_index.index.vector_index import VectorHit
+from clawmem_index.index.rows import ChunkRow, FileRow
 from clawmem_index.text.annotations import Annotations
 
 __all__ = ["PgStore"]
@@ -92,10 +92,12 @@ class PgStore:
         self._live = Live(self.conn, [(workspace, self.gen)])
         self._seqs: list[int] = []  # chunk numbers taken from the sequence and not used yet
         self._seq_block = _SEQ_BLOCKS[0]  # doubled at each round trip: a bulk write stops its COPY less often
+        self.meta = PgMeta(self)
         self.keywords = KeywordSearch(self._live, keep_postings=keep_postings)
-        self.vectors = Vectors(self, self._live)
-        self.embedding_cache = EmbeddingCache(self.conn)
+        self.vectors = self.embeddings = Vectors(self, self._live)  # one part: the chunks' rows are the vectors'
+        self.cache = self.carry = EmbeddingCache(self.conn)  # the fleet's cache: nothing to carry
         self.batch_jobs = Jobs(self.conn, workspace)
+        self.facts = self._live
 
     def close(self) -> None:
         self.conn.close()
@@ -156,25 +158,6 @@ class PgStore:
 
     def integrity_ok(self) -> bool:
         return True
-
-    # -- meta ---------------------------------------------------------------------------------
-
-    def get_meta(self, key: str) -> str | None:
-        row = self.conn.execute("SELECT value FROM cm_meta WHERE workspace = %s AND gen = %s AND key = %s",
-                                (self.workspace, self.gen, key)).fetchone()
-        return None if row is None else str(row[0])
-
-    def set_meta(self, key: str, value: str) -> None:
-        self._write("INSERT INTO cm_meta VALUES(%s, %s, %s, %s) ON CONFLICT(workspace, gen, key)"
-                    " DO UPDATE SET value = excluded.value", (self.workspace, self.gen, key, pg_text(value)))
-
-    def delete_meta(self, key: str) -> None:
-        self._write("DELETE FROM cm_meta WHERE workspace = %s AND gen = %s AND key = %s",
-                    (self.workspace, self.gen, key))
-
-    def all_meta(self) -> dict[str, str]:
-        return {str(k): str(v) for k, v in self.conn.execute(
-            "SELECT key, value FROM cm_meta WHERE workspace = %s AND gen = %s", (self.workspace, self.gen))}
 
     # -- files and chunks ---------------------------------------------------------------------
 
@@ -344,127 +327,12 @@ class PgStore:
         """The workspaces in scope this connection found (at the last `data_version`)."""
         return [w for w, _ in self._live.generations if w in self.scope] if self._live.read else [self.workspace]
 
-    def newest_date(self) -> str | None:
-        return self._live.newest_date()
-
-    def annotation_kinds(self) -> frozenset[str]:
-        return self._live.annotation_kinds()
-
-    def annotations_of(self, seqs: Collection[int]) -> dict[int, Annotations]:
-        return self._live.annotations(sorted(set(seqs)))
-
     def chunk_lines(self, workspace: str, path: str, start_line: int, end_line: int) -> list[str | None]:
         return self._live.chunk_lines(workspace, path, start_line, end_line)
-
-    def text_search(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[TextHit]:
-        return self.keywords.search(match, limit, where)
-
-    def text_ranking(self, match: str, limit: int, where: ChunkFilter | None = None) -> list[tuple[int, float]]:
-        return self.keywords.ranking(match, limit, where)
-
-    def text_scores_of(self, match: str, seqs: Iterable[int]) -> dict[int, float]:
-        return self.keywords.scores_of(match, seqs)
-
-    def text_hits(self, ranked: Sequence[tuple[int, float]]) -> list[TextHit]:
-        return self.keywords.hits(ranked)
-
-    def vocabulary(self, prefix: str) -> dict[str, int] | None:
-        return self.keywords.vocabulary(prefix)
-
-    def dated_chunks(self, where: ChunkFilter, first: str, last: str, limit: int) -> list[TextHit]:
-        return self._live.dated(where, first, last, limit)
 
     def workspaces_of(self, seqs: Sequence[int]) -> dict[int, str]:
         """Which workspace each chunk is from (a search over several names it in each result)."""
         return {seq: str(row[7]) for seq, row in self._live.rows(list(seqs)).items()}
-
-    # -- vectors (see `vectors`) ----------------------------------------------------------------
-
-    def vector_search(self, query_blob: bytes, limit: int, where: ChunkFilter | None = None, *,
-                      candidates_for: int | None = None) -> list[VectorHit]:
-        return self.vectors.search(query_blob, limit, where, candidates_for=candidates_for)
-
-    def vector_distances_of(self, query_blob: bytes, seqs: Sequence[int]) -> dict[int, float]:
-        return self.vectors.distances_of(query_blob, seqs)
-
-    def vec_table_exists(self) -> bool:
-        return True
-
-    def vectors_in_cells(self) -> bool:
-        """Never: pgvector's HNSW graph answers deeper reads itself."""
-        return False
-
-    def vector_method(self) -> str:
-        return self.vectors.method()
-
-    def ensure_vector_table(self, dims: int, precision: str = "float32") -> None:
-        self.vectors.ensure(dims, precision)
-
-    def index_vectors(self, progress: Callable[[int, int], None] | None = None) -> None:
-        self.vectors.index_vectors(progress)
-
-    def release_vector_index(self) -> None:
-        self.vectors.release_vector_index()
-
-    def store_vector(self, seq: int, blob: bytes | None, model: str) -> None:
-        self.vectors.store_vector(seq, blob, model)
-
-    def store_vectors(self, items: Sequence[tuple[int, str, bytes | None]], model: str) -> list[tuple[int, bytes]]:
-        return self.vectors.store_vectors(items, model)
-
-    def pending_chunks(self, limit: int, after: int = 0) -> list[tuple[int, str, str]]:
-        return self.vectors.pending_chunks(limit, after)
-
-    def reset_vectors(self, next_owner: tuple[str, str, str] | None = None, precision: str = "float32") -> int:
-        return self.vectors.reset_vectors(next_owner, precision)
-
-    def uncached_pending(self, provider: str, model: str, key: str, *,
-                         exclude: Collection[str] = ()) -> dict[str, str]:
-        return self.vectors.uncached_pending(provider, model, key, exclude=exclude)
-
-    # -- the fleet's embedding cache and batch jobs (see `embedding_cache`) ---------------------
-
-    def set_vector_owner(self, provider: str, model: str, key: str) -> None:
-        self.embedding_cache.set_vector_owner(provider, model, key)
-
-    def cached_embeddings(self, provider: str, model: str, key: str, hashes: Iterable[str], *,
-                          touch: bool = True) -> dict[str, bytes]:
-        return self.embedding_cache.cached_embeddings(provider, model, key, hashes, touch=touch)
-
-    def touch_cached(self, provider: str, model: str, key: str, hashes: Iterable[str]) -> None:
-        self.embedding_cache.touch_cached(provider, model, key, hashes)
-
-    def uncache(self, provider: str, model: str, key: str, hashes: Iterable[str]) -> None:
-        self.embedding_cache.uncache(provider, model, key, hashes)
-
-    def cache_embeddings(self, provider: str, model: str, key: str, vectors: Iterable[tuple[str, bytes]]) -> None:
-        self.embedding_cache.cache_embeddings(provider, model, key, vectors)
-
-    def prune_cache(self, max_entries: int) -> int:
-        return self.embedding_cache.prune_cache(max_entries)
-
-    def copy_cache_from(self, other: object) -> None:
-        self.embedding_cache.copy_cache_from(other)
-
-    def carry_vectors(self, owner: tuple[str, str, str] | None, precision: str = "float32", *,
-                      progress: Callable[[int, int], None] | None = None,
-                      index_progress: Callable[[int, int], None] | None = None) -> int:
-        return self.embedding_cache.carry_vectors(owner, precision, progress=progress, index_progress=index_progress)
-
-    def add_job(self, job: JobRow) -> None:
-        self.batch_jobs.add_job(job)
-
-    def jobs(self, provider: str, model: str, key: str) -> list[JobRow]:
-        return self.batch_jobs.jobs(provider, model, key)
-
-    def job_count(self) -> int:
-        return self.batch_jobs.job_count()
-
-    def touch_job(self, job_id: str, state: str, detail: str) -> None:
-        self.batch_jobs.touch_job(job_id, state, detail)
-
-    def drop_job(self, job_id: str) -> None:
-        self.batch_jobs.drop_job(job_id)
 
     # -- generations (see `generations`) --------------------------------------------------------
 

@@ -15,6 +15,7 @@ import psycopg
 
 from clawmem_index.errors import IndexUnavailable
 from clawmem_index.index.filters import ChunkFilter
+from clawmem_index.index.interface import MetaPart
 from clawmem_index.index.pg.connection import PgVector, vector_args
 from clawmem_index.index.pg.live import Live, filter_sql
 from clawmem_index.index.vector_index import VectorHit
@@ -34,9 +35,8 @@ class Owner(Protocol):
     def transaction(self) -> contextlib.AbstractContextManager[None]: ...
     def _atomic(self) -> contextlib.AbstractContextManager[None]: ...
     def _write(self, query: str, args: Any = None) -> psycopg.Cursor[Any]: ...
-    def get_meta(self, key: str) -> str | None: ...
-    def set_meta(self, key: str, value: str) -> None: ...
-    def delete_meta(self, key: str) -> None: ...
+    @property
+    def meta(self) -> MetaPart: ...
     def data_version(self) -> int: ...
 
 
@@ -65,7 +65,7 @@ class Vectors:
         """The `limit` nearest chunks by cosine distance, nearest first (ties by seq).
 
         One search per workspace in scope, each through its generation's HNSW index when it has one
-        (`index_vectors`): the index is partial, so the generation and dimensions are written into
+        (`build_index`): the index is partial, so the generation and dimensions are written into
         the query for the planner to match it. An iterative scan goes on past chunks a filter drops
         until `limit` pass; the distances are exact, the order is re-sorted on them.
         """
@@ -110,9 +110,17 @@ class Vectors:
             " AND v.embedding IS NOT NULL AND v.dims = %(dims)s",
             {**args, "q": PgVector(query_blob), "seqs": list(seqs), "dims": len(query_blob) // 4})}
 
+    def readable(self) -> bool:
+        """Always: pgvector is the server's."""
+        return True
+
+    def in_cells(self) -> bool:
+        """Never: pgvector's HNSW graph answers deeper reads itself."""
+        return False
+
     def method(self) -> str:
         """HNSW when every workspace in scope has its index for the vectors it holds; an exact scan
-        (slower, never wrong) while one waits for its embedding pass to end (see `index_vectors`)."""
+        (slower, never wrong) while one waits for its embedding pass to end (see `build_index`)."""
         self._store.data_version()
         missing = self.conn.execute(
             "SELECT count(*) FROM cm_meta AS m JOIN unnest(%s::text[], %s::bigint[]) AS l(w, g)"
@@ -127,7 +135,7 @@ class Vectors:
         """Note that this generation holds vectors of `dims` dimensions (`vector_dims`, as SQLite's store).
 
         Their HNSW index is not made here: pgvector keeps one up to date row by row, which cost a
-        cold index nine tenths of its vector writes. `index_vectors` builds it whole at the end of
+        cold index nine tenths of its vector writes. `build_index` builds it whole at the end of
         the embedding pass. Vectors are float32 here (`precision` float16 is refused by the settings).
         """
         if precision != "float32":
@@ -135,10 +143,10 @@ class Vectors:
         if dims in self._vector_dims:
             return
         self._vector_dims.add(dims)
-        if self._store.get_meta("vector_dims") != str(int(dims)):
-            self._store.set_meta("vector_dims", str(int(dims)))
+        if self._store.meta.get("vector_dims") != str(int(dims)):
+            self._store.meta.set("vector_dims", str(int(dims)))
 
-    def index_vectors(self, progress: Callable[[int, int], None] | None = None) -> None:
+    def build_index(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Build this generation's HNSW index from the vectors stored, if it has none yet (each
         generation and size of vector has its own: a rebuild's is made before its switch).
         One statement in the server: no `progress` to report.
@@ -148,7 +156,7 @@ class Vectors:
         (its writer's own, being this one), not reads. A role that may not build it leaves
         searches to scan exactly: slower, never wrong.
         """
-        dims = self._store.get_meta("vector_dims")
+        dims = self._store.meta.get("vector_dims")
         if dims is None or (self.gen, int(dims)) in self._vectors_indexed:
             return
         try:
@@ -161,11 +169,11 @@ class Vectors:
         if built and built[0] and not self._store.new_generation and not self.conn.in_transaction:
             self.drop_stale_indexes()  # the graph of a size of vector this generation no longer holds
 
-    def release_vector_index(self) -> None:
+    def release_index(self) -> None:
         """Before every vector of this generation is replaced in place (a model switch): drop its graphs.
 
         Kept, the graph would take each new vector one by one; dropped, searches scan exactly until
-        `index_vectors` builds the new one whole at the end of the fill (status says which). Run
+        `build_index` builds the new one whole at the end of the fill (status says which). Run
         outside any transaction: the DROP's exclusive lock on the partition lasts only this statement,
         not the switch.
         """
@@ -220,7 +228,7 @@ class Vectors:
         with self._store._atomic():
             cur = self.conn.execute("UPDATE cm_vectors SET embedded = false, model = '', dims = NULL, embedding = NULL"
                                     " WHERE workspace = %s AND gen = %s", (self.workspace, self.gen))
-            self._store.delete_meta("vector_dims")
+            self._store.meta.delete("vector_dims")
         self._vector_dims.clear()
         return int(cur.rowcount)
 
