@@ -4,8 +4,8 @@ What `embedding.precision = "auto"` (float16 past 512 dimensions) costs where mo
 CELL_MIN vectors, where candidates come from sqlite-vec's sign bits and the exact rescoring runs in
 sqlite-vec at float32 but in numpy at float16. Two indexes of N chunks with the same clustered
 unit vectors (a topic centre plus noise, cosine ~0.8 to it), one per precision; each round asks the
-same queries of both, alternately, through `Store.vector_search` (24 rows, what a default search
-asks for) and `Store.vector_distances_of` (the hybrid side's lookups), and reports p50/p95 in ms, how
+same queries of both, alternately, through `Store.vectors.search` (24 rows, what a default search
+asks for) and `Store.vectors.distances_of` (the hybrid side's lookups), and reports p50/p95 in ms, how
 many top-10 answers are the same at both precisions, and the file sizes after a checkpoint. (Recall on
 real data: bench_quality.py and docs/benchmarks.md; these vectors are synthetic, for timing.)
 

@@ -15,7 +15,7 @@ Latency uses indexes of N chunks written under --work (reused by later runs): th
 texts and vectors, and beyond those, SciFact vectors plus noise (cosine ~0.85 to their source).
 Each index also gets a schema-1 style `vec0 float[dims] cosine` table: "exact" is the query
 clawmem ran before (`embedding MATCH ? AND k = ?`, joined to chunks); "quantized" is
-`Store.vector_search`; "hybrid_search" is `run_search` (keyword + vector, default settings) with
+`Store.vectors.search`; "hybrid_search" is `run_search` (keyword + vector, default settings) with
 the query vector precomputed, so the figure excludes embedding the query, and "bm25_search" its
 keyword half alone. Each figure is the median over --rounds of a pass over the queries (the
 machine may be shared: repeat, take medians).

@@ -11,9 +11,9 @@ bench_vectors.py) up to --size, each chunk with its sentence's text. --dims 1536
 (and query) through one fixed random Gaussian projection: real vectors' neighbourhoods, kept
 approximately, at the width of OpenAI's models (no 1,536-d model runs here).
 
-Reports: the time to store the chunks and to build the cells (`Store.index_vectors`, what the end
+Reports: the time to store the chunks and to build the cells (`Store.vectors.build_index`, what the end
 of an embedding pass runs), the file's size and the bytes of its float vector table (`embedding.precision`
-float16 stores them in half), recall@10 of `vector_search` against exact cosine of the float32 vectors
+float16 stores them in half), recall@10 of `vectors.search` against exact cosine of the float32 vectors
 (numpy) on the 300 queries, and p50/p95 of vector search (24 rows, what a default search asks
 for), hybrid search and BM25 search through `run_search` on one long-lived Store, as the daemon
 answers them (its keyword lists kept in a cache of the daemon's size, keyword_index.SHARED_POSTINGS,

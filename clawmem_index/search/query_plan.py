@@ -51,7 +51,7 @@ class QueryPlan:
 def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int] | None] | None,
                today: dt.date | None = None, dated: Callable[[DateMention], bool] | None = None,
                found_by: Callable[[list[str]], Sequence[AbstractSet[str]]] | None = None) -> QueryPlan:
-    """`vocabulary`: the index's stems by prefix (`IndexStore.vocabulary`), None to read no typo; `today`: the
+    """`vocabulary`: the index's stems by prefix (`IndexStore.keywords.vocabulary`), None to read no typo; `today`: the
     day relative dates count from, None to read no date (its words are then keywords); `dated`: whether the
     index has a note near a date (one it has nothing near is left as words: "moved here 4 years ago");
     `found_by(words)`: the stems of each of the chunks `words` find best, the context a typo is read in."""

@@ -8,7 +8,7 @@ from clawmem_index.text.stemming import stem
 
 
 class Vocabulary:
-    """An index's stems by prefix, from a word list (the fake of `IndexStore.vocabulary`), counting reads."""
+    """An index's stems by prefix, from a word list (the fake of `KeywordPart.vocabulary`), counting reads."""
 
     def __init__(self, held: dict[str, int]) -> None:
         self.held: dict[str, int] = {}

@@ -196,7 +196,7 @@ class Vectors:
                            (model, *vector_args(blob), seq, self.workspace, self.gen))
 
     def store_vectors(self, items: Sequence[tuple[int, str, bytes | None]], model: str) -> list[tuple[int, bytes]]:
-        """Each chunk's vector if it still waits for the text `hash` names (see Store.store_vectors).
+        """Each chunk's vector if it still waits for the text `hash` names (see ChunkVectors.store_vectors).
 
         One statement for the batch, the vectors bound as one binary array: an UPDATE a vector
         cost twice the server's time (each statement's own start, plan and round trip)."""
