@@ -1,6 +1,6 @@
 """The rules the code claims, checked where the README's test command runs them: lint (ruff: pyflakes,
 pycodestyle, bugbear and a complexity ceiling, as pyproject.toml selects), types (mypy --strict on the
-layers pyproject.toml names), modules of at most MAX_LINES lines, and an error tree that names every error.
+whole package), modules of at most MAX_LINES lines, and an error tree that names every error.
 Each check is also shown to refuse what it forbids, so a setting dropped from pyproject.toml fails here."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import clawmem_index.errors as errors
@@ -43,7 +44,9 @@ def test_the_linter_refuses_what_the_rules_forbid(tmp_path: Path) -> None:
         assert code in out.stdout, (code, out.stdout)
 
 
-def test_the_typed_layers_pass_strict_mypy(tmp_path: Path) -> None:
+def test_the_whole_package_passes_strict_mypy(tmp_path: Path) -> None:
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+    assert settings["files"] == ["clawmem_index"] and settings["strict"] is True
     out = run("mypy", "--cache-dir", str(tmp_path / "cache"))  # the files and flags of pyproject.toml's [tool.mypy]
     assert out.returncode == 0, out.stdout + out.stderr
 

@@ -40,6 +40,7 @@ BATCH = 1 << 17  # token counts read at once
 SPARSE = 8  # rowids per row beyond which the counts are not kept in an array indexed by rowid
 
 Ints = npt.NDArray[np.int64]
+Lengths = npt.NDArray[np.int32]  # token counts by rowid
 Floats = npt.NDArray[np.float64]
 
 
@@ -50,15 +51,15 @@ class SharedCounts:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: tuple[Hashable, Ints, int, bool] | None = None
+        self._held: tuple[Hashable, Lengths, int, bool] | None = None
 
-    def get(self, state: Hashable) -> tuple[Ints, int, bool] | None:
+    def get(self, state: Hashable) -> tuple[Lengths, int, bool] | None:
         """(counts by rowid, highest origin read, usable) for `state`, if held."""
         with self._lock:
             held = self._held
         return held[1:] if held is not None and held[0] == state else None
 
-    def put(self, state: Hashable, lengths: Ints, origin: int, usable: bool) -> None:
+    def put(self, state: Hashable, lengths: Lengths, origin: int, usable: bool) -> None:
         lengths.flags.writeable = False
         with self._lock:
             self._held = (state, lengths, origin, usable)
@@ -73,7 +74,7 @@ class TermScorer:
         self._shared = shared
         self._tokenize = conn.fts5_tokenizer(*TOKENIZER)
         conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {VOCAB} USING fts5vocab(main, chunks_fts, instance)")
-        self._lengths = np.zeros(0, dtype=np.int32)  # token counts by rowid (4 MB a million rows)
+        self._lengths: Lengths = np.zeros(0, dtype=np.int32)  # token counts by rowid (4 MB a million rows)
         self._origin = -1
         self._file: tuple[str] | None = None
         self._structure: bytes | None = None
@@ -114,10 +115,12 @@ class TermScorer:
         strings and arrays of a million rows at once would take ~300 MB)."""
         after, top = -1, self._origin
         while True:
-            ids, sizes, records, highest_origin, rows = self._conn.execute(
+            row = self._conn.execute(
                 "SELECT group_concat(id), group_concat(length(sz)), group_concat(hex(sz), ''), max(origin), count(*)"
                 " FROM (SELECT id, sz, origin FROM chunks_fts_docsize WHERE id > ? AND origin >= ? ORDER BY id"
                 " LIMIT ?)", (after, self._origin, BATCH)).fetchone()
+            assert row is not None  # an aggregate's one row
+            ids, sizes, records, highest_origin, rows = row
             if not rows:
                 break
             seqs = _ints(ids)
@@ -146,14 +149,14 @@ class TermScorer:
             text = phrase[1:-1].replace('""', '"').encode()
         except UnicodeEncodeError:  # a lone surrogate: left to FTS5, which reports it
             return None
-        tokens = self._tokenize(text, apsw.FTS5_TOKENIZE_QUERY, None)
+        tokens = list(self._tokenize(text, apsw.FTS5_TOKENIZE_QUERY, None))
         if len(tokens) != 1 or len(tokens[0]) != 3:
             return None
         return str(tokens[0][2])
 
     def gains(self, token: str) -> tuple[Ints, Floats]:
         """The rows holding `token` (ascending) and the relevance (−bm25) FTS5 gives each for it alone."""
-        docs = self._conn.execute(f"SELECT group_concat(doc) FROM {VOCAB} WHERE term = ?", (token,)).fetchone()[0]
+        docs = self._conn.execute(f"SELECT group_concat(doc) FROM {VOCAB} WHERE term = ?", (token,)).get
         if not docs or not self._rows:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         instances = _ints(docs)

@@ -125,11 +125,11 @@ class EmbeddingCache:
     def prune_cache(self, max_entries: int) -> int:
         """Drop the oldest-used entries past `max_entries`, counting a parked model's vectors (which go
         to the cache first when the bound is passed)."""
-        total = int(self.conn.execute("SELECT count(*) FROM embedding_cache").fetchone()[0])
+        total = int(self.conn.execute("SELECT count(*) FROM embedding_cache").get)
         parked = self.parked.count()
         if parked and total + parked > max_entries:
             self.parked.to_cache()
-            total = int(self.conn.execute("SELECT count(*) FROM embedding_cache").fetchone()[0])
+            total = int(self.conn.execute("SELECT count(*) FROM embedding_cache").get)
         excess = total - max_entries
         if excess <= 0:
             return 0
@@ -161,7 +161,7 @@ class BatchJobs:
             (provider, model, key))]
 
     def job_count(self) -> int:
-        return int(self.conn.execute("SELECT count(*) FROM embedding_jobs").fetchone()[0])
+        return int(self.conn.execute("SELECT count(*) FROM embedding_jobs").get)
 
     def touch_job(self, job_id: str, state: str, detail: str) -> None:
         self.conn.execute("UPDATE embedding_jobs SET polled_at = ?, state = ?, detail = ? WHERE id = ?",

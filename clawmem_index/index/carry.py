@@ -123,19 +123,21 @@ class VectorCarry:
         target = self.vectors.table()
         stored = {(FLOATS, HALVES): f"{HALF_SQL}(v.embedding)",
                   (HALVES, FLOATS): f"{FLOAT32_SQL}(v.embedding)"}.get((table, target), "v.embedding")
-        total = int(self.conn.execute("SELECT count(*) FROM main.chunks").fetchone()[0])
+        total = int(self.conn.execute("SELECT count(*) FROM main.chunks").get)
         taken = seen = last = 0
         while True:
-            upto = self.conn.execute("SELECT max(seq), count(*) FROM (SELECT seq FROM main.chunks WHERE seq > ?"
-                                     " ORDER BY seq LIMIT ?)", (last, CARRY_BATCH)).fetchone()
-            if upto[0] is None:
+            row = self.conn.execute("SELECT max(seq), count(*) FROM (SELECT seq FROM main.chunks WHERE seq > ?"
+                                    " ORDER BY seq LIMIT ?)", (last, CARRY_BATCH)).fetchone()
+            assert row is not None  # an aggregate's one row
+            upto, count = row
+            if upto is None:
                 break
             taken += self.vectors.insert_rows(
                 f"SELECT seq, stored FROM (SELECT c.seq, {stored} AS stored FROM main.chunks AS c"
                 f" JOIN old.{table} AS v ON v.rowid = (SELECT o.seq FROM old.chunks AS o WHERE o.hash = c.hash AND"
                 f" EXISTS (SELECT 1 FROM old.{table} AS w WHERE w.rowid = o.seq AND length(w.embedding) = ?) LIMIT 1)"
-                " WHERE c.seq > ? AND c.seq <= ? ORDER BY c.seq) WHERE stored IS NOT NULL", (size, last, upto[0]))
-            last, seen = int(upto[0]), seen + int(upto[1])
+                " WHERE c.seq > ? AND c.seq <= ? ORDER BY c.seq) WHERE stored IS NOT NULL", (size, last, upto))
+            last, seen = int(upto), seen + int(count)
             if progress:
                 progress(seen, total)
         self.conn.execute(f"UPDATE chunks SET embedded = 1, model = ? WHERE seq IN (SELECT rowid FROM main.{target})",

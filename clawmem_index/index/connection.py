@@ -68,7 +68,7 @@ def checkpoint_by_limit(conn: apsw.Connection) -> None:
     """Checkpoint the WAL once it holds WAL_LIMIT bytes of pages rather than SQLite's 1,000 pages (4 MB): a first
     index written in place (readers search it as it grows) rewrites its hottest pages at every checkpoint; at
     100,000 notes SQLite's default cost ~5 s of a ~60 s cold index. Per connection: the writer's alone."""
-    page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    page = int(conn.execute("PRAGMA page_size").get)
     _pragmas(conn, f"wal_autocheckpoint={max(1000, WAL_LIMIT // page)}")
 
 

@@ -11,7 +11,7 @@ from collections.abc import Collection
 import apsw
 
 from clawmem_index.index.filters import ChunkFilter
-from clawmem_index.index.keyword_index import TextHit
+from clawmem_index.index.rows import TextHit
 from clawmem_index.text.annotations import ANNOTATION_KINDS, Annotations
 
 __all__ = ["ChunkFacts"]
@@ -36,7 +36,7 @@ class ChunkFacts:
             f" WHERE {condition} AND w.date IS NOT NULL"
             " ORDER BY max(julianday(:first) - julianday(w.date), julianday(w.date) - julianday(:last), 0), w.seq"
             " LIMIT :limit", {**args, "first": first, "last": last, "limit": limit})
-        return [TextHit(*row[:6], 0.0, row[6]) for row in rows]
+        return [TextHit.of(row, 0.0) for row in rows]
 
     def newest_date(self) -> str | None:
         """The latest date a chunk carries (recency decay counts ages from it)."""

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from clawmem_index.index.filters import ChunkFilter
-    from clawmem_index.index.keyword_index import TextHit
+    from clawmem_index.index.rows import TextHit
     from clawmem_index.index.parking import Owner
     from clawmem_index.index.rows import ChunkRow, FileRow, JobRow
-    from clawmem_index.index.vector_index import VectorHit
+    from clawmem_index.index.rows import VectorHit
     from clawmem_index.text.annotations import Annotations
 
 __all__ = ["CachePart", "CarryPart", "EmbeddingPart", "FactPart", "IndexStore", "JobPart", "KeywordPart",

@@ -25,11 +25,12 @@ import threading
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import apsw
 
 from clawmem_index.index.filters import ChunkFilter
+from clawmem_index.index.rows import TextHit
 from clawmem_index.index.vocabulary import FtsVocabulary
 
 __all__ = ["KeywordIndex", "PostingsCache", "TextHit"]
@@ -54,19 +55,6 @@ if TYPE_CHECKING:  # numpy is imported where the sums are made: a command that n
 
     Ints = npt.NDArray[np.int64]
     Floats = npt.NDArray[np.float64]
-
-
-@dataclass(frozen=True, slots=True)
-class TextHit:
-    seq: int
-    path: str
-    source: str
-    start_line: int
-    end_line: int
-    text: str
-    bm25: float
-    date: str | None = None
-    workspace: str | None = None  # set by a shared index (the workspace the chunk is from)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +269,7 @@ class KeywordIndex:
         row); for many rows of an expression matching few chunks, all its matches are read at once instead."""
         if len(seqs) > ASKED_AT_ONCE and int(self._conn.execute(
                 "SELECT count(*) FROM (SELECT 1 FROM chunks_fts WHERE chunks_fts MATCH ? LIMIT ?)",
-                (match, PLAIN_MAX + 1)).fetchone()[0]) <= PLAIN_MAX:
+                (match, PLAIN_MAX + 1)).get) <= PLAIN_MAX:
             wanted = set(seqs)
             return {int(seq): float(score) for seq, score in self._conn.execute(
                 "SELECT rowid, bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ?", (match,)) if seq in wanted}
@@ -326,12 +314,13 @@ class KeywordIndex:
         scores are dropped when that version is not the one they were read from."""
         self._conn.execute("BEGIN")
         try:
-            version = (int(self._conn.execute("PRAGMA data_version").fetchone()[0]), self._conn.total_changes())
+            version = (int(self._conn.execute("PRAGMA data_version").get), self._conn.total_changes())
             if version != self._version:
                 self._counts.clear()
                 self._ranked, self._version = None, version
                 self._scorer_fresh = None
-                records = self._conn.execute("SELECT id, block FROM chunks_fts_data WHERE id IN (1, 10)").fetchall()
+                records = cast("list[tuple[int, bytes]]", self._conn.execute(
+                    "SELECT id, block FROM chunks_fts_data WHERE id IN (1, 10)").fetchall())
                 if records != self._checked_records:  # FTS5's totals or segments changed: confirm again
                     self._sums_checked, self._checked_records = False, records
                 file = self._conn.execute("SELECT value FROM meta WHERE key = 'created_at'").fetchone()
@@ -356,7 +345,7 @@ class KeywordIndex:
                         self._counts.clear()
                     count = self._counts[phrase] = int(self._conn.execute(
                         "SELECT count(*) FROM (SELECT 1 FROM chunks_fts WHERE chunks_fts MATCH ? LIMIT ?)",
-                        (phrase, PLAIN_MAX + 1)).fetchone()[0])
+                        (phrase, PLAIN_MAX + 1)).get)
                 total += count
             if total > PLAIN_MAX:
                 return True
@@ -471,7 +460,7 @@ class KeywordIndex:
         rows = {int(r[0]): r for r in self._conn.execute(
             "SELECT seq, path, source, start_line, end_line, text, date FROM chunks"
             " WHERE seq IN (SELECT value FROM json_each(?))", (json.dumps([seq for seq, _ in ranked]),))}
-        return [TextHit(*rows[seq][:6], bm25, rows[seq][6]) for seq, bm25 in ranked if seq in rows]
+        return [TextHit.of(rows[seq], bm25) for seq, bm25 in ranked if seq in rows]
 
 
 def _top(gains: Floats, depth: int) -> Ints:

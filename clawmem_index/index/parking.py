@@ -46,7 +46,7 @@ class ParkedVectors:
         return (str(provider), str(model), str(key)), str(table)
 
     def count(self) -> int:
-        return 0 if self.owner() is None else int(self._conn.execute(f"SELECT count(*) FROM {PARKED}").fetchone()[0])
+        return 0 if self.owner() is None else int(self._conn.execute(f"SELECT count(*) FROM {PARKED}").get)
 
     def park(self, owner: Owner, table: str) -> None:
         """Rename the live vector table aside (nothing may be parked already)."""

@@ -1,10 +1,12 @@
-"""The rows both stores (SQLite and PostgreSQL) hand out: an indexed file, a chunk, a batch job."""
+"""The rows both stores (SQLite and PostgreSQL) hand out: an indexed file, a chunk, a batch job, a search's hits."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["ChunkRow", "FileRow", "JobRow"]
+__all__ = ["ChunkRow", "FileRow", "JobRow", "TextHit", "VectorHit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,3 +45,44 @@ class JobRow:
     polled_at: float
     state: str = "running"
     detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TextHit:
+    """A chunk a keyword search found, with its BM25 score (FTS5's: lower is better)."""
+
+    seq: int
+    path: str
+    source: str
+    start_line: int
+    end_line: int
+    text: str
+    bm25: float
+    date: str | None = None
+    workspace: str | None = None  # set by a shared index (the workspace the chunk is from)
+
+    @classmethod
+    def of(cls, row: Sequence[Any], bm25: float) -> TextHit:
+        """From a chunk's columns: seq, path, source, start_line, end_line, text, date and (a shared index's)
+        workspace."""
+        return cls(row[0], row[1], row[2], row[3], row[4], row[5], bm25, row[6], row[7] if len(row) > 7 else None)
+
+
+@dataclass(frozen=True, slots=True)
+class VectorHit:
+    """A chunk a vector search found, with its cosine distance."""
+
+    seq: int
+    path: str
+    source: str
+    start_line: int
+    end_line: int
+    text: str
+    distance: float
+    date: str | None = None
+    workspace: str | None = None  # set by a shared index (the workspace the chunk is from)
+
+    @classmethod
+    def of(cls, row: Sequence[Any], distance: float) -> VectorHit:
+        """From a chunk's columns, as `TextHit.of`."""
+        return cls(row[0], row[1], row[2], row[3], row[4], row[5], distance, row[6], row[7] if len(row) > 7 else None)

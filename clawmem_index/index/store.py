@@ -207,12 +207,12 @@ class Store:
         return len(seqs)
 
     def counts(self) -> tuple[int, int]:
-        files = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
-        chunks = self.conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
+        files = self.conn.execute("SELECT count(*) FROM files").get
+        chunks = self.conn.execute("SELECT count(*) FROM chunks").get
         return int(files), int(chunks)
 
     def pending_embeddings(self) -> int:
-        return int(self.conn.execute("SELECT count(*) FROM chunks WHERE embedded = 0").fetchone()[0])
+        return int(self.conn.execute("SELECT count(*) FROM chunks WHERE embedded = 0").get)
 
     def damage(self, chunks: int | None = None) -> str | None:
         """Rows changed behind the writer's back (see PgStore.damage). A SQLite index is one private file
@@ -221,7 +221,7 @@ class Store:
 
     def data_version(self) -> int:
         """Changes whenever another connection commits to the index (SQLite's own counter, per connection)."""
-        return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
+        return int(self.conn.execute("PRAGMA data_version").get)
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Escape hatch for diagnostics and tests."""

@@ -33,7 +33,8 @@ def are_usable(blobs: Sequence[bytes], dtype: str) -> list[bool]:
     if not blobs:
         return []
     values = np.frombuffer(to_stored(b"".join(blobs), dtype), dtype=dtype).reshape(len(blobs), -1)
-    return (np.isfinite(values).all(axis=1) & (values != 0).any(axis=1)).tolist()
+    usable: list[bool] = (np.isfinite(values).all(axis=1) & (values != 0).any(axis=1)).tolist()
+    return usable
 
 
 def to_stored(blob: bytes, dtype: str) -> bytes:

@@ -246,8 +246,9 @@ class VectorCells:
         bits = _sign_bits(vectors)
         for cell in np.unique(owner).tolist():
             mine = owner == cell
-            old_seqs, old_bits = self._conn.execute(f"SELECT seqs, bits FROM {TABLE} WHERE cell = ?",
-                                                    (cell,)).fetchone()
+            row = self._conn.execute(f"SELECT seqs, bits FROM {TABLE} WHERE cell = ?", (cell,)).fetchone()
+            assert row is not None, f"cell {cell} is one of the centroids'"
+            old_seqs, old_bits = row
             self._conn.execute(f"UPDATE {TABLE} SET seqs = ?, bits = ? WHERE cell = ?",
                                (bytes(old_seqs) + seqs[mine].tobytes(), bytes(old_bits) + bits[mine].tobytes(), cell))
         self._meta.set(_MEMBERS, str(int(self._meta.get(_MEMBERS) or 0) + len(items)))
@@ -331,8 +332,8 @@ class VectorCells:
         build = self._build()[0] if build is None else build
 
         def load() -> Any:
-            rows = self._conn.execute(f"SELECT centroid FROM {TABLE} ORDER BY cell").fetchall()
-            return np.frombuffer(b"".join(bytes(r[0]) for r in rows), dtype="<f4").reshape(len(rows), -1)
+            rows: list[bytes] = [r[0] for r in self._conn.execute(f"SELECT centroid FROM {TABLE} ORDER BY cell")]
+            return np.frombuffer(b"".join(rows), dtype="<f4").reshape(len(rows), -1)
 
         if self._shared is not None:
             return self._shared.centroids(build, load)

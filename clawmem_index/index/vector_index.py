@@ -28,11 +28,12 @@ import re
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import apsw
 
 from clawmem_index.index.filters import ChunkFilter
+from clawmem_index.index.rows import VectorHit
 from clawmem_index.index.schema import Meta
 from clawmem_index.index.vector_blobs import (
     are_usable,
@@ -96,19 +97,10 @@ class _VectorLayout:
         return HALVES if self.half else FLOATS
 
 
-@dataclass(frozen=True, slots=True)
-class VectorHit:
-    seq: int
-    path: str
-    source: str
-    start_line: int
-    end_line: int
-    text: str
-    distance: float
-    date: str | None = None
-    workspace: str | None = None  # set by a shared index (the workspace the chunk is from)
 
-
+def _on_blobs(convert: Callable[[bytes | None], bytes | None]) -> Callable[..., bytes | None]:
+    """`convert` as SQL calls it: a value that is not a blob is no vector (NULL)."""
+    return lambda value: convert(value if isinstance(value, bytes) else None)
 
 class VectorIndex:
     """chunks_vec (+ chunks_vec_bits) on one connection; `loaded`: sqlite-vec is loaded there; `shared_cells`:
@@ -122,12 +114,12 @@ class VectorIndex:
         self.loaded = loaded
         self._layout: tuple[int, _VectorLayout] | None = None
         self._cells = VectorCells(conn, meta, lambda: (self.layout().table, self.layout().dtype), shared_cells)
-        conn.create_scalar_function(FLOAT32_SQL, float32_of_half, 1, deterministic=True)
-        conn.create_scalar_function(HALF_SQL, half_of_float32, 1, deterministic=True)
+        conn.create_scalar_function(FLOAT32_SQL, _on_blobs(float32_of_half), 1, deterministic=True)
+        conn.create_scalar_function(HALF_SQL, _on_blobs(half_of_float32), 1, deterministic=True)
 
     def layout(self) -> _VectorLayout:
         """The vector tables this file has, re-read when the schema changes (another connection may add them)."""
-        cookie = int(self._conn.execute("PRAGMA schema_version").fetchone()[0])
+        cookie = int(self._conn.execute("PRAGMA schema_version").get)
         if self._layout is None or self._layout[0] != cookie:
             sql = {str(name): str(text) for name, text in self._conn.execute(
                 "SELECT name, sql FROM sqlite_master"
@@ -205,8 +197,8 @@ class VectorIndex:
         layout = self.layout()
         if not layout.readable or layout.legacy or not layout.dims or (layout.bits and not self.loaded):
             return  # a vec0 table can only be dropped with sqlite-vec loaded
-        chunks = int(self._conn.execute("SELECT count(*) FROM chunks").fetchone()[0])
-        pending = int(self._conn.execute("SELECT count(*) FROM chunks WHERE embedded = 0").fetchone()[0])
+        chunks = int(self._conn.execute("SELECT count(*) FROM chunks").get)
+        pending = int(self._conn.execute("SELECT count(*) FROM chunks WHERE embedded = 0").get)
         action = self._cells.due(chunks - pending, layout.cells or layout.stale_cells)
         if layout.stale_cells and action is None:
             action = "build"
@@ -241,7 +233,7 @@ class VectorIndex:
         about to embed them all)."""
         if replace:
             self._conn.execute("DROP TABLE chunks_vec_bits")
-        chunks = int(self._conn.execute("SELECT count(*) FROM chunks").fetchone()[0])
+        chunks = int(self._conn.execute("SELECT count(*) FROM chunks").get)
         chunk_size = BITS_CHUNK_SMALL if chunks <= BITS_SMALL_MAX else BITS_CHUNK
         self._conn.execute(f"CREATE VIRTUAL TABLE chunks_vec_bits USING vec0(chunk_size={chunk_size},"
                            f" part INTEGER PARTITION KEY, embedding bit[{padded_dims(int(dims))}])")
@@ -272,11 +264,11 @@ class VectorIndex:
         """Store each chunk's vector in place of any it had (None, zero or not finite: dropped, never stored)."""
         layout = self.layout()
         if layout.readable:  # a vector left by an older version (or an earlier answer) is replaced
-            stale = self._conn.execute(f"SELECT rowid FROM {layout.table}"
-                                       " WHERE rowid IN (SELECT value FROM json_each(?))",
-                                       (json.dumps([seq for seq, _ in items]),)).fetchall()
+            stale = cast("list[tuple[int]]", self._conn.execute(
+                f"SELECT rowid FROM {layout.table} WHERE rowid IN (SELECT value FROM json_each(?))",
+                (json.dumps([seq for seq, _ in items]),)).fetchall())
             for (seq,) in stale:
-                self.remove(int(seq))
+                self.remove(seq)
         given = [(seq, blob) for seq, blob in items if blob is not None]
         vectors = [item for item, usable in zip(given, are_usable([blob for _, blob in given], layout.dtype),
                                                 strict=True) if usable]
@@ -313,7 +305,7 @@ class VectorIndex:
 
     def float32(self, blob: bytes) -> bytes:
         """A stored vector as float32 (what providers give and the embedding cache keeps)."""
-        return float32_of_half(blob) if self.layout().half else blob
+        return (float32_of_half(blob) or b"") if self.layout().half else blob
 
     def sql_float32(self, column: str, *, half: bool | None = None) -> str:
         """An SQL expression reading a stored `column` as float32 (`half`: that of another file's table)."""
@@ -352,8 +344,9 @@ class VectorIndex:
             return {int(seq): float(distance) for seq, distance in self._conn.execute(
                 f"SELECT rowid, vec_distance_cosine(embedding, ?) FROM {layout.table} WHERE rowid IN"
                 " (SELECT value FROM json_each(?))", (query_blob, among))}
-        rows = self._conn.execute(f"SELECT rowid, embedding FROM {layout.table} WHERE rowid IN"
-                                  " (SELECT value FROM json_each(?))", (among,)).fetchall()
+        rows = cast("list[tuple[int, bytes]]", self._conn.execute(
+            f"SELECT rowid, embedding FROM {layout.table} WHERE rowid IN (SELECT value FROM json_each(?))",
+            (among,)).fetchall())
         import numpy as np  # the same arithmetic as `_vector_scan`
 
         query = np.frombuffer(query_blob, dtype="<f4").astype(np.float64)
@@ -367,7 +360,7 @@ class VectorIndex:
         per_part = -(-want // partitions)
         if per_part > _KNN_MAX_K:
             return None
-        bits = self._conn.execute("SELECT vec_quantize_binary(vec_f32(?))", (pad8(query_blob),)).fetchone()[0]
+        bits = self._conn.execute("SELECT vec_quantize_binary(vec_f32(?))", (pad8(query_blob),)).get
         seqs: list[int] = []
         for part in range(partitions):
             seqs.extend(int(row[0]) for row in self._conn.execute(
@@ -417,7 +410,7 @@ class VectorIndex:
         clause, args = within.sql("c")
         counted = self._conn.execute(
             f"SELECT count(*) FROM (SELECT 1 FROM chunks AS c WHERE {clause} LIMIT {PREFIX_SCAN_ROWS + 1})", args)
-        return int(counted.fetchone()[0]) <= PREFIX_SCAN_ROWS
+        return int(counted.get) <= PREFIX_SCAN_ROWS
 
     def _under(self, within: ChunkFilter, seqs: list[int]) -> list[int]:
         clause, args = within.sql("c")
@@ -458,7 +451,7 @@ class VectorIndex:
             for position in picked.tolist():
                 row = found.get(int(all_seqs[position]))
                 if row:
-                    hits.append(VectorHit(*row[:6], float(all_distances[position]), row[6]))
+                    hits.append(VectorHit.of(row, float(all_distances[position])))
                     if len(hits) >= limit:
                         return hits
         return hits

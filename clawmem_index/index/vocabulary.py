@@ -36,7 +36,7 @@ class FtsVocabulary:
             return {}
         if not self._conn.get_autocommit():  # inside a transaction: its changes may yet be rolled back
             return self._read(prefix)
-        version = (int(self._conn.execute("PRAGMA data_version").fetchone()[0]), self._conn.total_changes())
+        version = (int(self._conn.execute("PRAGMA data_version").get), self._conn.total_changes())
         if version != self._version or self._count > HELD:
             self._version, self._held, self._count = version, {}, 0
         if prefix not in self._held:

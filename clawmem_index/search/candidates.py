@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from clawmem_index.index.keyword_index import TextHit
-from clawmem_index.index.vector_index import VectorHit
+from clawmem_index.index.rows import TextHit
+from clawmem_index.index.rows import VectorHit
 
 __all__ = ["Candidate", "Pools", "Sides", "gather", "read_fixed"]
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawmem_index.index.keyword_index import TextHit
-from clawmem_index.index.vector_index import VectorHit
+from clawmem_index.index.rows import TextHit
+from clawmem_index.index.rows import VectorHit
 from clawmem_index.search.candidates import Candidate, Sides, gather, read_fixed
 
 

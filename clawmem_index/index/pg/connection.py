@@ -41,7 +41,7 @@ def connect(url: str, session: str = "") -> psycopg.Connection:
         conn = psycopg.connect(url, autocommit=True, connect_timeout=10, prepare_threshold=None)
         conn.adapters.register_dumper(PgVector, _VectorDumper)
         if session:
-            conn.execute(session)  # type: ignore[arg-type]
+            conn.execute(session)
         return conn
     except psycopg.Error as exc:
         raise IndexUnavailable(f"cannot reach the shared index: {one_line(exc)}") from exc
@@ -105,7 +105,7 @@ class Connection:
 
     def use_session(self, session: str) -> None:
         self.session = session
-        self._live().execute(session)  # type: ignore[arg-type]
+        self._live().execute(session)
 
     def type_vectors(self) -> None:
         """Bind vectors with pgvector's type (looked up once per connection, once the extension exists):

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from clawmem_index.index.filters import ChunkFilter, prefix_upper
-from clawmem_index.index.keyword_index import TextHit
+from clawmem_index.index.rows import TextHit
 from clawmem_index.index.pg.connection import Connection
 from clawmem_index.index.pg.live import Live, filter_sql
 from clawmem_index.index.pg.terms import Phrase, phrase_count, phrases_of
@@ -117,6 +117,7 @@ class _PostingsCache:
             self._entries.move_to_end((*key, phrase))
             return entry
         workspace, gen, _ = key
+        row: Any  # the chunks' seqs, term frequencies and lengths, as three arrays (None: no chunk)
         if phrase.words:
             row = self._phrase_row(workspace, gen, phrase)
         elif phrase.prefix:
@@ -262,8 +263,8 @@ class KeywordSearch:
         passing = {int(r[0]) for r in self.conn.execute(
             f"SELECT c.seq FROM cm_chunks AS c WHERE c.seq = ANY(%(seqs)s) AND {scope} AND {condition}",
             {**args, **filter_args, "seqs": [seq for seq, _ in summed]})}
-        kept = [hit for hit in summed if hit[0] in passing]
-        return kept if limit is None else kept[:limit]
+        passed = [hit for hit in summed if hit[0] in passing]
+        return passed if limit is None else passed[:limit]
 
     def _collection_stats(self) -> tuple[int, float]:
         row = self.conn.execute(
@@ -303,4 +304,4 @@ class KeywordSearch:
 
     def hits(self, ranked: Sequence[tuple[int, float]]) -> list[TextHit]:
         rows = self._live.rows([seq for seq, _ in ranked])
-        return [TextHit(*rows[seq][:6], bm25, rows[seq][6], rows[seq][7]) for seq, bm25 in ranked if seq in rows]
+        return [TextHit.of(rows[seq], bm25) for seq, bm25 in ranked if seq in rows]

@@ -10,7 +10,7 @@ from collections.abc import Collection
 from typing import Any
 
 from clawmem_index.index.filters import ChunkFilter
-from clawmem_index.index.keyword_index import TextHit
+from clawmem_index.index.rows import TextHit
 from clawmem_index.index.pg.connection import Connection, pg_text
 from clawmem_index.text.annotations import ANNOTATION_KINDS, Annotations
 
@@ -69,7 +69,7 @@ class Live:
             f" WHERE {scope} AND {condition} AND c.date IS NOT NULL"
             " ORDER BY GREATEST(%(first)s::date - c.date::date, c.date::date - %(last)s::date, 0), c.seq"
             " LIMIT %(limit)s", {**args, **filter_args, "first": first, "last": last, "limit": limit}).fetchall()
-        return [TextHit(*row[:6], 0.0, row[6], row[7]) for row in rows]
+        return [TextHit.of(row, 0.0) for row in rows]
 
     def newest_date(self) -> str | None:
         scope, args = self.sql("c")

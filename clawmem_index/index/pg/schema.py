@@ -17,14 +17,16 @@ workspaces or ten thousand.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from typing import Any, Protocol
 
 import psycopg
 
 from clawmem_index.errors import IndexUnavailable
 from clawmem_index.index.pg.grants import WORKSPACE_TABLES, grant_workspace
 
-__all__ = ["MIGRATIONS", "WORKSPACE_TABLES", "grant_workspace", "migrate"]
+__all__ = ["MIGRATIONS", "WORKSPACE_TABLES", "Session", "grant_workspace", "migrate"]
 
 _LOCK = 0x636C61776D656D  # advisory lock key for migrations ("clawmem")
 
@@ -446,7 +448,14 @@ MIGRATIONS.append(("0015_chunk_annotations", """
 """))  # OpenClaw's annotations of an entry (clawmem_index.text.annotations), on the few chunks that carry any
 
 
-def migrate(conn: psycopg.Connection) -> None:
+class Session(Protocol):
+    """What `migrate` uses of a connection: psycopg's own, or the store's (pg.connection.Connection)."""
+
+    def execute(self, query: Any, args: Any = None, /) -> Any: ...
+    def transaction(self) -> contextlib.AbstractContextManager[Any]: ...
+
+
+def migrate(conn: Session) -> None:
     """Apply what this database has not had, under an advisory lock (daemons may start together).
 
     A role that may not create tables gets IndexUnavailable naming what to run, rather than an
@@ -467,7 +476,7 @@ def migrate(conn: psycopg.Connection) -> None:
                              " applied_at double precision NOT NULL)")
                 conn.execute("GRANT SELECT ON cm_migrations TO PUBLIC")
                 for name, body in missing:
-                    conn.execute(body)  # type: ignore[arg-type]
+                    conn.execute(body)
                     conn.execute("INSERT INTO cm_migrations VALUES(%s, %s)", (name, time.time()))
                 conn.execute(_PIN_SEARCH_PATHS)
         except psycopg.errors.InsufficientPrivilege as exc:
@@ -483,6 +492,6 @@ def migrate(conn: psycopg.Connection) -> None:
         conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK,))
 
 
-def _has_vector(conn: psycopg.Connection) -> bool:
+def _has_vector(conn: Session) -> bool:
     row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'vector')").fetchone()
     return bool(row and row[0])

@@ -151,10 +151,10 @@ class PgStore:
         """A write outside `transaction()` is its own commit: the version moves with it."""
         if not self.conn.in_transaction:
             with self.conn.transaction():
-                cur = self.conn.execute(query, args)  # type: ignore[arg-type]
+                cur = self.conn.execute(query, args)
                 self._bump()
                 return cur
-        return self.conn.execute(query, args)  # type: ignore[arg-type]
+        return self.conn.execute(query, args)
 
     def integrity_ok(self) -> bool:
         return True
@@ -364,5 +364,5 @@ class PgStore:
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Escape hatch for diagnostics and tests."""
-        cur = self.conn.execute(sql, args)  # type: ignore[arg-type]
+        cur = self.conn.execute(sql, args)
         return [tuple(row) for row in cur.fetchall()] if cur.description else []

@@ -18,7 +18,7 @@ from clawmem_index.index.filters import ChunkFilter
 from clawmem_index.index.interface import MetaPart
 from clawmem_index.index.pg.connection import PgVector, vector_args
 from clawmem_index.index.pg.live import Live, filter_sql
-from clawmem_index.index.vector_index import VectorHit
+from clawmem_index.index.rows import VectorHit
 
 __all__ = ["Owner", "Vectors"]
 
@@ -86,7 +86,7 @@ class Vectors:
         rows = self.conn.execute(
             f"SELECT * FROM ({' UNION ALL '.join(arms)}) AS near ORDER BY d, seq LIMIT %(limit)s",
             {**args, "q": PgVector(query_blob), "limit": limit}).fetchall()
-        return [VectorHit(int(r[0]), r[1], r[2], r[3], r[4], r[5], float(r[6]), r[7], r[8]) for r in rows]
+        return [VectorHit.of((int(r[0]), *r[1:6], r[7], r[8]), float(r[6])) for r in rows]
 
     def _tune_hnsw(self, wanted: int) -> None:
         """How many candidates an HNSW search keeps: four times the rows the search needs
