@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clawmem_index.config import load_settings, with_overrides  # noqa: E402
+from clawmem_index.embeddings.base import ProviderBase  # noqa: E402
 from clawmem_index.engine.core import MemoryIndex  # noqa: E402
 from clawmem_index.search.ranking import SearchRequest, run_search  # noqa: E402
 
@@ -41,7 +42,7 @@ NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight
 WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 
 
-class Remembered:
+class Remembered(ProviderBase):
     """The provider, each query's vector computed once (the timing leaves the model out)."""
 
     def __init__(self, provider: Any) -> None:

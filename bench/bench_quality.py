@@ -54,6 +54,7 @@ SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 
 from clawmem_index.config import Settings, load_settings, with_overrides  # noqa: E402
+from clawmem_index.embeddings.base import ProviderBase  # noqa: E402
 from clawmem_index.engine.core import MemoryIndex  # noqa: E402
 from clawmem_index.search.ranking import SearchRequest, run_search  # noqa: E402
 from clawmem_index.text.keywords import query_terms  # noqa: E402
@@ -101,7 +102,7 @@ BASELINE = "bm25"
 PAIRED_WITH: list[str] = []  # --pair: configurations every other one is compared with too, question by question
 
 
-class QueryVectors:
+class QueryVectors(ProviderBase):
     """The provider, remembering each query's vector: every configuration asks the same questions."""
 
     def __init__(self, provider: Any) -> None:

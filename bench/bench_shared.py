@@ -41,6 +41,7 @@ import psycopg  # noqa: E402
 from generate import generate  # noqa: E402
 
 from clawmem_index.config import load_settings  # noqa: E402
+from clawmem_index.embeddings.base import ProviderBase  # noqa: E402
 from clawmem_index.engine.core import MemoryIndex  # noqa: E402
 from clawmem_index.search.ranking import SearchRequest, run_search  # noqa: E402
 
@@ -79,7 +80,7 @@ def hashed_vector(text: str) -> np.ndarray:
     return vec / norm if norm else vec
 
 
-class HashedQueries:
+class HashedQueries(ProviderBase):
     """The query side of `hashed_vector` (what `run_search` asks of a provider)."""
 
     def embed_query(self, text: str) -> list[float]:

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 import clawmem_index.index.vector_index as vector_index  # noqa: E402
 from clawmem_index.config import load_settings  # noqa: E402
-from clawmem_index.embeddings.base import ProviderInfo  # noqa: E402
+from clawmem_index.embeddings.base import ProviderBase, ProviderInfo  # noqa: E402
 from clawmem_index.index.store import ChunkFilter, Store  # noqa: E402
 from clawmem_index.search.ranking import SearchRequest, run_search  # noqa: E402
 
@@ -228,7 +228,7 @@ def prefixes(store: Store) -> list[tuple[str, float]]:
     return found
 
 
-class FixedQueries:
+class FixedQueries(ProviderBase):
     """An embedding provider that answers queries with precomputed vectors (no model time in the figures)."""
 
     def __init__(self, texts: Sequence[str], vectors: np.ndarray) -> None:

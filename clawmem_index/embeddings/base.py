@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-__all__ = ["KEYWORDS_ONLY", "EmbeddingProvider", "ProviderInfo", "normalize", "pack", "unit", "unpack"]
+__all__ = ["KEYWORDS_ONLY", "EmbeddingProvider", "ProviderBase", "ProviderInfo", "normalize", "pack", "unit", "unpack"]
 
 KEYWORDS_ONLY = "embedding provider is 'none': keyword search only"  # why there is no provider, when none was asked for
 
@@ -48,10 +48,8 @@ class EmbeddingProvider(Protocol):
     """An embedding model. Implementations batch, split over-limit inputs and retry internally.
 
     `embed_documents` returns one vector per input text, in order, each of `info.dims` floats.
-    Raises `clawmem_index.errors.ProviderError` (or a subclass) when it gives up. A provider may also
-    have a `preferred_batch` attribute: how many texts to hand it per call (see `embed_pending`),
-    and a `warm()` method that loads what its first call would (an SDK, a model): a command that
-    embeds nothing never calls it, the daemon calls it in the background so a query does not wait.
+    Raises `clawmem_index.errors.ProviderError` (or a subclass) when it gives up. What a provider may
+    do beyond that (`ProviderBase`, which every provider derives from) is asked of each the same way.
     """
 
     @property
@@ -60,6 +58,48 @@ class EmbeddingProvider(Protocol):
     def embed_documents(self, texts: Sequence[str]) -> Sequence[Sequence[float]]: ...
 
     def embed_query(self, text: str) -> Sequence[float]: ...
+
+    @property
+    def preferred_batch(self) -> int | None: ...
+
+    @property
+    def official_endpoint(self) -> bool: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def load(self) -> None: ...
+
+    def warm(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ProviderBase:
+    """What a provider may do beyond embedding, as one that does none of it: every provider derives from this,
+    so the engine asks each the same way instead of probing for attributes."""
+
+    official_endpoint = False  # the vendor's own service, whose batch API can be counted on (`batch_enabled`)
+
+    @property
+    def preferred_batch(self) -> int | None:
+        """How many texts to hand it per call (see `embed_pending`); None: the caller's batch."""
+        return None
+
+    @property
+    def closed(self) -> bool:
+        """Released for good (a reload closed it): a holder should take the current provider."""
+        return False
+
+    def load(self) -> None:  # noqa: B027 (a no-op unless a provider has a model to load)
+        """Load what a query needs and nothing more, before its deadline's clock starts (a local model)."""
+
+    def warm(self) -> None:  # noqa: B027
+        """Load what the first call would (an SDK, a model): a command that embeds nothing never calls it; the
+        daemon calls it in the background so a query does not wait."""
+
+    def close(self) -> None:  # noqa: B027
+        """Release what it holds (a model process, an SDK client's connections)."""
 
 
 def unit(vector: Sequence[float]) -> NDArray[np.float64] | None:

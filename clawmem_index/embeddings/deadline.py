@@ -45,9 +45,7 @@ class QueryDeadline:
         return self.provider.embed_documents(texts)
 
     def embed_query(self, text: str) -> list[float]:
-        load = getattr(self.provider, "load", None)  # a local model: its load silences the process (see `load`)
-        if load is not None:
-            load()
+        self.provider.load()  # a local model: its load silences the process (see LocalProvider.load)
         if not self._slots.acquire(blocking=False):
             raise ProviderTimeout("the embedding provider has not answered earlier queries yet")
         outcome: list[object] = []
@@ -57,9 +55,7 @@ class QueryDeadline:
         def call() -> None:
             try:
                 if not self._loaded.is_set():
-                    warm = getattr(self.provider, "warm", None)
-                    if warm is not None:
-                        warm()
+                    self.provider.warm()
                     self._loaded.set()
                 loaded.set()
                 outcome.append(self.provider.embed_query(text))

@@ -13,14 +13,14 @@ from collections.abc import Mapping, Sequence
 
 import xxhash
 
-from clawmem_index.embeddings.base import ProviderInfo
+from clawmem_index.embeddings.base import ProviderBase, ProviderInfo
 
 __all__ = ["FakeProvider"]
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
-class FakeProvider:
+class FakeProvider(ProviderBase):
     def __init__(self, dims: int = 64, model: str = "fake-1", synonyms: Mapping[str, str] | None = None,
                  fail: bool = False) -> None:
         self._info = ProviderInfo(provider="fake", model=model, dims=dims, endpoint="")

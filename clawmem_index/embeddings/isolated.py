@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from clawmem_index.embeddings.base import EmbeddingProvider, ProviderInfo
+from clawmem_index.embeddings.base import EmbeddingProvider, ProviderBase, ProviderInfo
 from clawmem_index.errors import ClawmemError, ProviderError, ProviderReleased
 
 __all__ = ["IsolatedProvider"]
@@ -52,14 +52,13 @@ class _FairLock:
             self._turns.notify_all()
 
 
-class IsolatedProvider:
+class IsolatedProvider(ProviderBase):
     """An `EmbeddingProvider` whose model runs in a child process built by `factory` (picklable)."""
 
     def __init__(self, info: ProviderInfo, factory: Factory, *, preferred_batch: int | None = None) -> None:
         self._info = info
         self._factory = factory
-        if preferred_batch is not None:
-            self.preferred_batch = preferred_batch
+        self._preferred_batch = preferred_batch
         self._lock = _FairLock()
         self._child: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
@@ -69,6 +68,10 @@ class IsolatedProvider:
     @property
     def info(self) -> ProviderInfo:
         return self._info
+
+    @property
+    def preferred_batch(self) -> int | None:
+        return self._preferred_batch
 
     @property
     def closed(self) -> bool:
@@ -191,11 +194,7 @@ def serve(conn: Connection) -> None:
         try:
             if provider is None:
                 provider = factory()
-            if method == "warm":
-                warm = getattr(provider, "warm", None)
-                value: Any = warm() if warm is not None else None
-            else:
-                value = getattr(provider, method)(*args)
+            value: Any = getattr(provider, method)(*args)
             if method == "embed_documents":
                 value = [list(map(float, vector)) for vector in value]
             elif method == "embed_query":

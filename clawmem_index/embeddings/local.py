@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clawmem_index.config import EmbeddingSettings
-from clawmem_index.embeddings.base import ProviderInfo
+from clawmem_index.embeddings.base import ProviderBase, ProviderInfo
 from clawmem_index.embeddings.batching import Piece, Plan, combine
 from clawmem_index.embeddings.models import gguf_metadata, model_identity
 from clawmem_index.errors import ProviderError
@@ -91,7 +91,7 @@ def _line_end(words: Sequence[tuple[str, int]], start: int, end: int, used: int,
     return end
 
 
-class LocalProvider:
+class LocalProvider(ProviderBase):
     """An `EmbeddingProvider` over one GGUF file; loads the model on first use.
 
     Raises ProviderError when the file cannot be loaded as an embedding model (when constructed if

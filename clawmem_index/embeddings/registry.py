@@ -210,7 +210,7 @@ def _create_local(settings: EmbeddingSettings, cache_dir: Path, *, allow_downloa
         if isolate:
             isolated = importlib.import_module("clawmem_index.embeddings.isolated")
             provider = isolated.IsolatedProvider(provider.info, functools.partial(local.LocalProvider, settings, path),
-                                                 preferred_batch=getattr(provider, "preferred_batch", None))
+                                                 preferred_batch=provider.preferred_batch)
     except Unavailable:
         raise
     except ImportError as exc:

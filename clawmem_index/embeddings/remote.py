@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
 from clawmem_index.config import EmbeddingSettings
-from clawmem_index.embeddings.base import ProviderInfo
+from clawmem_index.embeddings.base import ProviderBase, ProviderInfo
 from clawmem_index.embeddings.batching import Piece, Plan, combine, embed_planned, plan_batches
 from clawmem_index.embeddings.query_http import HTTPCall, failure_of, post_json
 from clawmem_index.embeddings.retry import (
@@ -79,7 +79,7 @@ def first_set(environ: Mapping[str, str], *names: str) -> str:
     return ""
 
 
-class RemoteProvider(abc.ABC):
+class RemoteProvider(ProviderBase, abc.ABC):
     """Base for SDK-backed providers; see the module docstring for the subclass contract."""
 
     name: ClassVar[str]
@@ -123,9 +123,6 @@ class RemoteProvider(abc.ABC):
                         raise ProviderError(f"{self.name}: its SDK cannot be imported ({exc.name or exc}); "
                                             "reinstall the provider's extra") from exc
         return self._sdk_client
-
-    def warm(self) -> None:  # noqa: B027 (a no-op on purpose: no remote provider has anything to load)
-        """Nothing to load before a query: it is one plain request (the SDK comes with the first documents)."""
 
     def close(self) -> None:
         """Close the SDK client's connections, if one was ever made."""

@@ -54,7 +54,7 @@ def batch_enabled(provider: EmbeddingProvider | None, settings: BatchSettings) -
     server seldom has the Files and Batches endpoints, and asking would cost every large backfill a failure)."""
     if settings.enabled == "off" or not batch_capable(provider):
         return False
-    return settings.enabled == "on" or bool(getattr(provider, "official_endpoint", False))
+    return settings.enabled == "on" or (provider is not None and provider.official_endpoint)
 
 
 def covered(store: IndexStore, provider: EmbeddingProvider) -> set[str]:

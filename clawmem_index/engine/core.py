@@ -178,8 +178,8 @@ class MemoryIndex:
     def release_model(self) -> None:
         """End the model process of an isolated local model (the next embedding would start it again)."""
         provider = self.resolved_provider
-        if self.isolate_local_model and hasattr(provider, "close"):
-            provider.close()  # type: ignore[union-attr]
+        if self.isolate_local_model and provider is not None:
+            provider.close()
 
     def write_lock(self) -> contextlib.AbstractContextManager[None]:
         """The workspace's writer lock, released if the holder dies (see clawmem_index.index.backends)."""

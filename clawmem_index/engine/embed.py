@@ -61,7 +61,7 @@ def embed_pending(store: IndexStore, provider: EmbeddingProvider, *,  # noqa: C9
     """
     info = provider.info
     key = info.provider_key
-    size = max(batch, getattr(provider, "preferred_batch", batch))
+    size = max(batch, provider.preferred_batch or batch)
     total = store.pending_embeddings()
 
     asked: set[str] = set()  # texts sent in this pass

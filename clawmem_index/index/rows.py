@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
-__all__ = ["ChunkRow", "FileRow", "JobRow", "TextHit", "VectorHit"]
+__all__ = ["ChunkRow", "FileRow", "Hit", "JobRow", "TextHit", "VectorHit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +48,8 @@ class JobRow:
 
 
 @dataclass(frozen=True, slots=True)
-class TextHit:
-    """A chunk a keyword search found, with its BM25 score (FTS5's: lower is better)."""
+class Hit:
+    """A chunk a search found: where it is and its text (each kind of search adds its score)."""
 
     seq: int
     path: str
@@ -57,32 +57,28 @@ class TextHit:
     start_line: int
     end_line: int
     text: str
+
+    @classmethod
+    def of(cls, row: Sequence[Any], score: float) -> Self:
+        """From a chunk's columns: seq, path, source, start_line, end_line, text, date and (a shared index's)
+        workspace; `score` is the search's."""
+        return cls(row[0], row[1], row[2], row[3], row[4], row[5], score, row[6],  # type: ignore[call-arg]
+                   row[7] if len(row) > 7 else None)
+
+
+@dataclass(frozen=True, slots=True)
+class TextHit(Hit):
+    """A chunk a keyword search found, with its BM25 score (FTS5's: lower is better)."""
+
     bm25: float
     date: str | None = None
     workspace: str | None = None  # set by a shared index (the workspace the chunk is from)
 
-    @classmethod
-    def of(cls, row: Sequence[Any], bm25: float) -> TextHit:
-        """From a chunk's columns: seq, path, source, start_line, end_line, text, date and (a shared index's)
-        workspace."""
-        return cls(row[0], row[1], row[2], row[3], row[4], row[5], bm25, row[6], row[7] if len(row) > 7 else None)
-
 
 @dataclass(frozen=True, slots=True)
-class VectorHit:
+class VectorHit(Hit):
     """A chunk a vector search found, with its cosine distance."""
 
-    seq: int
-    path: str
-    source: str
-    start_line: int
-    end_line: int
-    text: str
     distance: float
     date: str | None = None
     workspace: str | None = None  # set by a shared index (the workspace the chunk is from)
-
-    @classmethod
-    def of(cls, row: Sequence[Any], distance: float) -> VectorHit:
-        """From a chunk's columns, as `TextHit.of`."""
-        return cls(row[0], row[1], row[2], row[3], row[4], row[5], distance, row[6], row[7] if len(row) > 7 else None)

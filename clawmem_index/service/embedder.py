@@ -177,9 +177,7 @@ class Embedder:
         try:
             if store.meta.get("fingerprint") != fingerprint:
                 return  # built for another model: the writer rebuilds it first, then wakes this thread
-            warm = getattr(provider, "warm", None)
-            if warm is not None:
-                warm()  # load the model / SDK here, not inside the first query's deadline
+            provider.warm()  # load the model / SDK here, not inside the first query's deadline
             jobs = advance(store, provider, index.settings.batch, due_only=True)
             for note in jobs.failed:
                 self._log.warning("batch_job", problem=note)
@@ -198,7 +196,7 @@ class Embedder:
         finally:
             store.close()
         if error is not None:
-            if getattr(provider, "closed", False):  # a reload released it under this pass: go again, with the new one
+            if provider.closed:  # a reload released it under this pass: go again, with the new one
                 run.poll_in = 0.0
             else:
                 run.error = ProviderError(error)

@@ -63,7 +63,6 @@ class Lexicon:
     month_words: tuple[str, ...]  # words before a month name that make it one ("in May")
     of: str  # "3rd of March"
     ordinal: str  # the suffixes of a day number ("3rd"): a regex
-    ambiguous_months: frozenset[str] = field(default_factory=frozenset)  # month names that are also words
     parts: dict[str, tuple[int, int]] = field(default_factory=dict)  # "early" May: days 1 to 10 of it
     ordinals: dict[str, int] = field(default_factory=dict)  # "the second week of May": 2 ("last": -1)
     week: str = ""  # the word for a week, in "the first week of May", "the week before May 3"
@@ -95,7 +94,6 @@ ENGLISH = Lexicon(
     month_words=("in", "during", "since", "until", "early", "late", "mid", "last", "this", "of"),
     of="of",
     ordinal=r"(?:st|nd|rd|th)",
-    ambiguous_months=frozenset({"may", "march", "august", "jan", "mar", "sat", "sun", "dec"}),
     parts={"early": (1, 10), "the beginning of": (1, 10), "the start of": (1, 10), "beginning of": (1, 10),
            "mid": (11, 20), "the middle of": (11, 20), "middle of": (11, 20), "late": (21, 31), "the end of": (21, 31),
            "end of": (21, 31)},
@@ -195,8 +193,6 @@ def _readers(lx: Lexicon) -> list[_Reader]:  # noqa: C901
         name = m.group("month").lower()
         if not m.group("year") and not m.group("lead"):
             return None  # "may" alone is a verb
-        if name in lx.ambiguous_months and not m.group("year") and not m.group("lead"):
-            return None
         month = lx.months[name]
         y = int(m.group("year")) if m.group("year") else (today.year if month <= today.month else today.year - 1)
         if m.group("lead") and m.group("lead").lower() in lx.last and not m.group("year"):

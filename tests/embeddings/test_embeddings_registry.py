@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from clawmem_index.config import EmbeddingSettings
-from clawmem_index.embeddings.base import ProviderInfo
+from clawmem_index.embeddings.base import ProviderBase, ProviderInfo
 from clawmem_index.embeddings.gemini import GeminiProvider
 from clawmem_index.embeddings.openai import OpenAIProvider
 from clawmem_index.embeddings.registry import NO_PROVIDER, SDKS, ResolvedProvider, install_command, resolve_provider
@@ -24,7 +24,7 @@ VOYAGE_KEY = "pa-voyage-SECRET-4444"
 ALL_KEYS = (OPENAI_KEY, GEMINI_KEY, GOOGLE_KEY, VOYAGE_KEY)
 
 
-class StubLocal:
+class StubLocal(ProviderBase):
     """Stands in for the local provider, written separately: records what it was built with."""
 
     def __init__(self, settings: EmbeddingSettings, model_path: Path) -> None:

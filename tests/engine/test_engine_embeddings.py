@@ -9,7 +9,7 @@ import pytest
 from fake_http import FakeServer, Reply, fake_server, no_proxy, openai_reply
 
 from clawmem_index.config import EmbeddingSettings, Settings, load_settings
-from clawmem_index.embeddings.base import ProviderInfo
+from clawmem_index.embeddings.base import ProviderBase, ProviderInfo
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.embeddings.openai import OpenAIProvider
 from clawmem_index.engine.core import MemoryIndex
@@ -134,7 +134,7 @@ def test_reindex_and_new_chunking_settings_read_every_file_again(settings: Setti
     assert MemoryIndex(rechunked, provider=FakeProvider(model="fake-a")).sync().bytes_read == total
 
 
-class ZeroProvider:
+class ZeroProvider(ProviderBase):
     info = ProviderInfo("zero", "zero-1", 4)
 
     def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
