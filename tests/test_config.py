@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,33 @@ def test_every_setting_is_documented_in_the_settings_page_and_the_starter_config
     name = key.rpartition(".")[2]
     assert f"`{name}`" in table, f"{key} is missing from docs/settings.md's table"
     assert re.search(rf"^# ?{re.escape(name)} =", starter, re.MULTILINE), f"{key} is missing from clawmem.toml"
+
+
+def _starter_values() -> dict[str, object]:
+    """The starter clawmem.toml's commented `# key = value` lines, by dotted key, read as TOML."""
+    root = Path(__file__).resolve().parents[1]
+    values: dict[str, object] = {}
+    section = ""
+    for line in (root / "workspace_template" / "clawmem.toml").read_text(encoding="utf-8").splitlines():
+        if found := re.match(r"^\[(\w+)\]", line):
+            section = found[1]
+        elif found := re.match(r"^# ?(\w+) = (.+?)(?:\s{2,}#.*)?$", line):
+            values[f"{section}.{found[1]}" if section else found[1]] = tomllib.loads(f"v = {found[2]}")["v"]
+    return values
+
+
+def _default(key: str) -> object:
+    holder: object = Settings(workspace=Path("."))
+    for part in key.split("."):
+        holder = getattr(holder, part)
+    return list(holder) if isinstance(holder, (tuple, frozenset)) else holder
+
+
+@pytest.mark.parametrize("key", [k for k in _keys(Settings) if k not in ("index", "socket")])  # paths: placeholders
+def test_the_starter_config_shows_each_default_the_code_has(key: str) -> None:
+    """The starter file says "the values shown are the defaults": each is read from it and compared with the
+    settings' own default, so a default changed in the code fails here until the file says it too."""
+    shown, default = _starter_values()[key], _default(key)
+    if isinstance(default, list) and isinstance(shown, list):
+        shown, default = sorted(map(str, shown)), sorted(map(str, default))
+    assert shown == default or (default is None and shown in ("", 0)), (key, shown, default)

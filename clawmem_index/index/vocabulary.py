@@ -1,6 +1,6 @@
 """The keyword index's vocabulary: the stems FTS5 holds, read a prefix at a time.
 
-A misspelled query word is corrected against the words the index holds (clawmem_index.search.spelling),
+A misspelled query word is corrected against the words the index holds (clawmem_index.search.typo_reading),
 a two-letter block of stems at a time: one range scan of an `fts5vocab` row table (FTS5's own
 vocabulary, so always the index's current one; ~0.3-2 ms a block at 112k stems). Blocks are kept
 until the index changes (another connection's commit or this one's: SQLite's `data_version` and the

@@ -43,7 +43,7 @@ class Candidate:
     text_rank: int | None = None  # place among the keyword list as read (1 = best), None: not read that deep
     vector_rank: int | None = None
     fused: float = 0.0  # the score before decay
-    closeness: float = 0.0  # to the days the query names (search.dates), 0 when it names none
+    closeness: float = 0.0  # to the days the query names (search.date_prior), 0 when it names none
     before_mmr: int = 0  # place before MMR re-ordered the answer
     workspace: str | None = None
 
@@ -61,7 +61,7 @@ class Sides:
     text_of: Callable[[list[int]], dict[int, float]] | None = None  # seq -> bm25 (negative: better is lower)
     vector_of: Callable[[list[int]], dict[int, float]] | None = None  # seq -> cosine distance
     text_ahead: int = 0  # the text side's least read depth (reading it deeper costs less than the vector side)
-    # The chunks dated near the days the query names (search.dates), nearest first, and the closeness one not
+    # The chunks dated near the days the query names (search.date_prior), nearest first, and the closeness one not
     # among them can have at most (0: none is left).
     dated: Callable[[int], tuple[Sequence[TextHit], float]] | None = None
     closeness: Callable[[str | None], float] | None = None  # a chunk's closeness to those days, by its date

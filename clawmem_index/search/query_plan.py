@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from clawmem_index.search.spelling import Correction, correct
+from clawmem_index.search.typo_reading import Correction, correct
 from clawmem_index.text.dates import DateMention, find_dates, without_dates
 from clawmem_index.text.keywords import match_of, query_terms, quoted_spans
 

@@ -19,9 +19,9 @@ from clawmem_index.index.interface import FactPart, IndexStore, KeywordPart, Vec
 from clawmem_index.index.store import ChunkFilter, TextHit, VectorHit
 from clawmem_index.search.boosts import Boosts, most_boost
 from clawmem_index.search.candidates import Candidate, Sides, gather, read_fixed
-from clawmem_index.search.dates import DatePrior
+from clawmem_index.search.date_prior import DatePrior
 from clawmem_index.search.query_plan import QueryPlan, plan_query
-from clawmem_index.search.spelling import CONTEXT_CHUNKS
+from clawmem_index.search.typo_reading import CONTEXT_CHUNKS
 from clawmem_index.text.annotations import Annotations, strip_annotations
 from clawmem_index.text.dates import DateMention
 from clawmem_index.text.keywords import build_prefix_match, match_of

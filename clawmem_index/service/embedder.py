@@ -11,13 +11,12 @@ was made for. After a failure the pass is retried with backoff; pending chunks s
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from clawmem_index.errors import ClawmemError, ProviderError, ProviderReleased
-from clawmem_index.service.writer import Backoff, IndexSource, Run
+from clawmem_index.service.worker import Backoff, IndexSource, Run, Worker
 
 if TYPE_CHECKING:
     from clawmem_index.engine.core import MemoryIndex
@@ -38,30 +37,22 @@ def progress_report(done: int, total: int, started: float, stored_at: float, now
             "eta_seconds": round(eta) if eta is not None else None}
 
 
-class Embedder:
+class Embedder(Worker):
     """Runs embedding passes on its own thread whenever `wake` says chunks may be waiting."""
 
     def __init__(self, index: IndexSource, *, log: Any, on_run: Callable[[Run], None] | None = None,
                  retry_delay: float = 30.0, max_retry_delay: float = 900.0) -> None:
+        super().__init__("clawmem-embedder", log=log, on_run=on_run)
         self._index = index
-        self._log = log
-        self._on_run = on_run
         self._retry = Backoff(retry_delay, max_retry_delay)
-        self._cond = threading.Condition()
         self._wanted = False
         self._not_before = 0.0  # a failed pass's backoff: a wake does not cut it short
         self._poll_at: float | None = None  # batch jobs are out: look at them then, if nothing wakes us sooner
-        self._stopping = False
         self._running = False
         self._last: Run | None = None
         self._last_failure: Run | None = None
         self.counts = {"embed": 0, "failed": 0}
         self._progress: tuple[int, int, float, float] | None = None  # (embedded, of, started, last stored at)
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="clawmem-embedder", daemon=True)
-        self._thread.start()
 
     def wake(self) -> None:
         """Chunks may wait for vectors (a sync added some): run a pass, now or when a failure's backoff ends.
@@ -71,19 +62,6 @@ class Embedder:
         with self._cond:
             self._wanted = True
             self._cond.notify_all()
-
-    def stop(self, timeout: float | None = None) -> bool:
-        """Stop after the batch in flight; False if a provider call still holds the thread (it is a daemon thread)."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is None:
-            return True
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     def state(self) -> dict[str, object]:
         with self._cond:
@@ -138,11 +116,7 @@ class Embedder:
                     if run.poll_in is not None:
                         self._poll_at = time.monotonic() + run.poll_in
             self._log_run(run)
-            if self._on_run is not None:
-                try:
-                    self._on_run(run)
-                except Exception as exc:  # reporting must never stop the thread
-                    self._log.error("run_report_failed", error=repr(exc))
+            self._report(run)
 
     def _due(self) -> bool:
         now = time.monotonic()

@@ -13,76 +13,32 @@ and no more.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from clawmem_index.errors import ClawmemError, IndexUnavailable
-from clawmem_index.text.timefmt import iso_time, seconds
+from clawmem_index.service.worker import Backoff, IndexSource, Run, Worker
 
-if TYPE_CHECKING:
-    from clawmem_index.engine.core import MemoryIndex
-    from clawmem_index.engine.sync import SyncReport
-
+# Run is the worker's: importable from here as it always was.
 __all__ = ["Backoff", "IndexSource", "Run", "Writer"]
-
-IndexSource = Callable[[], "MemoryIndex"]
 
 
 class _Cancelled(Exception):
     """Raised from the progress callback between two file transactions when the daemon stops."""
 
 
-@dataclass
-class Run:
-    """One unit of writer work and what came of it."""
-
-    kind: str  # "sync", "reindex" or "embed"
-    reason: str
-    started_at: float = field(default_factory=time.time)
-    duration: float = 0.0
-    report: SyncReport | None = None
-    embedded: int = 0
-    pending_embeddings: int | None = None
-    error: ClawmemError | None = None
-    cancelled: bool = False
-    targeted: int | None = None  # how many paths a targeted sync covered; None: a full pass
-    poll_in: float | None = None  # an embedding pass left batch jobs running: seconds until it looks again
-
-    def as_dict(self) -> dict[str, object]:
-        data: dict[str, object] = {"kind": self.kind, "reason": self.reason, "started_at": iso_time(self.started_at),
-                                   "duration": seconds(self.duration)}
-        if self.report is not None:
-            data["report"] = self.report.as_dict()
-        if self.kind == "sync":
-            data["paths"] = "all" if self.targeted is None else self.targeted
-        if self.kind == "embed":
-            data["embedded"] = self.embedded
-            data["pending_embeddings"] = self.pending_embeddings
-        if self.error is not None:
-            data["error"] = str(self.error)
-            data["error_type"] = type(self.error).__name__
-        if self.cancelled:
-            data["cancelled"] = True
-        return data
-
-
-class Writer:
+class Writer(Worker):
     """Runs keyword syncs and rebuilds for the daemon, one at a time, on its own thread."""
 
     def __init__(self, index: IndexSource, *, log: Any, on_run: Callable[[Run], None] | None = None,
                  on_progress: Callable[[int, int], None] | None = None,
                  retry_delay: float = 5.0, max_retry_delay: float = 300.0) -> None:
         """`on_progress(done, total)`: after each file of a run (its transaction committed, for a first index)."""
+        super().__init__("clawmem-writer", log=log, on_run=on_run)
         self._index = index
-        self._log = log
-        self._on_run = on_run
         self._on_progress = on_progress
         self._retry = Backoff(retry_delay, max_retry_delay)
-        self._cond = threading.Condition()
-        self._stopping = False
         self._sync_wanted = False
         self._sync_reason: set[str] = set()
         self._sync_paths: set[str] = set()
@@ -96,13 +52,8 @@ class Writer:
         self._running: str | None = None
         self._last: dict[str, Run] = {}
         self.counts = {"sync": 0, "reindex": 0, "failed": 0}
-        self._thread: threading.Thread | None = None
 
     # -- requests (any thread) ---------------------------------------------------------------
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="clawmem-writer", daemon=True)
-        self._thread.start()
 
     def request_sync(self, reason: str, paths: frozenset[str] | None = None) -> int:
         """Queue a sync (coalescing with any already queued); returns a ticket for `wait_sync`.
@@ -145,25 +96,12 @@ class Writer:
             runs = [self._last[k] for k in kinds if k in self._last]
             return max(runs, key=lambda r: r.started_at)
 
-    def stop(self, timeout: float | None = None) -> bool:
-        """Stop after the transaction in flight; returns False if the thread did not end in time."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is None:
-            return True
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
     def pending(self) -> frozenset[str] | None:
         """Index keys queued or being synced; None while a full pass is queued or running."""
         with self._cond:
             if self._sync_full or self._reindex_wanted or self._inflight is None:
                 return None
             return frozenset(self._sync_paths | self._inflight)
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     def state(self) -> dict[str, object]:
         with self._cond:
@@ -198,11 +136,7 @@ class Writer:
                     self.counts["failed"] += 1
                 self._after(run, sync_upto, reindex_upto)
                 self._cond.notify_all()
-            if self._on_run is not None:
-                try:
-                    self._on_run(run)
-                except Exception as exc:  # reporting must never stop the writer
-                    self._log.error("run_report_failed", error=repr(exc))
+            self._report(run)
 
     def _next_job(self) -> tuple[str, str, frozenset[str] | None, int, int] | None:
         """Wait (under the lock) for runnable work: rebuild, then sync."""
@@ -281,17 +215,3 @@ class Writer:
             self._log.warning(run.kind, error=str(run.error), error_type=type(run.error).__name__, **fields)
         else:
             self._log.info(run.kind, **fields)
-
-
-class Backoff:
-    """Doubling delays from `base` up to `ceiling`, for retries after failures."""
-
-    def __init__(self, base: float, ceiling: float) -> None:
-        self.base, self.ceiling, self.current = base, ceiling, 0.0
-
-    def next(self) -> float:
-        self.current = self.base if self.current == 0.0 else min(self.ceiling, self.current * 2)
-        return self.current
-
-    def reset(self) -> None:
-        self.current = 0.0

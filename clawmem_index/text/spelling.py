@@ -4,7 +4,7 @@ The index keeps stems ("adoption" is kept as "adopt"), and a typo near a word's 
 stemmer's suffix rules ("adoptiom" stems to itself), so a distance between the typed word's stem
 and the index's stems misses most typos. Instead the words one typo away from the word as typed are
 generated here and the index is asked which of them it holds, stem by stem (~300 words for an
-8-letter word; `clawmem_index.search.spelling` decides which to add). What the index holds is the
+8-letter word; `clawmem_index.search.typo_reading` decides which to add). What the index holds is the
 index's own vocabulary (FTS5's `fts5vocab`, the shared index's `cm_terms`), so nothing here is kept
 and nothing can go stale.
 

@@ -8,7 +8,7 @@ from clawmem_index.config import Settings, with_overrides
 from clawmem_index.embeddings.fake import FakeProvider
 from clawmem_index.engine.core import MemoryIndex
 from clawmem_index.errors import QueryError
-from clawmem_index.search.dates import DatePrior
+from clawmem_index.search.date_prior import DatePrior
 from clawmem_index.search.ranking import SearchRequest
 from clawmem_index.text.dates import find_dates
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from clawmem_index.search.query_plan import plan_query
-from clawmem_index.search.spelling import MAX_MEANT, correct
+from clawmem_index.search.typo_reading import MAX_MEANT, correct
 from clawmem_index.text.stemming import stem
 
 
@@ -142,7 +142,7 @@ def test_a_dropped_second_letter_is_put_back_when_nothing_else_is_near() -> None
 def test_a_query_of_many_unknown_words_reads_a_bounded_part_of_the_vocabulary() -> None:
     """64 words the index lacks: at most MAX_TYPOS are looked for as typos, MAX_BLOCKS blocks read and MAX_LOOKUPS
     stems looked up; a word past the budget is left as typed."""
-    from clawmem_index.search.spelling import MAX_BLOCKS, MAX_LOOKUPS, MAX_TYPOS
+    from clawmem_index.search.typo_reading import MAX_BLOCKS, MAX_LOOKUPS, MAX_TYPOS
 
     vocabulary = Vocabulary({"adoption": 8, "caroline": 69, "pottery": 8, "staging": 30})
     unknown = [f"{a}{b}xqzv" for a in "bdfghjklmnprstvw" for b in "aeiou"][:64]
@@ -209,7 +209,7 @@ def test_the_plan_asks_the_index_for_the_chunks_its_other_words_find() -> None:
 def test_with_a_context_the_reading_still_stays_inside_its_budget() -> None:
     """Every kind of reading is looked up for every typo when the query has other words: still at most MAX_BLOCKS
     blocks and MAX_LOOKUPS stems, whatever the query."""
-    from clawmem_index.search.spelling import MAX_BLOCKS, MAX_LOOKUPS
+    from clawmem_index.search.typo_reading import MAX_BLOCKS, MAX_LOOKUPS
 
     vocabulary = Vocabulary({"adoption": 8, "caroline": 69, "pottery": 8, "staging": 30, "notes": 3})
     unknown = [f"{a}{b}xqzv" for a in "bdfghjklmnprstvw" for b in "aeiou"][:64]

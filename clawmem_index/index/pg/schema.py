@@ -438,7 +438,7 @@ MIGRATIONS.append(("0013_graph_ddl_gives_up", """
 
 MIGRATIONS.append(("0014_chunk_dates", """
     CREATE INDEX IF NOT EXISTS cm_chunks_date ON cm_chunks(workspace, gen, date) WHERE date IS NOT NULL;
-"""))  # the days a query names are read as a window of dated chunks (search.dates): a range of this index, not a
+"""))  # the days a query names are read as a window of dated chunks (search.date_prior): a range of this index, not a
 # scan of the workspace's partition
 
 MIGRATIONS.append(("0015_chunk_annotations", """
