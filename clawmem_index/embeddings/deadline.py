@@ -21,13 +21,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from clawmem_index.embeddings.base import EmbeddingProvider, ProviderInfo
+from clawmem_index.embeddings.base import EmbeddingProvider, ProviderBase, ProviderInfo
 from clawmem_index.errors import ClawmemError, ProviderError, ProviderTimeout
 
 __all__ = ["QueryDeadline"]
 
 
-class QueryDeadline:
+class QueryDeadline(ProviderBase):
     """An EmbeddingProvider whose `embed_query` gives up after `timeout` seconds (documents pass through)."""
 
     def __init__(self, provider: EmbeddingProvider, timeout: float, *, slots: int = 2, first_use: float = 0.0) -> None:

@@ -26,6 +26,7 @@ from clawmem_index.sources.paths import PROFILE_FILE, open_memory_file, reads_an
 from clawmem_index.text.annotations import INVALID_PROJECTS, Entry, curated_entries
 
 if TYPE_CHECKING:
+    from clawmem_index.embeddings.deadline import QueryDeadline
     from clawmem_index.index.backends import Backend
 
 __all__ = ["CACHED_RESULTS", "Queries", "Served"]
@@ -63,7 +64,7 @@ class Queries:
         self.index = index
         search = index.settings.search
         self.answers: QueryCache[SearchOutcome] = QueryCache(search.cache_entries, search.cache_seconds)
-        self.deadline: Any = None  # the provider behind a deadline (QueryDeadline), made at the first vector query
+        self.deadline: QueryDeadline | None = None  # the provider behind a deadline, made at the first vector query
         self._entries: dict[str, tuple[tuple[int, ...], list[Entry], bool]] = {}  # path -> (stat, entries, cut)
         self._reading = threading.Lock()  # one parse of the curated files at a time: the others wait for its result
 

@@ -44,6 +44,8 @@ class PgMeta:
                      " DO UPDATE SET value = excluded.value", (store.workspace, store.gen, key, pg_text(value)))
 
     def delete(self, *keys: str) -> None:
+        if not keys:
+            return  # no write, so the workspace's version stays (as SQLite's)
         store = self._store
         store._write("DELETE FROM cm_meta WHERE workspace = %s AND gen = %s AND key = ANY(%s)",
                      (store.workspace, store.gen, list(keys)))
