@@ -1,5 +1,8 @@
 """How a query is read before it is ranked: the days it names, its keywords, the words its typos were meant as.
 
+A typo can hide a date ("camping in kune", "on kctober 13"): once its typos are read, a query is read for dates
+again as meant, and a date found only then is read as the clean query's would be (its words out of the keywords).
+
 Each stage says what it did (`QueryPlan.as_dict`): the answer carries it as `query`, so an agent or
 a person sees that "adoptiom" was also read as "adoption", and `--explain` prints it.
 """
@@ -27,7 +30,8 @@ _CONTRACTED = re.compile(r"(\w+)['\u2019](?:t|ll|re|ve|d|m)\b", re.IGNORECASE)
 @dataclass(frozen=True)
 class QueryPlan:
     match: str | None  # the keyword side's FTS5 expression (None: no word to match)
-    words: str  # the query without the words of its dates (what the keyword side and its fallback read)
+    words: str  # the query without the words of its dates (what the keyword side and its fallback read; as meant
+    # when a typo hid a date)
     corrections: tuple[Correction, ...] = ()
     dates: tuple[DateMention, ...] = ()
 
@@ -55,22 +59,10 @@ def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int] | None]
     day relative dates count from, None to read no date (its words are then keywords); `dated`: whether the
     index has a note near a date (one it has nothing near is left as words: "moved here 4 years ago");
     `found_by(words)`: the stems of each of the chunks `words` find best, the context a typo is read in."""
-    quoted = quoted_spans(query)
-    found = [m for m in find_dates(query, today) if not any(a <= m.span[0] < b for a, b in quoted)] \
-        if today is not None else []
-    days: dict[tuple[dt.date, dt.date], DateMention] = {}  # each range of days once, at most MAX_DATES
-    undated: set[tuple[dt.date, dt.date]] = set()  # ranges the index has no note near: asked once each
-    for mention in found:
-        key = (mention.first, mention.last)
-        if key in days or key in undated or len(days) >= MAX_DATES:
-            continue
-        if dated is None or dated(mention):
-            days[key] = mention
-        else:
-            undated.add(key)
-    dates = tuple(days.values())
-    words = without_dates(query, [m for m in found if (m.first, m.last) in days]) if dates else query
+    asked: dict[tuple[dt.date, dt.date], bool] = {}  # each range of days asked of the index once
+    dates, words = _dates_of(query, today, dated, asked)
     terms = query_terms(words)
+    quoted = quoted_spans(query)
     # Taken as typed: words in quotes, contractions' first parts, and words with a capital past their first letter
     # (ids, acronyms, gene names: "DLNs", "PPARy", "RUNX" are not typos of "dls", "ppar", "run"; "Carolne" may be one)
     as_typed = {t for a, b in quoted for t in query_terms(query[a:b].strip("\"\u201c\u201d"))} | \
@@ -87,5 +79,32 @@ def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int] | None]
         if vocabulary is not None else ()
     if corrections:
         meant = {c.word: c.meant for c in corrections}
+        as_read = QueryPlan(None, words, corrections).as_meant(query)
+        redated, rewords = _dates_of(as_read, today, dated, asked)
+        if {(m.first, m.last) for m in redated} - {(m.first, m.last) for m in dates}:  # a typo hid a date
+            dates, words = redated, rewords
+            terms = query_terms(words)  # each typo as its likeliest reading, its other readings beside it
+            meant = {c.meant[0].lower(): c.meant[1:] for c in corrections}
         terms = [t for term in terms for t in (term, *meant.get(term, ()))]
     return QueryPlan(match_of(terms), words, corrections, dates)
+
+
+def _dates_of(query: str, today: dt.date | None, dated: Callable[[DateMention], bool] | None,
+              asked: dict[tuple[dt.date, dt.date], bool]) -> tuple[tuple[DateMention, ...], str]:
+    """The ranges of days `query` names outside quotes (each once, at most MAX_DATES; one the index has no note near,
+    by `dated`, is left as words: `asked` keeps the answers), and the query without their words."""
+    if today is None:
+        return (), query
+    quoted = quoted_spans(query)
+    found = [m for m in find_dates(query, today) if not any(a <= m.span[0] < b for a, b in quoted)]
+    days: dict[tuple[dt.date, dt.date], DateMention] = {}
+    for mention in found:
+        key = (mention.first, mention.last)
+        if key in days or len(days) >= MAX_DATES:
+            continue
+        if key not in asked:
+            asked[key] = dated is None or dated(mention)
+        if asked[key]:
+            days[key] = mention
+    dates = tuple(days.values())
+    return dates, without_dates(query, [m for m in found if (m.first, m.last) in days]) if dates else query

@@ -216,3 +216,28 @@ def test_with_a_context_the_reading_still_stays_inside_its_budget() -> None:
     found = correct(["carolne", *unknown, "adoptiom", "notes"], vocabulary, lambda typos: [{"note", "adopt"}])
     assert [c.word for c in found] == ["carolne"]
     assert len(vocabulary.asked) <= MAX_BLOCKS + MAX_LOOKUPS
+
+
+def test_a_date_a_typo_hid_is_read_once_the_typo_is() -> None:
+    """"camping in kune": the typo is read as "june", and the query is read for dates again as meant, so it is
+    dated as the clean question is and "june" is no keyword (a note of that June rarely says "june")."""
+    import datetime as dt
+
+    vocabulary = Vocabulary({"june": 4, "camping": 6, "melanie": 9})
+    today = dt.date(2023, 8, 1)
+    clean = plan_query("When did Melanie go camping in June?", vocabulary, today)
+    typed = plan_query("When did Melanie go camping in kune?", vocabulary, today)
+    assert [c.as_dict() for c in typed.corrections] == [{"word": "kune", "read_as": ["june"]}]
+    assert [(m.first, m.last) for m in typed.dates] == [(m.first, m.last) for m in clean.dates] \
+        == [(dt.date(2023, 6, 1), dt.date(2023, 6, 30))]
+    assert typed.match == clean.match and "june" not in typed.match and "kune" not in typed.match
+    assert typed.as_dict()["dates"] == [{"text": "in june", "from": "2023-06-01", "to": "2023-06-30"}]
+
+
+def test_a_typo_that_hides_no_date_keeps_the_plan_as_it_was() -> None:
+    import datetime as dt
+
+    vocabulary = Vocabulary({"staging": 3, "server": 5})
+    plan = plan_query("stagng server yesterday", vocabulary, dt.date(2026, 11, 28))
+    assert plan.match == '"stagng" OR "staging" OR "server"'
+    assert [m.text for m in plan.dates] == ["yesterday"] and plan.words == "stagng server"
