@@ -16,7 +16,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from clawmem_index.search.typo_reading import Correction, correct
-from clawmem_index.text.dates import DateMention, find_dates, without_dates
+from clawmem_index.text.dates import DateMention, find_dates, may_name_a_date, without_dates
 from clawmem_index.text.keywords import match_of, query_terms, quoted_spans
 
 __all__ = ["MAX_DATES", "QueryPlan", "plan_query"]
@@ -79,8 +79,9 @@ def plan_query(query: str, vocabulary: Callable[[str], Mapping[str, int] | None]
         if vocabulary is not None else ()
     if corrections:
         meant = {c.word: c.meant for c in corrections}
-        as_read = QueryPlan(None, words, corrections).as_meant(query)
-        redated, rewords = _dates_of(as_read, today, dated, asked)
+        hid = today is not None and any(may_name_a_date(c.meant[0]) for c in corrections)
+        redated, rewords = _dates_of(QueryPlan(None, words, corrections).as_meant(query), today, dated, asked) \
+            if hid else (dates, words)
         if {(m.first, m.last) for m in redated} - {(m.first, m.last) for m in dates}:  # a typo hid a date
             dates, words = redated, rewords
             terms = query_terms(words)  # each typo as its likeliest reading, its other readings beside it

@@ -19,11 +19,12 @@ import calendar
 import datetime as dt
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 
 from clawmem_index.text.keywords import STOPWORDS
 
-__all__ = ["ENGLISH", "LEXICONS", "DateMention", "Lexicon", "find_dates"]
+__all__ = ["ENGLISH", "LEXICONS", "DateMention", "Lexicon", "find_dates", "may_name_a_date"]
 
 NEXT_WITHIN_DAYS = 31  # a day named without its year is the coming one when at most this far ahead, else the last
 # Dates read from one query at most: a search pulls toward a few ranges of days (query_plan.MAX_DATES), and a
@@ -71,6 +72,17 @@ class Lexicon:
     # Words that may follow "the 10th" when it is a date ("on the 10th we met"), not an ordinal ("the 4th floor")
     function_words: frozenset[str] = field(default_factory=frozenset)
 
+    @cached_property
+    def words(self) -> frozenset[str]:
+        """Every word this language writes a date with ("in" of "in May" too; not the words that may follow one)."""
+        found: set[str] = set()
+        for column in fields(self):
+            if column.name not in ("ordinal", "function_words"):
+                value = getattr(self, column.name)
+                for item in value if isinstance(value, (dict, tuple)) else (value,):
+                    found.update(str(item).split())
+        return frozenset(found)
+
 
 _MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
            "november", "december"]
@@ -104,6 +116,12 @@ ENGLISH = Lexicon(
     function_words=STOPWORDS,
 )
 LEXICONS = {"en": ENGLISH}
+
+
+def may_name_a_date(word: str, lexicon: Lexicon = ENGLISH) -> bool:
+    """Whether `word` (lower case) may be part of a date: one of the language's date words, or digits ("13", "3rd").
+    A word that is neither cannot make a date of the words around it."""
+    return word in lexicon.words or word[:1].isdigit()
 
 
 def find_dates(query: str, today: dt.date, lexicon: Lexicon = ENGLISH,

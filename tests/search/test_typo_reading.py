@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import pytest
+
 from clawmem_index.search.query_plan import plan_query
 from clawmem_index.search.typo_reading import MAX_MEANT, correct
 from clawmem_index.text.stemming import stem
@@ -241,3 +243,22 @@ def test_a_typo_that_hides_no_date_keeps_the_plan_as_it_was() -> None:
     plan = plan_query("stagng server yesterday", vocabulary, dt.date(2026, 11, 28))
     assert plan.match == '"stagng" OR "staging" OR "server"'
     assert [m.text for m in plan.dates] == ["yesterday"] and plan.words == "stagng server"
+
+
+def test_a_typo_whose_reading_is_no_date_word_costs_no_second_read_for_dates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The query is read for dates again only when a typo's reading may be part of one: a date of words the query
+    holds as typed is already read, and one word read right cannot make a date of others unless it is a date word."""
+    import datetime as dt
+
+    import clawmem_index.search.query_plan as query_plan
+
+    read: list[str] = []
+    real = query_plan.find_dates
+    monkeypatch.setattr(query_plan, "find_dates", lambda query, today: read.append(query) or real(query, today))
+    vocabulary = Vocabulary({"staging": 3, "server": 5, "during": 4, "may": 2})
+    plan_query("stagng server", vocabulary, dt.date(2026, 11, 28))
+    assert read == ["stagng server"]
+    read.clear()
+    plan = plan_query("the release durimg May", vocabulary, dt.date(2026, 11, 28))
+    assert read == ["the release durimg May", "the release during May"]  # "during" makes "May" a month
+    assert [m.text for m in plan.dates] == ["during May"]
